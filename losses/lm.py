@@ -1,0 +1,132 @@
+"""Language-model cross-entropy through the tied LM head, chunked over the sequence.
+
+With V = 50257 the full (B, T, V) float32 logits of one 8 x 1024 batch take
+1.6 GB, and the backward pass of a naive implementation keeps them (and their
+softmax) alive. Here the sequence is cut into chunks of `chunk_size` positions;
+a `lax.scan` computes each chunk's (B, chunk_size, V) logits, reduces them to
+per-token losses and drops them. The chunk body is wrapped in `jax.checkpoint`,
+so the backward pass also recomputes one chunk's logits at a time instead of
+storing every chunk's logits as scan residuals. Peak memory for the LM head is
+thus O(B * chunk_size * V), independent of T.
+
+Numerics: the matmul takes `compute_dtype` operands (bfloat16 by default) and
+accumulates in float32 (`preferred_element_type`); the log-softmax is float32.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from losses.errors import LossInputError, check_rank, check_same_dims
+
+
+def _check_lm_inputs(hidden: jax.Array, embedding: jax.Array, targets: jax.Array,
+                     chunk_size: int) -> None:
+    check_rank("hidden", hidden, 3, "(B, T, d)")
+    check_rank("embedding", embedding, 2, "(V, d)")
+    check_rank("targets", targets, 2, "(B, T)")
+    check_same_dims(("hidden", "targets"), (hidden, targets), 2)
+    if hidden.shape[-1] != embedding.shape[-1]:
+        raise LossInputError(
+            f"hidden width {hidden.shape[-1]} != embedding width {embedding.shape[-1]}; "
+            "pass the tied token embedding of shape (V, d_model).")
+    if hidden.shape[1] == 0:
+        raise LossInputError("hidden has T = 0 positions; pass at least one token per row.")
+    if not jnp.issubdtype(targets.dtype, jnp.integer):
+        raise LossInputError(f"targets must be integer token ids, got dtype {targets.dtype}.")
+    if not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
+        raise LossInputError(
+            f"chunk_size={chunk_size!r} must be a positive Python int (sequence positions "
+            "per chunk), e.g. 256.")
+
+
+def _chunk_cross_entropy(hidden: jax.Array, embedding: jax.Array, targets: jax.Array,
+                         compute_dtype: jnp.dtype) -> jax.Array:
+    """Per-token CE of one chunk: hidden (B, c, d), targets (B, c) -> (B, c) float32."""
+    logits = jnp.einsum(
+        "bcd,vd->bcv", hidden.astype(compute_dtype), embedding.astype(compute_dtype),
+        preferred_element_type=jnp.float32)
+    log_normaliser = jax.nn.logsumexp(logits, axis=-1)
+    # An id outside [0, V) must read NaN, not a clamped or (for negatives) wrapped
+    # logit: negatives are mapped past the end, and mode="fill" fills past the end.
+    # Positions whose weight is 0 discard the NaN (see `chunked_cross_entropy`).
+    safe_targets = jnp.where(targets >= 0, targets, embedding.shape[0])
+    target_logit = jnp.take_along_axis(
+        logits, safe_targets[..., None], axis=-1, mode="fill", fill_value=jnp.nan)[..., 0]
+    return log_normaliser - target_logit
+
+
+def per_token_cross_entropy(hidden: jax.Array, embedding: jax.Array, targets: jax.Array, *,
+                            chunk_size: int, compute_dtype=jnp.bfloat16) -> jax.Array:
+    """Per-token cross-entropy (B, T) float32 of the tied LM head, chunked over T.
+
+    Args:
+      hidden: (B, T, d) final-normed hidden states.
+      embedding: (V, d) token embedding; logits = hidden @ embedding.T.
+      targets: (B, T) int next-token ids in [0, V). An id outside that range
+        yields NaN at its position.
+      chunk_size: sequence positions per chunk; each chunk materialises
+        (B, chunk_size, V) float32 logits. Values above T mean one chunk. T need
+        not be a multiple: the last chunk is zero-padded and the pad dropped.
+      compute_dtype: dtype of the matmul operands (accumulation is float32).
+
+    Returns:
+      (B, T) float32 `logsumexp(logits) - logits[target]`.
+    """
+    _check_lm_inputs(hidden, embedding, targets, chunk_size)
+    batch, length, width = hidden.shape
+    chunk = min(int(chunk_size), length)
+    num_chunks = -(-length // chunk)
+    pad = num_chunks * chunk - length
+    if pad:
+        # Padded positions compute a finite loss on zero hidden states / target 0
+        # and are sliced off below, so they contribute neither value nor gradient.
+        hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
+        targets = jnp.pad(targets, ((0, 0), (0, pad)))
+    # (num_chunks, B, chunk, ...): scan runs over the leading axis.
+    hidden_chunks = hidden.reshape(batch, num_chunks, chunk, width).swapaxes(0, 1)
+    target_chunks = targets.reshape(batch, num_chunks, chunk).swapaxes(0, 1)
+
+    # The compute_dtype casts stay inside the body on purpose: the scan then sums
+    # the embedding gradient over chunks in the embedding's own float32, not in bf16.
+    @jax.checkpoint
+    def body(hidden_chunk, target_chunk):
+        return _chunk_cross_entropy(hidden_chunk, embedding, target_chunk, compute_dtype)
+
+    def step(carry, chunk_inputs):
+        return carry, body(*chunk_inputs)
+
+    _, losses = jax.lax.scan(step, None, (hidden_chunks, target_chunks))
+    return losses.swapaxes(0, 1).reshape(batch, num_chunks * chunk)[:, :length]
+
+
+def chunked_cross_entropy(hidden: jax.Array, embedding: jax.Array, targets: jax.Array, *,
+                          chunk_size: int, weights: jax.Array | None = None,
+                          compute_dtype=jnp.bfloat16) -> tuple[jax.Array, jax.Array]:
+    """Weighted LM loss sum and weight sum, never materialising (B, T, V) logits.
+
+    Returning the two sums (rather than their ratio) lets callers average over
+    a batch, or accumulate exactly over micro-batches and evaluation windows.
+
+    Args:
+      hidden, embedding, targets, chunk_size, compute_dtype: as in
+        `per_token_cross_entropy`.
+      weights: (B, T) float per-token weights (e.g. a 0/1 loss mask); default
+        all ones. A position with weight 0 contributes exactly 0 to both the
+        value and the gradient, even if its target id is out of range.
+
+    Returns:
+      (sum_t w_t * CE_t, sum_t w_t), both float32 scalars.
+    """
+    per_token = per_token_cross_entropy(
+        hidden, embedding, targets, chunk_size=chunk_size, compute_dtype=compute_dtype)
+    if weights is None:
+        return per_token.sum(), jnp.asarray(per_token.size, jnp.float32)
+    check_rank("weights", weights, 2, "(B, T)")
+    check_same_dims(("weights", "targets"), (weights, targets), 2)
+    weights = weights.astype(jnp.float32)
+    # `where`, not a product alone: 0 * NaN (an out-of-range id under weight 0) is NaN.
+    weighted = jnp.where(weights != 0, per_token * weights, 0.0)
+    return weighted.sum(), weights.sum()
