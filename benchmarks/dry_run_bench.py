@@ -1,0 +1,53 @@
+"""Parameter counts and compiled train-step memory of the paper sizes (issue figures).
+
+    python benchmarks/dry_run_bench.py [--sizes 137m,340m] [--variants]
+
+Runs `main.py --dry_run` (memory-optimised XLA:CPU scheduler) per size, and with
+--variants also the 137m step without remat and with the dense dispatcher, to
+show which lever buys what. The last line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import subprocess
+import sys
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+SPEC_PARAMS = {"137m": 137_319_168, "340m": 340_415_488}
+
+
+def dry_run(arg: str, *overrides: str) -> dict:
+    proc = subprocess.run([sys.executable, "main.py", f"--config=configs/arm_b.py:{arg}", "--dry_run", *overrides],
+                          cwd=REPO, capture_output=True, text=True, check=True)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="137m,340m")
+    parser.add_argument("--variants", action="store_true")
+    args = parser.parse_args()
+    results = {}
+    runs = [(size, size, ()) for size in args.sizes.split(",")]
+    if args.variants:
+        runs += [("137m/remat=none", "137m", ("--config.model.remat=none",)),
+                 ("137m/dispatch=ragged", "137m", ("--config.model.dispatch=ragged",)),
+                 ("137m/dispatch=capacity", "137m", ("--config.model.dispatch=capacity",))]
+    for name, arg, overrides in runs:
+        r = dry_run(arg, *overrides)
+        results[name] = {k: r[k] for k in ("params_total", "params_active", "train_step_bytes", "train_step_gib",
+                                           "fits_device_memory", "memory_breakdown", "dispatch", "remat",
+                                           "compile_s")}
+        ok = r["params_total"] == SPEC_PARAMS.get(arg, r["params_total"])
+        print(f"{name:24s} params {r['params_total']:>12,} ({'= SPEC' if ok else 'MISMATCH'}) active "
+              f"{r['params_active']:>11,}  train step {r['train_step_gib']:6.2f} GiB "
+              f"({'fits' if r['fits_device_memory'] else 'DOES NOT FIT'} 8 GiB)  dispatch={r['dispatch']} "
+              f"remat={r['remat']}", flush=True)
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,209 @@
+"""Base configuration shared by every arm (SPEC §2–§4).
+
+Every arm file defines ``get_config(arg)`` (big_vision style) and a ``sweep()``
+listing the paper's grid for that arm. ``arg`` is a short comma-separated
+string: a bare size name (``smoke``, ``tiny``, ``137m``, ``340m``) and/or
+``key=value`` pairs for the few options users vary from the command line,
+e.g. ``configs/arm_b.py:smoke,lam=0.05,seed=2``. Everything else is set with
+``--config.x=y`` overrides; :func:`validate` rejects bad values before any
+compile.
+"""
+
+from __future__ import annotations
+
+import math
+
+import ml_collections
+
+# name -> (d_model, n_layers, d_ff, context, default batch size, train tokens)
+# The two paper sizes match SPEC §2 exactly (the parameter counts are tested).
+SIZES: dict[str, dict] = {
+    "137m": dict(d_model=384, n_layers=8, d_ff=768, context=1024, batch_size=8, tokens=200_000_000),
+    "340m": dict(d_model=512, n_layers=12, d_ff=1024, context=1024, batch_size=8, tokens=200_000_000),
+    # CPU demo: trains to a visibly falling loss in a few minutes on 2 cores.
+    "smoke": dict(d_model=128, n_layers=2, d_ff=256, context=128, batch_size=4, tokens=4 * 128 * 400),
+    # Unit/integration tests: as small as the architecture allows.
+    "tiny": dict(d_model=64, n_layers=2, d_ff=128, context=32, batch_size=4, tokens=4 * 32 * 12),
+}
+
+ARMS = ("A", "B", "C", "D", "M")
+
+# Short option names accepted in ``arg`` -> dotted config field.
+ARG_ALIASES = {
+    "lam": "loss.lambda_loc",
+    "mu": "loss.mu_dom",
+    "alpha": "loss.alpha_balance",
+    "seed": "seed",
+    "tokens": "train.tokens",
+    "dispatch": "model.dispatch",
+    "remat": "model.remat",
+    "corpus": "data.corpus",
+    "batch": "train.batch_size",
+}
+
+
+class ConfigError(ValueError):
+    """A configuration value that cannot run; the message names the fix."""
+
+
+def parse_arg(arg: str | None) -> dict[str, str]:
+    """Parses ``"smoke,lam=0.05"`` into ``{"size": "smoke", "lam": "0.05"}``."""
+    out: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in (arg or "").split(","))):
+        key, sep, value = part.partition("=")
+        if not sep:
+            key, value = "size", part
+        if key != "size" and key not in ARG_ALIASES:
+            raise ConfigError(
+                f"unknown config option {key!r} in ':{arg}'; known: size, {', '.join(sorted(ARG_ALIASES))}")
+        out[key] = value
+    return out
+
+
+def _set_dotted(config: ml_collections.ConfigDict, dotted: str, raw: str) -> None:
+    *parents, leaf = dotted.split(".")
+    node = config
+    for p in parents:
+        node = node[p]
+    current = node[leaf]
+    try:
+        node[leaf] = type(current)(float(raw)) if isinstance(current, (int, float)) and not isinstance(
+            current, bool) else type(current)(raw)
+    except ValueError as e:
+        raise ConfigError(f"bad value {raw!r} for {dotted}: {e}") from None
+
+
+def base_config(arm: str, arg: str | None, arm_defaults: dict | None = None) -> ml_collections.ConfigDict:
+    """The paper's 137m settings, then the arm's defaults, then ``arg``'s options."""
+    # Imported lazily so that `configs` stays importable without the data stack.
+    from moe.data.config import data_config
+
+    opts = parse_arg(arg)
+    size = opts.pop("size", "137m")
+    if size not in SIZES:
+        raise ConfigError(f"unknown size {size!r}; choose one of {', '.join(SIZES)}")
+    s = SIZES[size]
+
+    c = ml_collections.ConfigDict()
+    c.arm = arm
+    c.seed = 1
+    c.run_name = ""  # "" -> derived from arm, weights and seed (see moe.run.run_name)
+
+    c.model = ml_collections.ConfigDict(dict(
+        size=size,
+        vocab_size=50257,
+        d_model=s["d_model"],
+        n_layers=s["n_layers"],
+        d_ff=s["d_ff"],
+        context=s["context"],
+        head_dim=64,
+        num_experts=16,
+        top_k=2,
+        rope_base=10000.0,
+        # "auto" picks the fastest dispatcher measured per backend (benchmarks/dispatch_bench.py).
+        dispatch="auto",
+        capacity_factor=1.25,  # only for dispatch="capacity"
+        remat="full",          # a named policy from moe.model.REMAT_POLICIES
+        compute_dtype="bfloat16",
+        param_dtype="float32",
+    ))
+    c.loss = ml_collections.ConfigDict(dict(
+        alpha_balance=0.01,
+        lambda_loc=0.0,
+        mu_dom=0.0,
+        loc_boundary_mask=False,  # the reference does not mask EOT/domain boundaries
+        ce_chunk=256,             # sequence chunk of the LM head; bounds logits memory
+    ))
+    c.optim = ml_collections.ConfigDict(dict(
+        peak_lr=6e-4,
+        b1=0.9,
+        b2=0.95,
+        eps=1e-8,
+        weight_decay=0.1,
+        warmup_frac=0.02,
+        init_div=25.0,     # one-cycle: start at peak/init_div ...
+        final_div=1e4,     # ... end at start/final_div
+        clip_norm=1.0,
+    ))
+    c.train = ml_collections.ConfigDict(dict(
+        tokens=s["tokens"],
+        batch_size=s["batch_size"],
+        log_every=50 if size in ("137m", "340m") else 10,
+        ckpt_every=2000 if size in ("137m", "340m") else 100,
+        keep_checkpoints=3,
+    ))
+    c.eval = ml_collections.ConfigDict(dict(
+        windows=488 if size in ("137m", "340m") else (16 if size == "smoke" else 4),
+        batch_size=8,
+        trace_probs=False,  # also store (L, T, E) float16 router probabilities in traces
+        cache_metrics=True,  # cachesim metrics per domain into metrics.json
+    ))
+    if size in ("smoke", "tiny"):
+        # CPU sizes: XLA:CPU has no fast bf16 matmul and remat only trades speed for
+        # memory that a CPU has plenty of (benchmarks/dispatch_bench.py measures both).
+        c.model.compute_dtype = "float32"
+        c.model.remat = "none"
+    c.data = data_config()
+    if size == "tiny":
+        c.data.corpus = "synthetic"  # explicit: the unit tests' deterministic stream
+    # Device memory the run must fit (GiB); `--dry_run` and launch refuse larger runs.
+    c.device_memory_gib = 8.0
+
+    for dotted, value in (arm_defaults or {}).items():
+        _set_dotted(c, dotted, str(value))
+    for key, value in opts.items():
+        _set_dotted(c, ARG_ALIASES[key], value)
+    return c
+
+
+def validate(c: ml_collections.ConfigDict) -> None:
+    """Rejects configurations that cannot run, with one line naming the fix."""
+    m, lo, o, t = c.model, c.loss, c.optim, c.train
+    if c.arm not in ARMS:
+        raise ConfigError(f"unknown arm {c.arm!r}; choose one of {ARMS}")
+    if m.size not in SIZES:
+        raise ConfigError(f"unknown size {m.size!r}; choose one of {', '.join(SIZES)}")
+    for name in ("vocab_size", "d_model", "n_layers", "d_ff", "context", "head_dim", "num_experts", "top_k"):
+        if int(m[name]) <= 0:
+            raise ConfigError(f"model.{name} must be a positive integer, got {m[name]}")
+    if m.top_k > m.num_experts:
+        raise ConfigError(f"model.top_k={m.top_k} exceeds model.num_experts={m.num_experts}; set top_k <= num_experts")
+    if m.d_model % m.head_dim:
+        raise ConfigError(f"model.d_model={m.d_model} is not a multiple of head_dim={m.head_dim}")
+    if m.head_dim % 2:
+        raise ConfigError(f"model.head_dim={m.head_dim} must be even for RoPE")
+    from moe.dispatch import DISPATCHERS
+    from moe.model import REMAT_POLICIES
+    if m.dispatch != "auto" and m.dispatch not in DISPATCHERS:
+        raise ConfigError(f"unknown model.dispatch {m.dispatch!r}; choose auto or one of {', '.join(DISPATCHERS)}")
+    if m.remat not in REMAT_POLICIES:
+        raise ConfigError(f"unknown model.remat {m.remat!r}; choose one of {', '.join(REMAT_POLICIES)}")
+    if m.capacity_factor <= 0:
+        raise ConfigError(f"model.capacity_factor must be > 0, got {m.capacity_factor}")
+    for dt in ("compute_dtype", "param_dtype"):
+        if m[dt] not in ("float32", "bfloat16", "float16"):
+            raise ConfigError(f"model.{dt}={m[dt]!r} is not one of float32, bfloat16, float16")
+    for name in ("alpha_balance", "lambda_loc", "mu_dom"):
+        if not math.isfinite(lo[name]) or lo[name] < 0:
+            raise ConfigError(f"loss.{name} must be a finite number >= 0, got {lo[name]}")
+    if lo.mu_dom > 0 and m.num_experts < 4:
+        raise ConfigError("loss.mu_dom > 0 needs num_experts >= 4 for the domain slice layout")
+    if lo.ce_chunk <= 0:
+        raise ConfigError(f"loss.ce_chunk must be > 0, got {lo.ce_chunk}")
+    if not (0 < o.peak_lr < 1):
+        raise ConfigError(f"optim.peak_lr must be in (0, 1), got {o.peak_lr}")
+    if not (0 <= o.warmup_frac < 1):
+        raise ConfigError(f"optim.warmup_frac must be in [0, 1), got {o.warmup_frac}")
+    if o.weight_decay < 0 or o.clip_norm <= 0:
+        raise ConfigError("optim.weight_decay must be >= 0 and optim.clip_norm > 0")
+    if t.batch_size <= 0 or t.tokens < t.batch_size * m.context:
+        raise ConfigError(
+            f"train.tokens={t.tokens} is less than one batch ({t.batch_size}x{m.context}); raise train.tokens")
+    if t.log_every <= 0 or t.ckpt_every <= 0 or t.keep_checkpoints <= 0:
+        raise ConfigError("train.log_every, train.ckpt_every and train.keep_checkpoints must be > 0")
+    if c.eval.windows <= 0 or c.eval.batch_size <= 0:
+        raise ConfigError("eval.windows and eval.batch_size must be > 0")
+
+
+def num_train_steps(c: ml_collections.ConfigDict) -> int:
+    return int(c.train.tokens) // (c.train.batch_size * c.model.context)

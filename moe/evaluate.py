@@ -1,0 +1,65 @@
+"""Held-out evaluation: per-domain cross-entropy / perplexity and router traces.
+
+One jitted forward over batches of non-overlapping windows returns the
+per-token CE and the router's top-k ids (and optionally its probabilities),
+so the PPL and the trace come from the same pass (SPEC §6).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from flax import nnx
+
+from losses.lm import per_token_cross_entropy
+
+
+def make_eval_step(graphdef, config: ml_collections.ConfigDict, *, with_probs: bool) -> Callable:
+    def eval_step(params, tokens):
+        model = nnx.merge(graphdef, params)
+        hidden, router = model(tokens[:, :-1])
+        ce = per_token_cross_entropy(hidden, model.head_weights(), tokens[:, 1:],
+                                     chunk_size=config.loss.ce_chunk, compute_dtype=model.dtype)
+        out = {"ce": ce, "topk": router.topk}
+        if with_probs:
+            out["probs"] = router.probs.astype(jnp.float16)
+        return out
+
+    return jax.jit(eval_step)
+
+
+def evaluate_windows(eval_step: Callable, params: Any, tokens: np.ndarray, batch_size: int) -> dict[str, np.ndarray]:
+    """Runs (N, T+1) windows in batches; the last partial batch is padded and the pad dropped.
+
+    Returns ce (N, T) and the trace arrays with windows concatenated along time:
+    experts (L, N*T, k) int16 (and probs (L, N*T, E) float16 when requested).
+    """
+    n = tokens.shape[0]
+    ces, topks, probs = [], [], []
+    for i in range(0, n, batch_size):
+        chunk = tokens[i:i + batch_size]
+        real = chunk.shape[0]
+        if real < batch_size:  # keep one compiled shape
+            chunk = np.concatenate([chunk, np.repeat(chunk[-1:], batch_size - real, axis=0)])
+        out = jax.device_get(eval_step(params, jnp.asarray(chunk)))
+        ces.append(out["ce"][:real])
+        topks.append(out["topk"][:, :real])
+        if "probs" in out:
+            probs.append(out["probs"][:, :real])
+    layers = topks[0].shape[0]
+    experts = np.concatenate(topks, axis=1).reshape(layers, -1, topks[0].shape[-1]).astype(np.int16)
+    result = {"ce": np.concatenate(ces), "experts": experts}
+    if probs:
+        result["probs"] = np.concatenate(probs, axis=1).reshape(layers, -1, probs[0].shape[-1])
+    return result
+
+
+def domain_summary(ce: np.ndarray) -> dict[str, float | int]:
+    """{"val_loss", "val_ppl", "tokens"}: PPL = exp(mean CE) over every evaluated token."""
+    mean = float(np.mean(ce, dtype=np.float64))
+    return {"val_loss": mean, "val_ppl": math.exp(mean), "tokens": int(ce.size)}

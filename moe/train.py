@@ -1,0 +1,327 @@
+"""Training: the train state, the jitted train step, and the loop around it.
+
+The math lives in pure functions (``compute_loss``, ``make_train_step``); the
+loop (``train``) owns the effects: data, checkpoints, logging, signals.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import pathlib
+import signal
+import sys
+import time
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from flax import nnx
+
+from configs.base import num_train_steps
+from losses.lm import chunked_cross_entropy
+from losses.router import boundary_pair_mask, domain_slices, expert_usage_entropy, router_losses
+from moe import checkpoint
+from moe.model import MoETransformer, RouterOutput, build_model
+
+EOT_ID = 50256
+
+
+class NonFiniteLossError(RuntimeError):
+    pass
+
+
+# ---------------------------------------------------------------- optimisation
+
+
+def one_cycle_schedule(optim: ml_collections.ConfigDict, total_steps: int) -> optax.Schedule:
+    """Linear warm-up from peak/init_div to peak over warmup_frac, then cosine to start/final_div.
+
+    The shape of PyTorch's OneCycleLR (pct_start = warmup_frac), which the
+    reference runs used.
+    """
+    start = optim.peak_lr / optim.init_div
+    warmup = max(1, int(round(optim.warmup_frac * total_steps)))
+    return optax.join_schedules([
+        optax.linear_schedule(start, optim.peak_lr, warmup),
+        optax.cosine_decay_schedule(optim.peak_lr, max(1, total_steps - warmup),
+                                    alpha=(start / optim.final_div) / optim.peak_lr),
+    ], [warmup])
+
+
+def _decay_mask(params):
+    # Decay matrices only (nanoGPT convention): norms' scales keep their unit init.
+    return jax.tree.map(lambda p: p.ndim >= 2, params)
+
+
+def make_optimizer(optim: ml_collections.ConfigDict, total_steps: int) -> optax.GradientTransformation:
+    return optax.chain(
+        optax.clip_by_global_norm(optim.clip_norm),
+        optax.adamw(one_cycle_schedule(optim, total_steps), b1=optim.b1, b2=optim.b2, eps=optim.eps,
+                    weight_decay=optim.weight_decay, mask=_decay_mask),
+    )
+
+
+# ---------------------------------------------------------------- train state
+
+
+def init_state(config: ml_collections.ConfigDict, tx: optax.GradientTransformation):
+    """(graphdef, state): state is a pytree {step, params, opt_state, usage}."""
+    model = build_model(config.model, config.seed)
+    graphdef, params = nnx.split(model, nnx.Param)
+    state = {
+        "step": jnp.zeros((), jnp.int32),
+        "params": params,
+        "opt_state": tx.init(params),
+        # Cumulative expert usage (assignments) per layer; int32 holds up to 2^31 per expert.
+        "usage": jnp.zeros((config.model.n_layers, config.model.num_experts), jnp.int32),
+    }
+    return graphdef, state
+
+
+def router_state(state) -> dict[str, jax.Array]:
+    """The small, separately checkpointed router item: per-layer router weights + usage."""
+    kernels = [block["moe"]["router"]["kernel"][...] for block in state["params"]["blocks"].values()]
+    return {"router_kernel": jnp.stack(kernels), "usage": state["usage"], "step": state["step"]}
+
+
+# ---------------------------------------------------------------- the loss
+
+
+def compute_loss(model: MoETransformer, batch: dict[str, jax.Array], config: ml_collections.ConfigDict):
+    """L = L_LM + α·L_bal + λ·L_loc + μ·L_dom on one batch (SPEC §3).
+
+    batch["tokens"], batch["domains"]: (B, T+1). Token t's domain is the domain
+    of the input token routed at t. Every aux loss is computed (and logged) even
+    at weight 0, as the reference logs did.
+    """
+    tokens, domains = batch["tokens"], batch["domains"]
+    inputs, targets, in_domains = tokens[:, :-1], tokens[:, 1:], domains[:, :-1]
+    hidden, router = model(inputs)
+    ce_sum, count = chunked_cross_entropy(hidden, model.head_weights(), targets,
+                                          chunk_size=config.loss.ce_chunk, compute_dtype=model.dtype)
+    lm = ce_sum / count
+    pair_mask = boundary_pair_mask(inputs, in_domains, EOT_ID) if config.loss.loc_boundary_mask else None
+    allowed = jnp.asarray(domain_slices(config.model.num_experts))
+    aux = router_losses(router.probs, router.topk, domains=in_domains, pair_mask=pair_mask, allowed=allowed)
+    lo = config.loss
+    total = lm + lo.alpha_balance * aux["balance"] + lo.lambda_loc * aux["locality"] + lo.mu_dom * aux["domain"]
+    metrics = {"loss": total, "lm": lm, "bal": aux["balance"], "loc": aux["locality"], "dom": aux["domain"]}
+    return total, (metrics, router)
+
+
+def usage_counts(router: RouterOutput, num_experts: int) -> jax.Array:
+    """(L, E) int32 number of (token, expert) assignments in this batch."""
+    return jnp.sum(jax.nn.one_hot(router.topk, num_experts, dtype=jnp.int32), axis=(1, 2, 3))
+
+
+def train_step_fn(graphdef, tx: optax.GradientTransformation, config: ml_collections.ConfigDict
+                  ) -> Callable[[Any, dict], tuple[Any, dict]]:
+    """The pure (unjitted) step ``(state, batch) -> (state, metrics)``; vmap-able over seeds."""
+    schedule = one_cycle_schedule(config.optim, num_train_steps(config))
+    num_experts = config.model.num_experts
+
+    def loss_fn(params, batch):
+        return compute_loss(nnx.merge(graphdef, params), batch, config)
+
+    def train_step(state, batch):
+        (_, (metrics, router)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"], batch)
+        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+        params = optax.apply_updates(state["params"], updates)
+        counts = usage_counts(router, num_experts)
+        metrics = dict(metrics, grad_norm=optax.tree.norm(grads), lr=schedule(state["step"]),
+                       usage_entropy=expert_usage_entropy(router.topk, num_experts),
+                       dropped=jnp.sum(router.dropped))
+        new_state = {"step": state["step"] + 1, "params": params, "opt_state": opt_state,
+                     "usage": state["usage"] + counts}
+        return new_state, metrics
+
+    return train_step
+
+
+def data_parallel_mesh() -> jax.sharding.Mesh | None:
+    """A 1-D ("data",) mesh over every device when there is more than one, else None."""
+    if jax.device_count() == 1:
+        return None
+    return jax.make_mesh((jax.device_count(),), ("data",))
+
+
+def make_train_step(graphdef, tx: optax.GradientTransformation, config: ml_collections.ConfigDict,
+                    mesh: jax.sharding.Mesh | None = None) -> Callable[[Any, dict], tuple[Any, dict]]:
+    """The jitted step: state is donated, so the update happens in place on device.
+
+    With a mesh, the state is replicated and the batch split along its rows
+    ("data" axis); XLA inserts the gradient all-reduce. The math is the same
+    as on one device (the loss is a mean over the whole global batch).
+    """
+    step = train_step_fn(graphdef, tx, config)
+    if mesh is None:
+        return jax.jit(step, donate_argnums=0)
+    P, NS = jax.sharding.PartitionSpec, jax.sharding.NamedSharding
+    replicated, rows = NS(mesh, P()), NS(mesh, P("data"))
+    return jax.jit(step, donate_argnums=0, in_shardings=(replicated, rows), out_shardings=(replicated, replicated))
+
+
+# ---------------------------------------------------------------- the loop
+
+
+@dataclasses.dataclass
+class Progress:
+    """Tokens/s and ETA over a sliding window of steps; excludes compile time."""
+
+    total_steps: int
+    tokens_per_step: int
+    _t0: float = 0.0
+    _s0: int = 0
+
+    def start(self, step: int) -> None:
+        self._t0, self._s0 = time.perf_counter(), step
+
+    def rate(self, step: int) -> float:
+        dt = time.perf_counter() - self._t0
+        return (step - self._s0) * self.tokens_per_step / dt if dt > 0 and step > self._s0 else float("nan")
+
+    def eta(self, step: int) -> str:
+        r = self.rate(step)
+        if not math.isfinite(r) or r <= 0:
+            return "?"
+        secs = int((self.total_steps - step) * self.tokens_per_step / r)
+        return f"{secs // 3600}:{secs // 60 % 60:02d}:{secs % 60:02d}"
+
+
+class _Preemption:
+    """SIGTERM/SIGINT -> save a checkpoint at the next step boundary and exit cleanly."""
+
+    def __init__(self):
+        self.requested = False
+        self._previous = {}
+
+    def __enter__(self):
+        for sig in (signal.SIGTERM,):
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        del frame
+        self.requested = True
+        print(f"\nreceived signal {signum}: checkpointing and exiting", file=sys.stderr, flush=True)
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def _truncate_log(path: pathlib.Path, last_step: int) -> None:
+    """Drops log records past a restored step, so a resumed run's log has no duplicates."""
+    if not path.exists():
+        return
+    kept = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= last_step]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(line + "\n" for line in kept))
+    tmp.replace(path)
+
+
+@dataclasses.dataclass
+class TrainResult:
+    graphdef: Any
+    state: Any
+    completed: bool          # False when stopped by a signal before the last step
+    last_metrics: dict[str, float]
+
+
+def _host_metrics(metrics: dict) -> dict[str, Any]:
+    out = {}
+    for k, v in jax.device_get(metrics).items():
+        v = np.asarray(v)
+        out[k] = v.tolist() if v.ndim else float(v)
+    return out
+
+
+def train(config: ml_collections.ConfigDict, workdir: pathlib.Path, train_iter, *,
+          log: Callable[[str], None] = print, stop_after: int | None = None) -> TrainResult:
+    """Trains to ``num_train_steps(config)``, resuming from the newest checkpoint in workdir.
+
+    ``stop_after`` ends the loop after that many steps in this process (for tests
+    of resumption); the state is checkpointed as on SIGTERM.
+    """
+    total_steps = num_train_steps(config)
+    tx = make_optimizer(config.optim, total_steps)
+    graphdef, state = init_state(config, tx)
+    mgr = checkpoint.manager(workdir, keep=config.train.keep_checkpoints)
+    log_path = workdir / "log.jsonl"
+
+    restored = checkpoint.restore_latest(mgr, jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state))
+    start = 0
+    if restored is not None:
+        start, state, data_state = restored
+        train_iter.set_state(data_state)
+        _truncate_log(log_path, start)
+        log(f"resumed from checkpoint at step {start}")
+    elif log_path.exists():
+        log_path.unlink()  # a log without any checkpoint belongs to a run that never saved
+
+    mesh = data_parallel_mesh()
+    if mesh is not None:
+        if config.train.batch_size % mesh.size:
+            raise ValueError(f"train.batch_size={config.train.batch_size} is not divisible by the "
+                             f"{mesh.size} devices; choose a multiple of {mesh.size}")
+        state = jax.device_put(state, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+        log(f"data parallel over {mesh.size} devices")
+    step_fn = make_train_step(graphdef, tx, config, mesh)
+    tokens_per_step = config.train.batch_size * config.model.context
+    progress = Progress(total_steps, tokens_per_step)
+
+    def save(step: int) -> None:
+        checkpoint.save(mgr, step, state, train_iter.get_state(), router_state(state))
+
+    step, pending, last = start, None, {}
+    compile_t0 = time.perf_counter()
+    with _Preemption() as preempt, log_path.open("a") as log_file:
+        while step < total_steps:
+            batch = next(train_iter)
+            state, metrics = step_fn(state, batch)
+            step += 1
+            if step == start + 1:
+                jax.block_until_ready(metrics)
+                log(f"compiled and ran the first step in {time.perf_counter() - compile_t0:.1f}s")
+                progress.start(step)
+            # Check the previous step's loss while this one runs (keeps the device busy).
+            if pending is not None:
+                _check_finite(*pending)
+            pending = (step, metrics)
+            is_last = step == total_steps
+            stopping = preempt.requested or (stop_after is not None and step - start >= stop_after)
+            if step % config.train.log_every == 0 or is_last:
+                _check_finite(step, metrics)
+                last = _host_metrics(metrics)
+                record = {"step": step, **{k: v for k, v in last.items() if k != "usage_entropy"},
+                          "usage_entropy": last["usage_entropy"], "tok_s": progress.rate(step),
+                          "tokens": step * tokens_per_step}
+                log_file.write(json.dumps(record) + "\n")
+                log_file.flush()
+                log(f"step {step}/{total_steps} | loss {last['loss']:.4f} | lm {last['lm']:.4f} | "
+                    f"bal {last['bal']:.3f} | loc {last['loc']:.3f} | dom {last['dom']:.3f} | "
+                    f"{progress.rate(step):,.0f} tok/s | ETA {progress.eta(step)}")
+            if step % config.train.ckpt_every == 0 or is_last or stopping:
+                _check_finite(step, metrics)  # never checkpoint a diverged state
+                save(step)
+            if stopping and not is_last:
+                log(f"stopped at step {step}; checkpoint saved, rerun the same command to resume")
+                mgr.close()
+                return TrainResult(graphdef, state, False, last)
+    if pending is not None:
+        _check_finite(*pending)
+    mgr.close()
+    return TrainResult(graphdef, state, True, last)
+
+
+def _check_finite(step: int, metrics: dict) -> None:
+    loss, grad_norm = float(metrics["loss"]), float(metrics["grad_norm"])
+    if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+        raise NonFiniteLossError(
+            f"non-finite loss at step {step} (loss={loss}, grad_norm={grad_norm}); the last good "
+            "checkpoint is intact: lower optim.peak_lr or loss weights and rerun to resume from it")

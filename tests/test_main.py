@@ -1,0 +1,108 @@
+"""main.py end to end: dry run figures, the run directory, SIGKILL/SIGTERM resume."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from tests.conftest import REPO
+
+TINY = ["--config=configs/arm_b.py:tiny", "--config.train.tokens=2560", "--config.train.ckpt_every=2",
+        "--config.train.log_every=2"]  # 20 steps of 4x32 tokens
+
+
+def main_py(*args, timeout=300, **kw):
+    return subprocess.run([sys.executable, "main.py", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout, **kw)
+
+
+def test_dry_run_prints_sizes_and_memory():
+    proc = main_py("--config=configs/arm_b.py:tiny", "--dry_run")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    for key in ("params_total", "params_active", "train_step_bytes", "memory_breakdown", "fits_device_memory"):
+        assert key in out
+    b = out["memory_breakdown"]
+    assert out["train_step_bytes"] == b["arguments"] + b["outputs"] - b["aliased"] + b["temporaries"]
+    assert out["params_total"] > out["params_active"] > 0
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("straight")
+    proc = main_py(*TINY, f"--workdir={workdir}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return workdir
+
+
+@pytest.mark.slow
+def test_run_directory_contract(uninterrupted):
+    names = {p.name for p in uninterrupted.iterdir()}
+    assert {"config.json", "final_eval.json", "log.jsonl", "metrics.json", "checkpoints",
+            "trace_prose.npz", "trace_code.npz", "trace_math.npz"} <= names
+    cfg = json.loads((uninterrupted / "config.json").read_text())
+    for key in ("arm", "lambda_loc", "mu_dom", "alpha_balance", "tokens", "bsz", "seq", "lr", "seed", "run_name",
+                "params", "git_commit", "config"):
+        assert key in cfg
+    assert cfg["arm"] == "B" and cfg["lambda_loc"] == 0.05 and cfg["tokens"] == 2560
+    final = json.loads((uninterrupted / "final_eval.json").read_text())
+    assert set(final) == {"prose", "code", "math"}
+    for v in final.values():
+        assert np.isclose(v["val_ppl"], np.exp(v["val_loss"]))
+    with np.load(uninterrupted / "trace_code.npz") as z:
+        experts, meta = z["experts"], json.loads(str(z["meta"]))
+    assert experts.dtype == np.int16 and experts.shape == (2, final["code"]["tokens"], 2)
+    assert meta["num_experts"] == 16 and meta["k"] == 2 and meta["n_moe_layers"] == 2
+    metrics = json.loads((uninterrupted / "metrics.json").read_text())
+    assert set(metrics["domains"]) == {"prose", "code", "math"}
+    assert 0 <= metrics["domains"]["code"]["cache"]["lru"]["0.25"]["hit_rate"] <= 1
+
+
+@pytest.mark.slow
+def test_sigkill_at_a_random_step_then_restart_matches_uninterrupted(uninterrupted, tmp_path):
+    workdir = tmp_path / "killed"
+    kill_after = int(np.random.default_rng().integers(1, 4))  # checkpoints to wait for: step 2, 4 or 6
+    proc = subprocess.Popen([sys.executable, "main.py", *TINY, f"--workdir={workdir}"], cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:
+        ckpts = [p for p in (workdir / "checkpoints").glob("*") if p.name.isdigit()]
+        if len(ckpts) >= kill_after:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (workdir / "final_eval.json").exists(), "killed too late: the run had already finished"
+    again = main_py(*TINY, f"--workdir={workdir}")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resumed from checkpoint" in again.stdout
+    assert (json.loads((workdir / "final_eval.json").read_text())
+            == json.loads((uninterrupted / "final_eval.json").read_text()))
+    strip = lambda r: {k: v for k, v in r.items() if k != "tok_s"}  # noqa: E731
+    logs = [[strip(json.loads(x)) for x in (d / "log.jsonl").read_text().splitlines()] for d in (workdir, uninterrupted)]
+    assert logs[0] == logs[1]
+
+
+@pytest.mark.slow
+def test_sigterm_checkpoints_and_exits_cleanly(tmp_path):
+    workdir = tmp_path / "term"
+    args = ["--config=configs/arm_b.py:tiny", "--config.train.tokens=64000", "--config.train.ckpt_every=1000",
+            f"--workdir={workdir}"]
+    proc = subprocess.Popen([sys.executable, "main.py", *args], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 240
+    while time.time() < deadline and not (workdir / "log.jsonl").exists():
+        time.sleep(0.1)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-2000:]
+    assert "checkpoint saved" in out
+    steps = [int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()]
+    assert len(steps) == 1 and 0 < steps[0] < 500
+    assert not (workdir / "final_eval.json").exists()
