@@ -1,0 +1,188 @@
+"""A prepared corpus directory: file layout, atomic shard writing, the SHA-256 manifest.
+
+Layout (all little-endian, memory-mappable as flat arrays)::
+
+    train.tokens.uint16         every domain's training tokens, domains in DOMAINS order
+    train.domains.uint8         the domain id of each training token
+    val.<domain>.tokens.uint16  each domain's validation tokens
+    MANIFEST.json               written last: files with bytes and SHA-256, tokenizer, domains, recipe
+
+Every file is written under a temporary name and renamed into place, and the
+manifest is written only after all of them, so a directory without
+MANIFEST.json is a partly written one (a killed prepare) and is rebuilt, while
+a directory whose files disagree with its manifest is corrupt and is reported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import pathlib
+import tempfile
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from moe.data.config import DOMAINS
+from moe.data.errors import ManifestError
+
+MANIFEST = "MANIFEST.json"
+TRAIN_TOKENS = "train.tokens.uint16"
+TRAIN_DOMAINS = "train.domains.uint8"
+LOCK = ".prepare.lock"
+TOKEN_DTYPE = np.dtype("<u2")
+DOMAIN_DTYPE = np.dtype("u1")
+_HASH_CHUNK = 1 << 22
+
+
+def val_file(domain: str) -> str:
+    return f"val.{domain}.tokens.uint16"
+
+
+DATA_FILES = (TRAIN_TOKENS, TRAIN_DOMAINS, *(val_file(d) for d in DOMAINS))
+
+
+def _is_ours(name: str) -> bool:
+    """Names a prepare may leave behind: data files, manifest, lock, temporary files."""
+    return name in DATA_FILES or name in (MANIFEST, LOCK) or (name.startswith(".") and name.endswith(".tmp"))
+
+
+class ShardWriter:
+    """Streams one array file to a temporary name, hashing as it goes; ``commit`` renames it into place."""
+
+    def __init__(self, directory: pathlib.Path, name: str, dtype: np.dtype):
+        self.path = directory / name
+        self.dtype = np.dtype(dtype)
+        fd, self._tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
+        os.fchmod(fd, 0o644)
+        self._file = os.fdopen(fd, "wb")
+        self._sha = hashlib.sha256()
+        self.length = 0
+        self.committed = False
+
+    def write(self, values: np.ndarray) -> None:
+        data = np.ascontiguousarray(values, dtype=self.dtype).tobytes()
+        self._file.write(data)
+        self._sha.update(data)
+        self.length += len(values)
+
+    def commit(self) -> dict[str, Any]:
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        os.replace(self._tmp, self.path)
+        self.committed = True
+        return dict(name=self.path.name, bytes=self.length * self.dtype.itemsize, sha256=self._sha.hexdigest(),
+                    dtype=self.dtype.str, length=self.length)
+
+    def abort(self) -> None:
+        """Discards the temporary file (no-op after commit)."""
+        if not self.committed:
+            self._file.close()
+            pathlib.Path(self._tmp).unlink(missing_ok=True)
+
+
+def write_bytes_atomic(path: pathlib.Path, data: bytes) -> None:
+    """Writes ``data`` to ``path`` through a temporary sibling and os.replace: never a partial file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.fchmod(fd, 0o644)  # mkstemp's 0600 would hide a shared cache from other users
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        pathlib.Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json_atomic(path: pathlib.Path, obj: Any) -> None:
+    write_bytes_atomic(path, (json.dumps(obj, indent=1) + "\n").encode("utf-8"))
+
+
+def file_sha256(path: pathlib.Path) -> str:
+    sha = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_HASH_CHUNK):
+            sha.update(chunk)
+    return sha.hexdigest()
+
+
+def read_manifest(directory: pathlib.Path) -> dict[str, Any]:
+    """The parsed MANIFEST.json (ManifestError naming the file if missing or malformed)."""
+    path = directory / MANIFEST
+    if not path.is_file():
+        raise ManifestError(f"{path} is missing: {directory} is not a prepared corpus; "
+                            f"run `python -m moe.data.prepare --out={directory}`")
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+        files = manifest["files"]
+        if not all(isinstance(f["name"], str) and isinstance(f["sha256"], str) and isinstance(f["bytes"], int)
+                   for f in files):
+            raise TypeError("bad file entry")
+        _ = manifest["tokenizer"], manifest["domains"], manifest["recipe"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise ManifestError(f"{path} is not a valid manifest ({type(e).__name__}: {e}); "
+                            f"run `python -m moe.data.prepare --force --out={directory}`") from None
+    return manifest
+
+
+def verify(directory: pathlib.Path) -> dict[str, Any]:
+    """Checks every listed file's size and SHA-256 against MANIFEST.json; returns the manifest."""
+    manifest = read_manifest(directory)
+    fix = f"run `python -m moe.data.prepare --force --out={directory}` to rebuild it"
+    listed = {f["name"] for f in manifest["files"]}
+    for name in DATA_FILES:
+        if name not in listed:
+            raise ManifestError(f"{directory / MANIFEST} does not list {name}; {fix}")
+    for entry in manifest["files"]:
+        path = directory / entry["name"]
+        if not path.is_file():
+            raise ManifestError(f"{path} is missing (listed in {MANIFEST}); {fix}")
+        size = path.stat().st_size
+        if size != entry["bytes"]:
+            raise ManifestError(f"{path} has {size} bytes, {MANIFEST} says {entry['bytes']}; {fix}")
+        digest = file_sha256(path)
+        if digest != entry["sha256"]:
+            raise ManifestError(f"{path} has SHA-256 {digest[:16]}..., {MANIFEST} says "
+                                f"{entry['sha256'][:16]}...: the file is corrupt; {fix}")
+    return manifest
+
+
+def clear_partial(directory: pathlib.Path) -> list[str]:
+    """Deletes what a killed prepare left in ``directory`` (no manifest); refuses if foreign files are there."""
+    names = sorted(p.name for p in directory.iterdir())
+    foreign = [n for n in names if not _is_ours(n)]
+    if foreign:
+        raise ManifestError(f"{directory} has no {MANIFEST} and contains {foreign[0]!r}, which no prepare writes; "
+                            "choose an empty or new output directory")
+    removed = [n for n in names if n != LOCK]
+    for name in removed:
+        (directory / name).unlink()
+    return removed
+
+
+@contextlib.contextmanager
+def locked(directory: pathlib.Path) -> Iterator[None]:
+    """Serialises prepares of one directory across processes (e.g. pytest-xdist workers)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / LOCK, "a") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def open_tokens(directory: pathlib.Path, name: str, dtype: np.dtype = TOKEN_DTYPE) -> np.ndarray:
+    """A read-only memory map of one array file (an empty array for an empty file)."""
+    path = directory / name
+    if path.stat().st_size == 0:
+        return np.zeros(0, dtype=dtype)
+    return np.memmap(path, dtype=dtype, mode="r")
