@@ -1,0 +1,1 @@
+"""Model presets (JSON: architecture dimensions) for the stall and bandwidth models."""

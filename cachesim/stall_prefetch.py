@@ -1,0 +1,194 @@
+"""Prefetch predictions (sources) and admission policies for the timed model.
+
+Predictions are inputs. At each (step j, layer l) boundary, right after the
+router of layer l has chosen its experts, a source may name candidate experts
+for one future target, each with a probability of being needed:
+
+* token-ahead sources target (j+1, l), the same layer one step later:
+  - `prev_token`: the experts this step used at layer l; a candidate's
+    probability is the layer's running rate at which the expert at that
+    union rank was requested again one step later (Laplace-smoothed, causal).
+  - `frequency`: the layer's most requested experts so far in this stream
+    (the domain's running frequency), probability = share of steps using it.
+  - `oracle`: the true union of step j+1 at layer l, probability 1 (in the
+    first step, which no step-ahead source can cover, also the true union of
+    (0, l+1)): the longest lead of any source with perfect predictions.
+* layer-ahead source, target (j, l+1):
+  - `lookahead`: the trace's router probabilities of layer l+1 for this step's
+    positions (union probability 1 - prod(1 - p)); the top candidates.
+    Taken from the trace, they equal a real lookahead predictor only at its
+    best accuracy; their lead is one layer's compute, not a whole step.
+
+Admission policies rank candidates (new ones and those still waiting in the
+queue) and keep the best that fit the queue budget (staging slots); the I/O
+queue serves prefetches in the same order. Keys, smaller first:
+
+  highest_prob       (-p, deadline)
+  prob_per_byte      (-p / bytes, deadline)
+  earliest_deadline  (deadline, -p)
+  esv_per_byte       (-p * avoided / bytes, deadline); avoided = the part of the
+                     read that should finish before its estimated need time
+                     given the tier's backlog (SPEC §8 expected stall value);
+                     candidates with no value are not admitted
+  oracle             hindsight replay: only candidates the target will really
+                     miss, (deadline, -read time). While the byte and queue
+                     budgets do not bind it bounds every policy on the same
+                     source (property-tested). Under a binding byte budget it
+                     is a reference, not a bound: refusing prefetches that
+                     cannot land in time (esv_per_byte) can beat it.
+  none               admits nothing
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from cachesim.stall_spec import StallConfigError
+
+SOURCES = ("prev_token", "frequency", "lookahead", "oracle")
+ADMISSIONS = ("none", "highest_prob", "prob_per_byte", "earliest_deadline", "esv_per_byte",
+              "oracle")
+
+Candidates = list[tuple[int, float]]  # (expert, probability)
+
+
+class PrefetchSource:
+    """Base: `observe` sees each (step, layer) union in order; `propose` then
+    returns a list of (target step, target layer, candidates), possibly empty."""
+
+    name = ""
+
+    def observe(self, step: int, layer: int, union: list[int]) -> None:
+        pass
+
+    def propose(self, step: int, layer: int) -> list[tuple[int, int, Candidates]]:
+        raise NotImplementedError
+
+
+class PrevTokenSource(PrefetchSource):
+    name = "prev_token"
+
+    def __init__(self, num_steps: int, num_layers: int, max_rank: int):
+        self.num_steps = num_steps
+        self.last: list[list[int]] = [[] for _ in range(num_layers)]
+        self.hits = np.zeros((num_layers, max_rank))
+        self.trials = np.zeros((num_layers, max_rank))
+
+    def observe(self, step, layer, union):
+        previous = self.last[layer]
+        if previous:
+            now = set(union)
+            for rank, expert in enumerate(previous):
+                self.trials[layer, rank] += 1
+                self.hits[layer, rank] += expert in now
+        self.last[layer] = union
+
+    def propose(self, step, layer):
+        if step + 1 >= self.num_steps:
+            return []
+        union = self.last[layer]
+        probs = (self.hits[layer, :len(union)] + 1.0) / (self.trials[layer, :len(union)] + 2.0)
+        return [(step + 1, layer, list(zip(union, probs.tolist())))]
+
+
+class FrequencySource(PrefetchSource):
+    name = "frequency"
+
+    def __init__(self, num_steps: int, num_layers: int, num_experts: int, max_candidates: int):
+        self.num_steps = num_steps
+        self.counts = np.zeros((num_layers, num_experts))
+        self.seen = np.zeros(num_layers)
+        self.max_candidates = max_candidates
+        self.ids = np.arange(num_experts)
+
+    def observe(self, step, layer, union):
+        self.counts[layer, union] += 1
+        self.seen[layer] += 1
+
+    def propose(self, step, layer):
+        if step + 1 >= self.num_steps:
+            return []
+        counts = self.counts[layer]
+        order = np.argsort(-counts, kind="stable")[:self.max_candidates]  # ties: lowest id
+        share = counts[order] / self.seen[layer]
+        return [(step + 1, layer, [(int(e), float(p)) for e, p in zip(order, share) if p > 0])]
+
+
+class OracleSource(PrefetchSource):
+    name = "oracle"
+
+    def __init__(self, unions: list[list[list[int]]]):
+        self.unions = unions
+
+    def propose(self, step, layer):
+        proposals = []
+        if step == 0 and layer + 1 < len(self.unions[0]):
+            # The first step has no step-ahead prediction; use the next layer's.
+            proposals.append((0, layer + 1, [(e, 1.0) for e in self.unions[0][layer + 1]]))
+        if step + 1 < len(self.unions):
+            proposals.append((step + 1, layer, [(e, 1.0) for e in self.unions[step + 1][layer]]))
+        return proposals
+
+
+class LookaheadSource(PrefetchSource):
+    name = "lookahead"
+
+    def __init__(self, probs: np.ndarray, starts: np.ndarray, evaluated: np.ndarray,
+                 max_candidates: int):
+        self.probs = probs
+        self.starts = starts
+        self.evaluated = evaluated
+        self.max_candidates = max_candidates
+        self.num_experts = probs.shape[-1]
+
+    def propose(self, step, layer):
+        if layer + 1 >= self.probs.shape[0]:
+            return []
+        start = self.starts[step]
+        block = self.probs[layer + 1, start:start + self.evaluated[step]].astype(np.float64)
+        union = 1.0 - np.prod(1.0 - np.clip(block, 0.0, 1.0), axis=0)
+        order = np.argsort(-union, kind="stable")[:self.max_candidates]  # ties: lowest id
+        return [(step, layer + 1, [(int(e), float(union[e])) for e in order if union[e] > 0])]
+
+
+def make_source(name: str, *, unions: list[list[list[int]]], num_layers: int, num_experts: int,
+                width_k: int, probs: np.ndarray | None, starts: np.ndarray,
+                evaluated: np.ndarray, max_candidates: int | None) -> PrefetchSource:
+    """Builds source `name` for one simulation (sources keep running state)."""
+    num_steps = len(unions)
+    limit = max_candidates or 2 * width_k
+    if name == "prev_token":
+        return PrevTokenSource(num_steps, num_layers, width_k)
+    if name == "frequency":
+        return FrequencySource(num_steps, num_layers, num_experts, limit)
+    if name == "oracle":
+        return OracleSource(unions)
+    if name == "lookahead":
+        if probs is None:
+            raise StallConfigError("the lookahead source needs router probabilities, but the "
+                                   "trace has no 'probs'; export the trace with probs or pick "
+                                   f"another source ({', '.join(s for s in SOURCES if s != name)})")
+        return LookaheadSource(probs, starts, evaluated, limit)
+    raise StallConfigError(f"unknown prefetch source {name!r}; use one of {SOURCES}")
+
+
+def admission_key(policy: str, prob: float, nbytes: float, deadline: int, seq: int,
+                  avoided_s: float, read_s: float) -> tuple | None:
+    """The ranking key of one candidate (smaller first), or None to refuse it."""
+    if policy == "highest_prob":
+        return (1, -prob, deadline, seq)
+    if policy == "prob_per_byte":
+        return (1, -prob / nbytes, deadline, seq)
+    if policy == "earliest_deadline":
+        return (1, deadline, -prob, seq)
+    if policy == "esv_per_byte":
+        value = prob * avoided_s
+        return (1, -value / nbytes, deadline, seq) if value > 0 else None
+    if policy == "oracle":
+        return (1, deadline, -read_s, seq)
+    raise StallConfigError(f"unknown admission policy {policy!r}; use one of {ADMISSIONS}")
+
+
+def check_admission(policy: str) -> None:
+    if policy not in ADMISSIONS:
+        raise StallConfigError(f"unknown admission policy {policy!r}; use one of {ADMISSIONS}")

@@ -1,0 +1,403 @@
+"""What each decode step requests, and what the expert cache holds (SPEC §7).
+
+The timed model separates *residency* from *timing*. Which experts are
+resident in the compute tier is decided by a cachesim policy (LRU, LFU,
+static pin, Belady) replayed over the request stream alone; prefetching never
+changes it, because prefetched bytes land in separate staging slots and reach
+the cache only through the demand request that uses them (see
+`cachesim.stall_engine`). So one residency pass serves every admission
+policy and prefetch budget of a comparison.
+
+* `make_step_plan`: decode steps. Without speculation a step evaluates and
+  commits one token. With speculative width w a step evaluates w positions
+  and commits A in [1, w] of them (acceptance model); the next step starts at
+  the first uncommitted position, so rejected positions are evaluated again.
+* `step_unions`: per step and layer, the union of the evaluated positions'
+  experts in first-request order (position-major, top-1 first): the batched
+  forward pass needs each expert once. Width 1 gives the trace itself.
+* `residency_pass` / `residency_passes`: per (step, layer) request, a miss
+  flag, and the resident set before the step. Two backends with identical
+  results: `python` (plain per-layer state machines) and `jax`
+  (cachesim.online's `cache_token_step`, scanned over steps and vmapped over
+  layers and cache specs, e.g. a sweep of VRAM budgets in one pass).
+* `home_tiers`: the storage tier each expert is streamed from.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import math
+from collections import OrderedDict, defaultdict
+
+import numpy as np
+
+from cachesim.policies import CacheSpec, warmup_tokens
+from cachesim.reference import pinned_experts
+from cachesim.stall_spec import Hardware, ModelShape, StallConfigError
+
+
+# ---------------------------------------------------------------- speculation
+
+@dataclasses.dataclass(frozen=True)
+class Speculation:
+    """Speculative decoding: `width` positions evaluated per step; committed
+    A = min(fixed, width) (`acceptance="fixed"`) or, for "bernoulli", 1 plus
+    the number of leading successes among width-1 draws of probability `alpha`
+    (seeded)."""
+
+    width: int = 1
+    acceptance: str = "fixed"
+    fixed: int = 1
+    alpha: float = 0.0
+    seed: int = 0
+
+    def __post_init__(self):
+        if isinstance(self.width, bool) or not isinstance(self.width, int) or self.width < 1:
+            raise StallConfigError(f"speculative width must be an int >= 1, got {self.width!r}")
+        if self.acceptance not in ("fixed", "bernoulli"):
+            raise StallConfigError(f"unknown acceptance model {self.acceptance!r}; use "
+                                   "fixed:N or bernoulli:ALPHA[:SEED]")
+        if self.acceptance == "fixed" and (not isinstance(self.fixed, int) or self.fixed < 1):
+            raise StallConfigError(f"fixed acceptance must commit >= 1 token, got {self.fixed!r}")
+        if self.acceptance == "bernoulli" and not 0.0 <= self.alpha <= 1.0:
+            raise StallConfigError(f"acceptance probability must be in [0, 1], got {self.alpha}")
+
+    @classmethod
+    def parse(cls, width: int, text: str) -> Speculation:
+        """From CLI text: "fixed:N" or "bernoulli:ALPHA[:SEED]"."""
+        parts = str(text).split(":")
+        try:
+            if parts[0] == "fixed" and len(parts) == 2:
+                return cls(width=width, acceptance="fixed", fixed=int(parts[1]))
+            if parts[0] == "bernoulli" and len(parts) in (2, 3):
+                seed = int(parts[2]) if len(parts) == 3 else 0
+                return cls(width=width, acceptance="bernoulli", alpha=float(parts[1]), seed=seed)
+        except ValueError:
+            pass
+        raise StallConfigError(f"cannot read acceptance model {text!r}; write fixed:N or "
+                               "bernoulli:ALPHA[:SEED]")
+
+    @property
+    def label(self) -> str:
+        if self.acceptance == "fixed":
+            return f"w{self.width}-fixed{self.fixed}"
+        return f"w{self.width}-bernoulli{self.alpha}-s{self.seed}"
+
+
+@dataclasses.dataclass(frozen=True)
+class StepPlan:
+    """Decode steps: step j evaluates positions [start[j], start[j] + evaluated[j])
+    and commits the first committed[j] of them."""
+
+    start: np.ndarray
+    evaluated: np.ndarray
+    committed: np.ndarray
+
+    @property
+    def num_steps(self) -> int:
+        return int(self.start.shape[0])
+
+
+def make_step_plan(num_tokens: int, speculation: Speculation) -> StepPlan:
+    """Steps covering `num_tokens` committed tokens. Acceptance depends only on
+    the seeded draws, never on timing, so the plan is fixed before simulation."""
+    if num_tokens < 1:
+        raise StallConfigError("the trace has no tokens to decode")
+    rng = np.random.default_rng(speculation.seed)
+    starts, evaluated, committed = [], [], []
+    position = 0
+    while position < num_tokens:
+        width = min(speculation.width, num_tokens - position)
+        if speculation.acceptance == "fixed":
+            accepted = min(speculation.fixed, width)
+        else:
+            # Always draw width-1 numbers so the stream does not depend on the tail.
+            draws = rng.random(speculation.width - 1) < speculation.alpha
+            leading = int(np.argmin(draws)) if not draws.all() else draws.size
+            accepted = min(1 + leading, width)
+        starts.append(position)
+        evaluated.append(width)
+        committed.append(accepted)
+        position += accepted
+    as_array = lambda values: np.asarray(values, np.int64)  # noqa: E731
+    return StepPlan(as_array(starts), as_array(evaluated), as_array(committed))
+
+
+def step_unions(experts: np.ndarray, plan: StepPlan) -> tuple[np.ndarray, np.ndarray]:
+    """Per (step, layer) the union of the evaluated positions' experts.
+
+    Args:
+      experts: (L, T, k) trace ids.
+      plan: the step plan over those T tokens.
+
+    Returns:
+      unions (S, L, U) int32, first-request order, padded with -1 (U = w·k
+      at most), and lengths (S, L) int64.
+    """
+    num_layers, _, k = experts.shape
+    width = int(plan.evaluated.max())
+    if width == 1:
+        unions = np.ascontiguousarray(experts.transpose(1, 0, 2)[plan.start], dtype=np.int32)
+        return unions, np.full(unions.shape[:2], k, np.int64)
+    unions = np.full((plan.num_steps, num_layers, width * k), -1, np.int32)
+    lengths = np.zeros((plan.num_steps, num_layers), np.int64)
+    for j in range(plan.num_steps):
+        block = experts[:, plan.start[j]:plan.start[j] + plan.evaluated[j]]
+        for layer in range(num_layers):
+            seen = list(dict.fromkeys(block[layer].reshape(-1).tolist()))
+            unions[j, layer, :len(seen)] = seen
+            lengths[j, layer] = len(seen)
+    return unions, lengths
+
+
+# ---------------------------------------------------------------- residency
+
+@dataclasses.dataclass(frozen=True)
+class Residency:
+    """Result of replaying a cache policy over the step unions.
+
+    miss: (S, L, U) bool, demand-miss flag of each union request (False on padding).
+    resident_before: (S, L, E) bool, the cache contents before step j's requests.
+    capacity: experts per layer.
+    """
+
+    miss: np.ndarray
+    resident_before: np.ndarray
+    capacity: int
+    label: str
+
+
+def _replay_layer(steps: list[list[int]], spec: CacheSpec, capacity: int, num_experts: int,
+                  pinned: set[int] | None, out_miss: np.ndarray,
+                  out_resident: np.ndarray) -> None:
+    """Plain-Python replay of one layer; writes miss flags and resident masks.
+
+    The rules are SPEC §7 (and `cachesim.reference`) with a "token" being one
+    step's union: LRU refreshes recency per request (or per step in `token`
+    mode, ties to the lowest id), LFU counts every request and never resets,
+    Belady looks strictly past the current step, static never changes.
+    """
+    mask = np.zeros(num_experts, bool)
+    if spec.policy == "static":
+        mask[sorted(pinned)] = True
+        out_resident[:] = mask
+        for j, step in enumerate(steps):
+            for i, expert in enumerate(step):
+                out_miss[j, i] = not mask[expert]
+        return
+    lru: OrderedDict[int, None] = OrderedDict()
+    resident: set[int] = set()
+    key: dict[int, int] = defaultdict(int)  # last use (lru token) or count (lfu)
+    positions: dict[int, list[int]] = defaultdict(list)
+    if spec.policy == "belady":
+        for j, step in enumerate(steps):
+            for expert in step:
+                positions[expert].append(j)
+
+    def next_request(expert: int, j: int) -> float:
+        uses = positions[expert]
+        i = bisect.bisect_right(uses, j)
+        return uses[i] if i < len(uses) else math.inf
+
+    request_recency = spec.policy == "lru" and spec.recency == "request"
+    for j, step in enumerate(steps):
+        out_resident[j] = mask
+        for i, expert in enumerate(step):
+            if request_recency:
+                miss = expert not in lru
+                if miss and capacity > 0:
+                    if len(lru) >= capacity:
+                        victim, _ = lru.popitem(last=False)
+                        mask[victim] = False
+                    lru[expert] = None
+                    mask[expert] = True
+                elif not miss:
+                    lru.move_to_end(expert)
+                out_miss[j, i] = miss
+                continue
+            miss = expert not in resident
+            if miss and capacity > 0:
+                if len(resident) >= capacity:
+                    if spec.policy == "belady":
+                        victim = max(resident, key=lambda e: (next_request(e, j), -e))
+                    else:
+                        victim = min(resident, key=lambda e: (key[e], e))
+                    resident.remove(victim)
+                    mask[victim] = False
+                resident.add(expert)
+                mask[expert] = True
+            if spec.policy == "lfu":
+                key[expert] += 1
+            elif spec.policy == "lru":
+                key[expert] = j
+            out_miss[j, i] = miss
+
+
+def _pinned_sets(committed_experts: np.ndarray, capacity: int, num_experts: int,
+                 warmup: float) -> list[set[int]]:
+    """Static pin sets per layer from the committed trace's warm-up prefix."""
+    num_tokens = committed_experts.shape[1]
+    prefix = warmup_tokens(warmup, num_tokens)
+    return [pinned_experts(committed_experts[layer, :prefix].tolist(), capacity, num_experts,
+                           prefix) for layer in range(committed_experts.shape[0])]
+
+
+def residency_pass(unions: np.ndarray, lengths: np.ndarray, num_experts: int, spec: CacheSpec,
+                   committed_experts: np.ndarray, backend: str = "python") -> Residency:
+    """Replays `spec` on every layer's step unions.
+
+    Args:
+      unions, lengths: from `step_unions`.
+      num_experts: E.
+      spec: the cache policy and capacity (cachesim's `CacheSpec`).
+      committed_experts: (L, T, k) the committed trace, for static pin warm-up.
+      backend: "python" (reference loops) or "jax" (`cachesim.online.cache_token_step`,
+        vmapped over layers, one scan over steps).
+    """
+    return residency_passes(unions, lengths, num_experts, [spec], committed_experts,
+                            backend)[0]
+
+
+def residency_passes(unions: np.ndarray, lengths: np.ndarray, num_experts: int,
+                     specs: list[CacheSpec], committed_experts: np.ndarray,
+                     backend: str = "python") -> list[Residency]:
+    """`residency_pass` for several cache specs (e.g. a sweep of VRAM budgets).
+
+    The JAX backend replays every replayed (non-static) spec in one scan,
+    vmapped over specs and layers; static pins need no replay.
+    """
+    if backend not in ("python", "jax"):
+        raise StallConfigError(f"unknown residency backend {backend!r}; use python or jax")
+    num_steps, num_layers, width = unions.shape
+    capacities = [min(spec.capacity_for(num_experts), num_experts) for spec in specs]
+    replayed = [i for i, spec in enumerate(specs) if backend == "jax" and spec.policy != "static"]
+    results: list[Residency | None] = [None] * len(specs)
+    if replayed:
+        miss, resident = _residency_jax(unions, num_experts, [specs[i] for i in replayed],
+                                        [capacities[i] for i in replayed])
+        for slot, i in enumerate(replayed):
+            results[i] = Residency(miss=miss[:, slot], resident_before=resident[:, slot],
+                                   capacity=capacities[i], label=specs[i].label)
+    steps_per_layer = None
+    for i, spec in enumerate(specs):
+        if results[i] is not None:
+            continue
+        if steps_per_layer is None:
+            steps_per_layer = [[row[:n] for row, n in zip(unions[:, layer].tolist(),
+                                                         lengths[:, layer].tolist())]
+                               for layer in range(num_layers)]
+        pinned = (_pinned_sets(committed_experts, capacities[i], num_experts, spec.warmup)
+                  if spec.policy == "static" else None)
+        miss = np.zeros((num_steps, num_layers, width), bool)
+        resident = np.zeros((num_steps, num_layers, num_experts), bool)
+        for layer in range(num_layers):
+            _replay_layer(steps_per_layer[layer], spec, capacities[i], num_experts,
+                          pinned[layer] if pinned else None, miss[:, layer], resident[:, layer])
+        results[i] = Residency(miss=miss, resident_before=resident, capacity=capacities[i],
+                               label=spec.label)
+    return results
+
+
+def _residency_jax(unions: np.ndarray, num_experts: int, specs: list[CacheSpec],
+                   capacities: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Miss flags (S, P, L, U) and resident masks (S, P, L, E) of P specs."""
+    from cachesim.online import policy_code
+    from cachesim.simulate import next_request_index
+
+    num_steps, num_layers, width = unions.shape
+    if (num_steps + 1) * width * num_experts >= 2**31:
+        raise StallConfigError(f"{num_steps} steps x {width} requests x {num_experts} experts "
+                               "overflow the JAX cache's int32 keys; use backend='python'")
+    if any(spec.policy == "belady" for spec in specs):
+        next_use = np.stack([next_request_index(unions[:, layer], num_steps)
+                             for layer in range(num_layers)], axis=1).astype(np.int32)
+    else:
+        next_use = np.zeros_like(unions)
+    policies = np.array([policy_code(spec) for spec in specs], np.int32)
+    miss, resident = _jax_replay()(unions, next_use, policies, np.array(capacities, np.int32),
+                                   np.int32(num_steps), num_experts=num_experts)
+    return np.asarray(miss), np.asarray(resident)
+
+
+_JAX_REPLAY = None
+
+
+def _jax_replay():
+    """The jitted scan (built on first use, so importing this module stays light).
+
+    Per step: `cachesim.online.cache_token_step` vmapped over layers and over
+    specs, recording each cache's resident mask before the step and its
+    per-request miss flags. Policies, capacities and horizon are traced, so
+    one compile serves every spec list of a shape.
+    """
+    global _JAX_REPLAY
+    if _JAX_REPLAY is None:
+        import functools
+
+        import jax
+        import jax.numpy as jnp
+
+        from cachesim.online import cache_token_step, init_cache_state
+
+        layer_step = jax.vmap(cache_token_step, in_axes=(0, 0, 0, None, None, None, None))
+        spec_step = jax.vmap(layer_step, in_axes=(0, None, None, None, 0, 0, None))
+
+        @functools.partial(jax.jit, static_argnames=("num_experts",))
+        def replay(unions, next_use, policies, capacities, horizon, *, num_experts):
+            state = init_cache_state(num_experts, (policies.shape[0], unions.shape[1]))
+
+            def body(carry, inputs):
+                state, t = carry
+                step_experts, step_next = inputs
+                before = state.resident
+                state, miss = spec_step(state, step_experts, step_next, t, policies, capacities,
+                                        horizon)
+                return (state, t + 1), (miss, before)
+
+            _, outputs = jax.lax.scan(body, (state, jnp.int32(0)), (unions, next_use))
+            return outputs
+
+        _JAX_REPLAY = replay
+    return _JAX_REPLAY
+
+
+# ---------------------------------------------------------------- placement
+
+PLACEMENTS = ("frequency", "slowest")
+
+
+def home_tiers(committed_experts: np.ndarray, model: ModelShape, hardware: Hardware,
+               placement: str = "frequency", warmup: float = 1.0) -> np.ndarray:
+    """(L, E) index of the storage tier (>= 1) each expert is streamed from.
+
+    `frequency`: per layer, experts ordered by request count in the warm-up
+    prefix (ties to the lowest id) fill the storage tiers fastest first, each
+    tier's usable bytes split evenly over layers (hot experts live in RAM,
+    the rest on the SSD). `slowest`: everything streams from the last tier.
+    """
+    num_layers, num_experts = model.expert_bytes.shape
+    if placement == "slowest":
+        return np.full((num_layers, num_experts), len(hardware.tiers) - 1, np.int64)
+    if placement != "frequency":
+        raise StallConfigError(f"unknown placement {placement!r}; use one of {PLACEMENTS}")
+    prefix = max(1, warmup_tokens(warmup, committed_experts.shape[1]))
+    home = np.zeros((num_layers, num_experts), np.int64)
+    for layer in range(num_layers):
+        counts = np.bincount(committed_experts[layer, :prefix].ravel(), minlength=num_experts)
+        order = sorted(range(num_experts), key=lambda e: (-counts[e], e))
+        tier = 1
+        room = hardware.tiers[1].usable_bytes / num_layers
+        for expert in order:
+            size = model.expert_bytes[layer, expert]
+            while size > room:
+                tier += 1
+                if tier >= len(hardware.tiers):
+                    raise StallConfigError(
+                        f"model {model.name!r} ({model.total_bytes / 1e9:.1f} GB) does not fit in "
+                        f"the storage tiers of {hardware.name!r}; use larger tiers or a smaller "
+                        "quantisation")
+                room = hardware.tiers[tier].usable_bytes / num_layers
+            room -= size
+            home[layer, expert] = tier
+    return home
