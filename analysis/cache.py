@@ -1,0 +1,272 @@
+"""Computes per-trace cache metrics once and keeps them next to the run.
+
+Simulating five cache policies at three capacities over a 500k-token trace
+takes seconds; rebuilding tables must not. Each trace's *facts* (cachesim's
+``paper_metrics`` and the per-layer expert usage counts that the pooled
+collapse clause and the heat-maps need; reuse at lags 1..1024 is added when a
+figure first asks for it) are stored, keyed by the SHA-256 of the
+trace file, in ``<run>/analysis_cache.json``. When the run directory is not
+writable (the read-only reference runs) they go to a user cache directory
+(``$CACHEABLE_MOE_CACHE``, default ``~/.cache/cacheable-moe/analysis``) as
+``<sha256>.json``. A changed trace has a new hash and is recomputed; so is
+every trace after a change to the cachesim sources the metrics come from
+(their fingerprint is part of each entry) or to what is cached here
+(:data:`CACHE_VERSION`): stale numbers are never served.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import functools
+import hashlib
+import importlib.util
+import json
+import multiprocessing
+import os
+import tempfile
+import warnings
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+CACHE_FILE = "analysis_cache.json"
+# Bump when the cached fields or the metric semantics they come from change.
+CACHE_VERSION = 1
+ENV_CACHE_DIR = "CACHEABLE_MOE_CACHE"
+
+
+# The cachesim modules whose code determines the cached numbers.
+_METRIC_SOURCES = ("trace.py", "policies.py", "simulate.py", "metrics.py")
+
+
+@functools.cache
+def cachesim_fingerprint() -> str:
+    """SHA-256 over the source of the cachesim modules that compute the metrics.
+
+    The files are located without importing cachesim (whose package imports
+    JAX): a warm rebuild must not pay JAX's start-up.
+    """
+    spec = importlib.util.find_spec("cachesim")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("cannot locate the cachesim package; is the project installed (pip install -e .)?")
+    package = Path(next(iter(spec.submodule_search_locations)))
+    digest = hashlib.sha256()
+    for name in _METRIC_SOURCES:
+        digest.update(name.encode() + b"\0" + (package / name).read_bytes())
+    return digest.hexdigest()
+
+
+def default_cache_dir() -> Path:
+    """User cache for metrics of traces in read-only run directories."""
+    env = os.environ.get(ENV_CACHE_DIR)
+    return Path(env) if env else Path.home() / ".cache" / "cacheable-moe" / "analysis"
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """Hex SHA-256 of a file's bytes (the cache key: content, not name or mtime)."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def compute_trace_facts(trace_path: str | os.PathLike) -> dict[str, Any]:
+    """Everything analysis needs from one trace, as plain JSON-able values.
+
+    cachesim (and with it JAX) is imported here, not at module level: a warm
+    table rebuild reads cached JSON only and should not pay JAX's start-up.
+    """
+    from cachesim import metrics as cs_metrics
+    from cachesim import trace as cs_trace
+
+    trace = cs_trace.load_trace(trace_path)
+    return {
+        "paper_metrics": cs_metrics.paper_metrics(trace),
+        "expert_counts": np.asarray(cs_metrics.expert_counts(trace), dtype=np.int64).tolist(),
+    }
+
+
+def compute_reuse_by_lag(trace_path: str | os.PathLike) -> dict[str, float]:
+    """Reuse at lags 1, 2, 4, ..., 1024 (keys str(lag)); only the figures need it."""
+    from cachesim import metrics as cs_metrics
+    from cachesim import trace as cs_trace
+
+    trace = cs_trace.load_trace(trace_path)
+    return {str(lag): cs_metrics.reuse(trace, lag) for lag in cs_metrics.default_lags(trace.num_tokens)}
+
+
+_ENTRY_KEYS = ("version", "cachesim", "trace_sha256")
+
+
+def _entry(sha: str, facts: dict[str, Any]) -> dict[str, Any]:
+    return {"version": CACHE_VERSION, "cachesim": cachesim_fingerprint(), "trace_sha256": sha, **facts}
+
+
+def _valid(entry: Any, sha: str) -> bool:
+    return (isinstance(entry, dict) and entry.get("version") == CACHE_VERSION
+            and entry.get("cachesim") == cachesim_fingerprint()
+            and entry.get("trace_sha256") == sha and isinstance(entry.get("paper_metrics"), dict)
+            and isinstance(entry.get("expert_counts"), list))
+
+
+def _facts(entry: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in entry.items() if k not in _ENTRY_KEYS}
+
+
+def _read_json_or_none(path: Path) -> Any:
+    """A cache file that is absent or unreadable is a miss, never an error."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def atomic_write_json(path: Path, data: Any) -> None:
+    """Writes JSON via a temp file in the same folder and os.replace (never half-written)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def writable_dir(path: Path) -> bool:
+    """Whether analysis may write into ``path``.
+
+    Permission bits decide, even for root (who may write anyway): a folder
+    marked read-only, like the reference runs (dr-xr-xr-x), is left untouched.
+    """
+    try:
+        return os.access(path, os.W_OK) and bool(os.stat(path).st_mode & 0o222)
+    except OSError:
+        return False
+
+
+class MetricsStore:
+    """Compute-or-load of trace facts, memoised by content hash for one process.
+
+    ``jobs`` > 1 computes missing traces in that many worker processes (spawned,
+    so no state is shared with the parent). ``computed`` counts computations,
+    which lets tests and the benchmark tell a warm cache from a cold one.
+    """
+
+    def __init__(self, cache_dir: str | os.PathLike | None = None, jobs: int = 1):
+        self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+        self.jobs = max(1, int(jobs))
+        self.computed = 0
+        self._memo: dict[str, dict[str, Any]] = {}
+        self._sha_memo: dict[tuple[str, int, int], str] = {}
+        self._warned = False
+
+    def sha256(self, path: str | os.PathLike) -> str:
+        """file_sha256, memoised per (path, size, mtime) so one process hashes a file once."""
+        st = os.stat(path)
+        key = (str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
+        if key not in self._sha_memo:
+            self._sha_memo[key] = file_sha256(path)
+        return self._sha_memo[key]
+
+    # -- lookup ---------------------------------------------------------------------------
+    def _lookup(self, run_dir: Path, trace_path: Path, sha: str, run_cache: Any) -> dict | None:
+        if sha in self._memo:
+            return self._memo[sha]
+        candidates = []
+        if isinstance(run_cache, dict) and isinstance(run_cache.get("traces"), dict):
+            candidates.append(run_cache["traces"].get(trace_path.name))
+        candidates.append(_read_json_or_none(self.cache_dir / f"{sha}.json"))
+        for entry in candidates:
+            if _valid(entry, sha):
+                self._memo[sha] = _facts(entry)
+                return self._memo[sha]
+        return None
+
+    def trace_facts(self, run_dir: str | os.PathLike, traces: Mapping[str, Path]) -> dict[str, dict[str, Any]]:
+        """``{domain: facts}`` for the traces of one run directory (computing what is missing)."""
+        self.prefetch({Path(run_dir): traces})
+        return {domain: self._memo[self.sha256(path)] for domain, path in traces.items()}
+
+    def reuse_by_lag(self, run_dir: str | os.PathLike, trace_path: Path) -> dict[str, float]:
+        """The trace's reuse-vs-lag curve, computed on first use and added to its cache entry.
+
+        Kept out of the table facts: it costs about a fifth of a cold table
+        build and only the reuse-vs-lag figure reads it.
+        """
+        run_dir, trace_path = Path(run_dir), Path(trace_path)
+        facts = self.trace_facts(run_dir, {"": trace_path})[""]
+        if not isinstance(facts.get("reuse_by_lag"), dict):
+            facts = {**facts, "reuse_by_lag": compute_reuse_by_lag(trace_path)}
+            sha = self.sha256(trace_path)
+            self._memo[sha] = facts
+            self._persist(run_dir, {trace_path: (sha, facts)})
+        return facts["reuse_by_lag"]
+
+    def prefetch(self, jobs: Mapping[Path, Mapping[str, Path]]) -> None:
+        """Makes sure every listed trace's facts are memoised, computing the missing ones.
+
+        Each result is stored as soon as it is computed, so an interrupted cold
+        run keeps what it finished. Identical trace contents (copied runs) are
+        computed once.
+        """
+        places: dict[str, list[tuple[Path, Path]]] = {}  # sha -> [(run dir, trace path)] lacking facts
+        for run_dir, traces in jobs.items():
+            run_dir = Path(run_dir)
+            run_cache = _read_json_or_none(run_dir / CACHE_FILE)
+            for path in traces.values():
+                path = Path(path)
+                sha = self.sha256(path)
+                if self._lookup(run_dir, path, sha, run_cache) is None:
+                    places.setdefault(sha, []).append((run_dir, path))
+        for sha, facts in self._compute({sha: where[0][1] for sha, where in places.items()}):
+            self._memo[sha] = facts
+            for run_dir, path in places[sha]:
+                self._persist(run_dir, {path: (sha, facts)})
+
+    # -- compute and store ----------------------------------------------------------------
+    def _compute(self, paths: Mapping[str, Path]) -> Iterator[tuple[str, dict[str, Any]]]:
+        """Yields (sha, facts) for each trace as it finishes (in worker processes if jobs > 1)."""
+        self.computed += len(paths)
+        if self.jobs == 1 or len(paths) <= 1:
+            for sha, path in paths.items():
+                yield sha, compute_trace_facts(path)
+            return
+        ctx = multiprocessing.get_context("spawn")
+        pool = concurrent.futures.ProcessPoolExecutor(min(self.jobs, len(paths)), mp_context=ctx)
+        try:
+            futures = {pool.submit(compute_trace_facts, path): sha for sha, path in paths.items()}
+            for future in concurrent.futures.as_completed(futures):
+                yield futures[future], future.result()
+        finally:
+            # On an error (a bad trace) do not wait for the remaining traces.
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def _persist(self, run_dir: Path, new: Mapping[Path, tuple[str, dict[str, Any]]]) -> None:
+        """Stores into the run directory, else (read-only) into the user cache dir."""
+        if not new:
+            return
+        if writable_dir(run_dir):
+            try:
+                current = _read_json_or_none(run_dir / CACHE_FILE)
+                traces = current.get("traces", {}) if isinstance(current, dict) else {}
+                traces = traces if isinstance(traces, dict) else {}
+                for path, (sha, facts) in new.items():
+                    traces[path.name] = _entry(sha, facts)
+                atomic_write_json(run_dir / CACHE_FILE, {"version": CACHE_VERSION, "traces": traces})
+                return
+            except OSError:
+                pass  # E.g. a read-only mount: fall through to the user cache.
+        try:
+            self.cache_dir.mkdir(parents=True, exist_ok=True)
+            for sha, facts in new.values():
+                atomic_write_json(self.cache_dir / f"{sha}.json", _entry(sha, facts))
+        except OSError as e:
+            if not self._warned:
+                warnings.warn(f"cannot cache analysis metrics ({e}); set {ENV_CACHE_DIR} to a writable folder",
+                              stacklevel=2)
+                self._warned = True

@@ -1,0 +1,166 @@
+"""Routing profile of one model from its per-domain traces (Markdown or JSON).
+
+Usage::
+
+    python -m analysis.profile TRACE_DIR [--capacity 0.25] [--rounding ceil] [--recency request]
+                               [--layer all|N] [--format markdown|json] [--out FILE]
+
+TRACE_DIR holds one reference-format ``.npz`` per domain (``<domain>.npz`` as
+the Qwen3 traces, or a run directory's ``trace_<domain>.npz``). The report
+gives, per domain and averaged over domains: reuse at lag 1 against the two
+chance baselines (k/E and the marginal Σq²/Σq), the 95% working set, the hit
+rates of LRU / LFU / static (w = 0.2) / Belady at one capacity, and the
+cross-domain similarity of expert usage. Reuse, chances and working set are
+means over all layers; the cache hit rates are over the layers chosen with
+--layer (default: all, i.e. the mean over layers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from analysis import cli, formatting
+from analysis.formatting import Column, Table, fixed, percent
+from analysis.runs import AnalysisError, domain_sort_key
+
+PROFILE_POLICIES = ("lru", "lfu", "static_w0.2", "belady")
+_VALUE_KEYS = ("reuse_lag1", "chance_uniform", "chance_marginal", "working_set_95")
+
+
+def load_traces(folder: str | Path) -> dict[str, Any]:
+    """``{domain: Trace}`` of the ``.npz`` files of a folder, paper domains first."""
+    from cachesim.trace import load_trace
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise AnalysisError(f"{folder}: not a directory; pass a folder of per-domain .npz traces")
+    paths = [p for p in folder.glob("*.npz") if p.is_file()]
+    if not paths:
+        raise AnalysisError(f"{folder}: no .npz traces; pass a folder of per-domain reference-format traces")
+
+    def domain(p: Path) -> str:
+        return p.stem[len("trace_"):] if p.stem.startswith("trace_") else p.stem
+
+    ordered = sorted(paths, key=lambda p: domain_sort_key(domain(p)))
+    traces = {domain(p): load_trace(p) for p in ordered}
+    shapes = {(t.num_layers, t.num_experts, t.k) for t in traces.values()}
+    if len(shapes) > 1:
+        raise AnalysisError(f"{folder}: traces disagree on (layers, experts, k) {sorted(shapes)}; a profile "
+                            "is of one model — put each model's traces in their own folder")
+    return traces
+
+
+def _specs(capacity: float, rounding: str, recency: str) -> list:
+    from cachesim.policies import CacheSpec
+
+    size = ({"capacity": int(capacity)} if capacity >= 1 else {"fraction": float(capacity), "rounding": rounding})
+    return [CacheSpec("lru", recency=recency, **size), CacheSpec("lfu", **size),
+            CacheSpec("static", warmup=0.2, **size), CacheSpec("belady", **size)]
+
+
+def profile(traces: Mapping[str, Any], *, capacity: float = 0.25, rounding: str = "ceil",
+            recency: str = "request", layer: int | None = None) -> dict[str, Any]:
+    """The profile as a JSON-able dict (unrounded): means over domains plus a per-domain breakdown.
+
+    ``capacity`` < 1 is a fraction of E (rounded by ``rounding``), >= 1 a count.
+    """
+    from cachesim import metrics as cs
+
+    first = next(iter(traces.values()))
+    if layer is not None and not 0 <= layer < first.num_layers:
+        raise AnalysisError(f"--layer {layer} out of range: the traces have {first.num_layers} layers (0.."
+                            f"{first.num_layers - 1})")
+    specs = _specs(capacity, rounding, recency)
+    tables = cs.cache_table(list(traces.values()), specs, layers=None if layer is None else [layer])
+    domains = {}
+    for (name, trace), rows in zip(traces.items(), tables):
+        domains[name] = {
+            "num_tokens": trace.num_tokens,
+            "reuse_lag1": cs.reuse(trace, 1),
+            "chance_uniform": cs.chance_uniform(trace),
+            "chance_marginal": float(cs.chance_marginal_by_layer(trace).mean()),
+            "working_set_95": float(cs.working_set_by_layer(trace, 0.95).mean()),
+            "cache": {p: row["hit_rate"] for p, row in zip(PROFILE_POLICIES, rows)},
+        }
+    similarity = cs.similarity_matrix(list(traces.values()))
+    names = list(traces)
+    return {
+        "model": first.meta.get("model", ""),
+        "num_layers": first.num_layers, "num_experts": first.num_experts, "k": first.k,
+        "capacity": specs[0].capacity_for(first.num_experts),
+        "capacity_spec": {"value": capacity, "rounding": rounding if capacity < 1 else None},
+        "recency": recency, "layer": "all" if layer is None else layer,
+        **{key: float(np.mean([d[key] for d in domains.values()])) for key in _VALUE_KEYS},
+        "cache": {p: float(np.mean([d["cache"][p] for d in domains.values()])) for p in PROFILE_POLICIES},
+        "similarity": {a: {b: float(similarity[i, j]) for j, b in enumerate(names)} for i, a in enumerate(names)},
+        "domains": domains,
+    }
+
+
+def report_tables(prof: Mapping[str, Any]) -> list[Table]:
+    """The profile as two tables: per-domain values (with the mean) and the similarity matrix."""
+    rows = [{"domain": d, **{k: v for k, v in vals.items() if k != "cache"}, **vals["cache"],
+             "ratio": vals["reuse_lag1"] / vals["chance_uniform"]} for d, vals in prof["domains"].items()]
+    rows.append({"domain": "mean", **{k: prof[k] for k in _VALUE_KEYS}, **prof["cache"],
+                 "ratio": prof["reuse_lag1"] / prof["chance_uniform"]})
+    capacity = f"{prof['capacity']} of {prof['num_experts']} experts"
+    layer = "mean over all layers" if prof["layer"] == "all" else f"layer {prof['layer']}"
+    columns = (Column("domain", "domain", align="l"),
+               Column("num_tokens", "tokens", formatting.general),
+               Column("reuse_lag1", "reuse (lag 1)", fixed(3)),
+               Column("chance_uniform", "chance k/E", fixed(3)),
+               Column("chance_marginal", "chance Σq²/Σq", fixed(3)),
+               Column("ratio", "reuse / (k/E)", lambda v: f"{v:.2f}×"),
+               Column("working_set_95", "working set 95%", percent()),
+               Column("lru", "LRU hit", percent()), Column("lfu", "LFU hit", percent()),
+               Column("static_w0.2", "static w=0.2 hit", percent()), Column("belady", "Belady hit", percent()))
+    main = Table("profile", f"Routing profile: {prof['model'] or 'model'} ({prof['num_layers']} layers, "
+                 f"E={prof['num_experts']}, k={prof['k']})", columns, tuple(rows),
+                 (f"Reuse, chances and working set: mean over layers. Cache hit rates at capacity {capacity} "
+                  f"(LRU recency '{prof['recency']}'), {layer}; one cache per layer. 'mean' averages the domains.",))
+    names = list(prof["similarity"])
+    sim_rows = tuple({"domain": a, **prof["similarity"][a]} for a in names)
+    sim = Table("similarity", "Cross-domain similarity (cosine of flattened layer × expert usage)",
+                (Column("domain", "domain", align="l"), *(Column(b, b, fixed(3)) for b in names)), sim_rows)
+    return [main, sim]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m analysis.profile", description=__doc__.split("\n\n")[0])
+    parser.add_argument("trace_dir", metavar="TRACE_DIR")
+    parser.add_argument("--capacity", type=float, default=0.25,
+                        help="cache capacity: a fraction of E if < 1, else a count (default 0.25)")
+    parser.add_argument("--rounding", choices=("ceil", "round", "floor"), default="ceil",
+                        help="rounding of a fractional capacity (default ceil, the paper's)")
+    parser.add_argument("--recency", choices=("request", "token"), default="request", help="LRU recency granularity")
+    parser.add_argument("--layer", default="all", help="layer index for the cache hit rates, or 'all' (mean)")
+    parser.add_argument("--format", choices=("markdown", "json"), default="markdown")
+    parser.add_argument("--out", type=Path, default=None, help="write the report to this file")
+    args = parser.parse_args(argv)
+    if args.capacity < 0 or (args.capacity >= 1 and not float(args.capacity).is_integer()):
+        parser.error("--capacity must be a fraction in [0, 1) or a whole count >= 1")
+    try:
+        layer = None if args.layer == "all" else int(args.layer)
+    except ValueError:
+        parser.error(f"--layer must be 'all' or an integer, got {args.layer!r}")
+    prof = profile(load_traces(args.trace_dir), capacity=args.capacity, rounding=args.rounding,
+                   recency=args.recency, layer=layer)
+    if args.format == "json":
+        text = json.dumps(prof, indent=1) + "\n"
+    else:
+        text = formatting.render_all(report_tables(prof), "markdown")
+    if args.out is None:
+        print(text, end="")
+    else:
+        cli.write_or_print(text, args.out.parent, args.out.name)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(cli.run_main(main))

@@ -1,0 +1,261 @@
+"""Discovers and loads run directories (the contract between training and analysis).
+
+A run directory holds ``config.json``, ``final_eval.json`` and one
+``trace_<domain>.npz`` per evaluation domain (optionally ``log.jsonl``,
+``metrics.json``, ``DONE``, ``frontier.json``). The reference runs of the paper
+and the runs ``main.py`` writes share this format; the reference runs lack a
+few keys (``size``, per-domain ``tokens``) whose documented defaults live here.
+
+This module only reads files. Cache metrics come from :mod:`analysis.cache`,
+which :func:`load_runs` calls for every complete run so that the table, verdict
+and figure CLIs stay thin.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from analysis import cache
+
+# Order in which the paper lists its domains; other domains follow sorted.
+DOMAIN_ORDER = ("prose", "code", "math")
+ARMS = ("A", "B", "C", "D", "M")
+# Reference runs carry no size; their parameter count identifies the 137m model.
+REFERENCE_137M_PARAMS = 137_319_168
+# Reference final_eval.json lacks per-domain token counts: 488 windows of 1024.
+REFERENCE_EVAL_TOKENS = 499_712
+TRACE_PREFIX = "trace_"
+
+
+class AnalysisError(ValueError):
+    """Input the analysis cannot use; the message names the problem and the fix."""
+
+
+@dataclasses.dataclass(frozen=True)
+class DomainEval:
+    """Quality of one run on one evaluation domain, with its cache metrics."""
+
+    val_loss: float
+    val_ppl: float
+    tokens: int
+    tokens_assumed: bool  # True when final_eval.json had no token count.
+    trace_path: Path | None
+    facts: dict[str, Any] | None  # analysis.cache entry: paper_metrics + usage counts.
+
+    @property
+    def metrics(self) -> dict[str, Any] | None:
+        """cachesim.metrics.paper_metrics of this domain's trace (None without trace)."""
+        return None if self.facts is None else self.facts["paper_metrics"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One run directory, parsed. ``problems`` lists why a run is incomplete."""
+
+    path: Path
+    name: str
+    arm: str
+    lam: float
+    mu: float
+    seed: int | None
+    tokens: float
+    size: str
+    params: int | None
+    config: dict[str, Any]
+    domains: dict[str, DomainEval]
+    problems: tuple[str, ...] = ()
+    done_marker: bool = False
+
+    @property
+    def complete(self) -> bool:
+        """Has final_eval.json and a trace for every evaluated domain."""
+        return not self.problems and bool(self.domains)
+
+
+def discover(paths: Iterable[str | os.PathLike]) -> tuple[list[Path], list[Path]]:
+    """(run dirs, trace dirs) under ``paths``, searched recursively, each sorted.
+
+    A run directory holds ``config.json`` and is not searched further (its
+    checkpoints are not runs). A trace directory holds ``*.npz`` traces but no
+    ``config.json`` (e.g. the real-model traces). Hidden folders are skipped.
+    """
+    runs: list[Path] = []
+    trace_dirs: list[Path] = []
+    for raw in paths:
+        root = Path(raw)
+        if not root.exists():
+            raise AnalysisError(f"{root}: no such file or directory; pass run directories or folders of them")
+        if not root.is_dir():
+            raise AnalysisError(f"{root}: not a directory; pass a run directory (with config.json) or a folder of them")
+        _walk(root, runs, trace_dirs)
+
+    def unique(found: list[Path]) -> list[Path]:
+        return sorted({p.resolve(): p for p in found}.values(), key=str)
+
+    return unique(runs), unique(trace_dirs)
+
+
+def _walk(root: Path, runs: list[Path], trace_dirs: list[Path]) -> None:
+    if (root / "config.json").is_file():
+        runs.append(root)
+        return
+    if any(p.is_file() for p in root.glob("*.npz")):
+        trace_dirs.append(root)
+    for child in sorted(root.iterdir()):
+        if child.is_dir() and not child.name.startswith(".") and not child.is_symlink():
+            _walk(child, runs, trace_dirs)
+
+
+def discover_run_dirs(paths: Iterable[str | os.PathLike]) -> list[Path]:
+    """Every run directory under ``paths``; AnalysisError when there is none.
+
+    An empty table would read as "no effect", so finding nothing is an error.
+    """
+    paths = list(paths)
+    runs, _ = discover(paths)
+    if not runs:
+        shown = ", ".join(str(p) for p in paths)
+        raise AnalysisError(
+            f"no run directories (folders with config.json) under {shown}; "
+            "point at a run directory or a folder of them")
+    return runs
+
+
+def read_json(path: Path) -> Any:
+    """Parses a JSON file; a broken file is an AnalysisError naming it."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except json.JSONDecodeError as e:
+        raise AnalysisError(f"{path}: not valid JSON ({e}); regenerate it or remove the run directory") from None
+
+
+def _number(config: dict, key: str, path: Path, default: float | None = None) -> float:
+    value = config.get(key, default)
+    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise AnalysisError(f"{path}: {key!r} must be a finite number, got {value!r}; fix the run's config.json")
+    return float(value)
+
+
+def run_size(config: dict) -> str:
+    """The model size name; reference runs are identified by their parameter count."""
+    if "size" in config:
+        return str(config["size"])
+    return "137m" if config.get("params") == REFERENCE_137M_PARAMS else "unknown"
+
+
+def domain_sort_key(domain: str) -> tuple[int, str]:
+    """Paper domains first in paper order, then any others alphabetically."""
+    return (DOMAIN_ORDER.index(domain), "") if domain in DOMAIN_ORDER else (len(DOMAIN_ORDER), domain)
+
+
+def trace_paths(run_dir: Path) -> dict[str, Path]:
+    """``{domain: trace_<domain>.npz}`` found in a run directory."""
+    paths = {p.stem[len(TRACE_PREFIX):]: p for p in run_dir.glob(f"{TRACE_PREFIX}*.npz") if p.is_file()}
+    return dict(sorted(paths.items(), key=lambda kv: domain_sort_key(kv[0])))
+
+
+def _parse_final_eval(path: Path) -> dict[str, tuple[float, float, int, bool]]:
+    data = read_json(path)
+    if not isinstance(data, dict) or not data:
+        raise AnalysisError(f"{path}: expected {{domain: {{val_loss, val_ppl, tokens}}}}; regenerate final_eval.json")
+    out = {}
+    for domain, entry in data.items():
+        if not isinstance(entry, dict):
+            raise AnalysisError(f"{path}: entry for {domain!r} is not an object; regenerate final_eval.json")
+        loss = _number(entry, "val_loss", path)
+        ppl = _number(entry, "val_ppl", path)
+        assumed = "tokens" not in entry
+        tokens = REFERENCE_EVAL_TOKENS if assumed else int(_number(entry, "tokens", path))
+        if tokens <= 0:
+            raise AnalysisError(f"{path}: {domain!r} has tokens={tokens}; it must be positive")
+        out[domain] = (loss, ppl, tokens, assumed)
+    return out
+
+
+def load_run(run_dir: str | os.PathLike, *, store: cache.MetricsStore | None = None,
+             with_metrics: bool = True) -> Run:
+    """Parses one run directory; computes or loads its cache metrics when asked.
+
+    Missing artifacts do not raise: they are listed in ``Run.problems`` so the
+    all-runs log can show unfinished runs. A malformed artifact raises.
+    """
+    path = Path(run_dir)
+    config_path = path / "config.json"
+    config = read_json(config_path)
+    if not isinstance(config, dict):
+        raise AnalysisError(f"{config_path}: expected a JSON object; regenerate config.json")
+    arm = config.get("arm")
+    if arm not in ARMS:
+        raise AnalysisError(f"{config_path}: 'arm' must be one of {', '.join(ARMS)}, got {arm!r}; fix config.json")
+    tokens = _number(config, "tokens", config_path)
+    if tokens <= 0:
+        raise AnalysisError(f"{config_path}: 'tokens' must be positive, got {tokens}; fix config.json")
+    seed = config.get("seed")
+    params = config.get("params")
+    problems: list[str] = []
+    traces = trace_paths(path)
+    evals: dict[str, tuple[float, float, int, bool]] = {}
+    if (path / "final_eval.json").is_file():
+        evals = _parse_final_eval(path / "final_eval.json")
+    else:
+        problems.append("missing final_eval.json")
+    missing = [d for d in evals if d not in traces]
+    if missing:
+        problems.append("missing " + ", ".join(f"{TRACE_PREFIX}{d}.npz" for d in missing))
+
+    domains = {
+        d: DomainEval(val_loss=loss, val_ppl=ppl, tokens=n, tokens_assumed=assumed, trace_path=traces.get(d),
+                      facts=None)
+        for d, (loss, ppl, n, assumed) in sorted(evals.items(), key=lambda kv: domain_sort_key(kv[0]))
+    }
+    run = Run(
+        path=path,
+        name=str(config.get("run_name") or path.name),
+        arm=arm,
+        lam=_number(config, "lambda_loc", config_path, default=0.0),
+        mu=_number(config, "mu_dom", config_path, default=0.0),
+        seed=int(seed) if isinstance(seed, (int, float)) and not isinstance(seed, bool) else None,
+        tokens=tokens,
+        size=run_size(config),
+        params=int(params) if isinstance(params, (int, float)) and not isinstance(params, bool) else None,
+        config=config,
+        domains=domains,
+        problems=tuple(problems),
+        done_marker=(path / "DONE").exists(),
+    )
+    return with_facts(run, store or cache.MetricsStore()) if with_metrics else run
+
+
+def with_facts(run: Run, store: cache.MetricsStore) -> Run:
+    """The run with every domain's cache facts attached (an incomplete run is returned as is)."""
+    if run.problems or not run.domains:
+        return run
+    facts = store.trace_facts(run.path, {d: ev.trace_path for d, ev in run.domains.items()})
+    return dataclasses.replace(
+        run, domains={d: dataclasses.replace(ev, facts=facts[d]) for d, ev in run.domains.items()})
+
+
+def load_runs(paths: Sequence[str | os.PathLike], *, store: cache.MetricsStore | None = None,
+              with_metrics: bool = True) -> list[Run]:
+    """Discovers and loads every run under ``paths``, names made unique.
+
+    Two runs with the same ``run_name`` (e.g. the same sweep launched into two
+    folders) get their parent folder prefixed so rows stay distinguishable.
+    """
+    store = store or cache.MetricsStore()
+    runs = [load_run(d, with_metrics=False) for d in discover_run_dirs(paths)]
+    if with_metrics:
+        # One batch for every missing metric, so worker processes share the load.
+        store.prefetch({r.path: {d: ev.trace_path for d, ev in r.domains.items()} for r in runs if not r.problems})
+        runs = [with_facts(r, store) for r in runs]
+    counts: dict[str, int] = {}
+    for r in runs:
+        counts[r.name] = counts.get(r.name, 0) + 1
+    return [dataclasses.replace(r, name=f"{r.path.parent.name}/{r.name}") if counts[r.name] > 1 else r for r in runs]

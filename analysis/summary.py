@@ -1,0 +1,221 @@
+"""Pure summaries of loaded runs: per-run rows, matching baselines, deltas.
+
+Everything here is a function of :class:`analysis.runs.Run` values (already
+holding their cache metrics), so tables, verdicts and figures agree on every
+number and the logic is testable on hand-built runs.
+
+Conventions (SPEC §6, §9 and the paper's tables):
+
+* mean PPL is the arithmetic mean of the domain PPLs; the token-weighted PPL
+  is exp(Σ_d n_d·CE_d / Σ_d n_d).
+* cache metrics of a run are the mean over its domains of each domain's value
+  (each domain simulated with its own cache, as in the paper).
+* the run-level collapse count uses pooled (marginal) usage over all of the
+  run's evaluation tokens: the pre-registration defines collapse as "any
+  expert < 1% marginal usage", and per-domain counts would flag arm C's
+  experts that a domain is *designed* not to use. Per-domain counts are kept
+  in the per-domain rows.
+* the matching baseline of a run is every complete arm-A run with the same
+  train-token budget and model size, averaged over seeds; runs of different
+  budgets are never compared.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+
+from analysis.runs import Run
+
+# Cache fractions are the keys paper_metrics uses (capacity = ceil(frac * E)).
+_CACHE_FIELDS = {
+    "lru_hit_12": ("lru", "0.125", "hit_rate"),
+    "lru_hit_25": ("lru", "0.25", "hit_rate"),
+    "static_hit_50": ("static_w1.0", "0.5", "hit_rate"),
+    "static_hit_50_w02": ("static_w0.2", "0.5", "hit_rate"),
+    "belady_hit_25": ("belady", "0.25", "hit_rate"),
+    "lru_miss_25": ("lru", "0.25", "misses_per_token"),
+}
+# The per-domain / per-run cache metric keys in table order.
+METRIC_KEYS = ("reuse", *_CACHE_FIELDS, "collapsed")
+# Usage below this fraction of tokens counts as a collapsed expert (SPEC §6); equal to
+# cachesim.metrics.COLLAPSE_THRESHOLD (a test checks), kept here so tables need no JAX import.
+COLLAPSE_USAGE = 0.01
+# Config keys that distinguish arm-M configurations beyond λ and μ.
+_ARM_M_KEYS = ("lambda_cs", "lambda_rm", "gamma", "cache_capacity")
+
+
+def domain_values(paper_metrics: dict[str, Any]) -> dict[str, float | int]:
+    """The table's metrics of one domain, read from cachesim's paper_metrics."""
+    out: dict[str, float | int] = {"reuse": float(paper_metrics["reuse_lag1"])}
+    for key, (policy, frac, field) in _CACHE_FIELDS.items():
+        out[key] = float(paper_metrics["cache"][policy][frac][field])
+    out["collapsed"] = int(paper_metrics["collapsed"])
+    return out
+
+
+def mean_ppl(run: Run) -> float:
+    """Arithmetic mean of the domain PPLs (the paper's 'mean PPL')."""
+    return float(np.mean([d.val_ppl for d in run.domains.values()]))
+
+
+def token_weighted_ppl(run: Run) -> float:
+    """exp of the token-weighted mean cross-entropy over all domains."""
+    tokens = np.array([d.tokens for d in run.domains.values()], dtype=np.float64)
+    losses = np.array([d.val_loss for d in run.domains.values()], dtype=np.float64)
+    return float(math.exp(float(np.sum(tokens * losses) / np.sum(tokens))))
+
+
+def pooled_collapsed(run: Run, threshold: float = COLLAPSE_USAGE) -> tuple[int, list[int]]:
+    """(total, per-layer) experts used by < threshold of all the run's eval tokens."""
+    counts = sum(np.asarray(d.facts["expert_counts"], dtype=np.int64) for d in run.domains.values())
+    tokens = sum(int(d.facts["paper_metrics"]["num_tokens"]) for d in run.domains.values())
+    # count / tokens < threshold in exact integers, as cachesim counts per-domain collapse.
+    limit = Fraction(repr(float(threshold)))
+    per_layer = (counts * limit.denominator < limit.numerator * tokens).sum(axis=1)
+    return int(per_layer.sum()), [int(x) for x in per_layer]
+
+
+def run_values(run: Run) -> dict[str, float | int]:
+    """Run-level metrics: PPLs, domain means of the cache metrics, pooled collapse."""
+    per_domain = [domain_values(d.metrics) for d in run.domains.values()]
+    out: dict[str, float | int] = {"ppl": mean_ppl(run), "ppl_token_weighted": token_weighted_ppl(run)}
+    for key in METRIC_KEYS:
+        if key != "collapsed":
+            out[key] = float(np.mean([v[key] for v in per_domain]))
+    out["collapsed"] = pooled_collapsed(run)[0]
+    return out
+
+
+# -- baselines --------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Baseline:
+    """Arm A at one (tokens, size), averaged over its seeds."""
+
+    runs: tuple[str, ...]
+    tokens: float
+    size: str
+    ppl: float
+    ppl_token_weighted: float
+    domain_ppl: dict[str, float]
+    values: dict[str, float]  # mean over seeds of run_values (cache metrics)
+    domain_values: dict[str, dict[str, float]]
+
+
+def matching_baseline_runs(run: Run, runs: Sequence[Run]) -> list[Run]:
+    """Complete arm-A runs with the same token budget and model size as ``run``."""
+    return [r for r in runs if r.arm == "A" and r.complete and r.tokens == run.tokens and r.size == run.size]
+
+
+def make_baseline(baseline_runs: Sequence[Run]) -> Baseline | None:
+    """Seed-mean of arm-A runs; None when there are none (the caller says so)."""
+    if not baseline_runs:
+        return None
+    first = baseline_runs[0]
+    if any(r.tokens != first.tokens or r.size != first.size or r.arm != "A" for r in baseline_runs):
+        raise ValueError("a baseline must be arm-A runs of one token budget and size")
+    vals = [run_values(r) for r in baseline_runs]
+    domains = [d for d in first.domains if all(d in r.domains for r in baseline_runs)]
+    return Baseline(
+        runs=tuple(r.name for r in baseline_runs),
+        tokens=first.tokens,
+        size=first.size,
+        ppl=float(np.mean([v["ppl"] for v in vals])),
+        ppl_token_weighted=float(np.mean([v["ppl_token_weighted"] for v in vals])),
+        domain_ppl={d: float(np.mean([r.domains[d].val_ppl for r in baseline_runs])) for d in domains},
+        values={k: float(np.mean([v[k] for v in vals])) for k in METRIC_KEYS},
+        domain_values={
+            d: {k: float(np.mean([domain_values(r.domains[d].metrics)[k] for r in baseline_runs]))
+                for k in METRIC_KEYS}
+            for d in domains
+        },
+    )
+
+
+def baseline_for(run: Run, runs: Sequence[Run]) -> Baseline | None:
+    """The matching baseline of ``run`` among ``runs`` (None if no arm-A run matches)."""
+    return make_baseline(matching_baseline_runs(run, runs))
+
+
+def no_baseline_reason(run: Run) -> str:
+    """The sentence printed where a run has no matching baseline."""
+    return (f"no matching baseline: no complete arm-A run with tokens={format_tokens(run.tokens)} "
+            f"and size={run.size}")
+
+
+def relative_change(value: float, reference: float) -> float:
+    """value / reference - 1 (e.g. +0.01 is 1% higher); NaN when reference is 0."""
+    return value / reference - 1.0 if reference != 0 else float("nan")
+
+
+# -- rows -------------------------------------------------------------------------------------
+def run_row(run: Run, runs: Sequence[Run]) -> dict[str, Any]:
+    """The JSON object of one complete run (the keys the issue fixes, plus extras).
+
+    Extras beyond the issue's list: ``size``, ``static_hit_50_w02`` (the w=0.2
+    static-pin variant the main table shows), ``baseline`` (the arm-A runs
+    compared against, or None), ``delta_ppl`` (relative change of mean PPL vs
+    that baseline) and ``miss_reduction_25`` (1 − LRU miss/token@25% / baseline's).
+    Values are never rounded here.
+    """
+    if not run.complete:
+        raise ValueError(f"{run.name} is incomplete ({'; '.join(run.problems)})")
+    base = baseline_for(run, runs)
+    vals = run_values(run)
+    row: dict[str, Any] = {
+        "run": run.name, "arm": run.arm, "lam": run.lam, "mu": run.mu, "seed": run.seed,
+        "tokens": run.tokens, "size": run.size,
+        "ppl": vals["ppl"], "ppl_token_weighted": vals["ppl_token_weighted"],
+        **{k: vals[k] for k in METRIC_KEYS},
+        "baseline": list(base.runs) if base else None,
+        "delta_ppl": relative_change(vals["ppl"], base.ppl) if base else None,
+        "miss_reduction_25": (1.0 - vals["lru_miss_25"] / base.values["lru_miss_25"]
+                              if base and base.values["lru_miss_25"] > 0 else None),
+    }
+    domains = {}
+    for name, ev in run.domains.items():
+        dv = domain_values(ev.metrics)
+        base_ppl = base.domain_ppl.get(name) if base else None
+        domains[name] = {
+            # One domain's token-weighted PPL is exp of its own mean CE.
+            "ppl": ev.val_ppl, "ppl_token_weighted": math.exp(ev.val_loss), "eval_tokens": ev.tokens, **dv,
+            "delta_ppl": relative_change(ev.val_ppl, base_ppl) if base_ppl is not None else None,
+        }
+    row["domains"] = domains
+    return row
+
+
+def config_key(run: Run) -> tuple:
+    """Identifies a configuration across seeds (arm, λ, μ, budget, size, arm-M knobs)."""
+    extra = tuple((k, run.config.get(k)) for k in _ARM_M_KEYS if k in run.config)
+    return (run.arm, run.lam, run.mu, run.tokens, run.size, extra)
+
+
+def config_label(run: Run) -> str:
+    """Human name of a configuration, e.g. 'B λ=0.05 μ=0 200M 137m'."""
+    parts = [run.arm, f"λ={run.lam:g}", f"μ={run.mu:g}"]
+    parts += [f"{k}={run.config[k]:g}" if isinstance(run.config[k], (int, float)) else f"{k}={run.config[k]}"
+              for k in _ARM_M_KEYS if k in run.config and run.config[k] is not None]
+    return " ".join(parts + [format_tokens(run.tokens), run.size])
+
+
+def group_by_config(runs: Sequence[Run]) -> list[list[Run]]:
+    """Complete runs grouped by configuration (seeds together), in first-seen order."""
+    groups: dict[tuple, list[Run]] = {}
+    for r in runs:
+        if r.complete:
+            groups.setdefault(config_key(r), []).append(r)
+    return list(groups.values())
+
+
+def format_tokens(tokens: float) -> str:
+    """200000000 -> '200M', 50e6 -> '50M', 1.5e9 -> '1.5B', 38400 -> '38.4k'."""
+    for scale, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if abs(tokens) >= scale:
+            return f"{tokens / scale:.4g}{suffix}"
+    return f"{tokens:g}"

@@ -1,0 +1,135 @@
+"""Builders of small synthetic run directories whose metrics are known by hand.
+
+Traces use E = 16, k = 2 (the paper's layout) with a few layers and tokens:
+
+* ``sticky_experts``: every token of every layer routes to {0, 1}. Reuse is 1;
+  every policy with capacity >= 2 misses only the first two requests of each
+  layer (static pins {0, 1} and never misses); 14 experts per layer unused.
+* ``alternating_experts``: tokens alternate {0, 1}, {2, 3}. Reuse is 0; LRU at
+  capacity 2 misses every request, at capacity >= 4 only the first four.
+* ``spread_experts``: token t uses {2t mod 16, 2t+1 mod 16}: all experts equally
+  used (no collapse), reuse 0.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from cachesim.trace import make_trace, save_trace
+
+E = 16
+K = 2
+
+
+def sticky_experts(layers: int = 2, tokens: int = 40) -> np.ndarray:
+    experts = np.zeros((layers, tokens, K), dtype=np.int16)
+    experts[..., 1] = 1
+    return experts
+
+
+def alternating_experts(layers: int = 2, tokens: int = 40) -> np.ndarray:
+    t = np.arange(tokens)
+    first = np.where(t % 2 == 0, 0, 2)
+    pair = np.stack([first, first + 1], axis=-1)
+    return np.broadcast_to(pair, (layers, tokens, K)).astype(np.int16).copy()
+
+
+def spread_experts(layers: int = 2, tokens: int = 64) -> np.ndarray:
+    t = np.arange(tokens)
+    pair = np.stack([(2 * t) % E, (2 * t + 1) % E], axis=-1)
+    return np.broadcast_to(pair, (layers, tokens, K)).astype(np.int16).copy()
+
+
+def write_run(root: Path, name: str, *, arm: str = "A", lam: float = 0.0, mu: float = 0.0, seed: int = 1,
+              tokens: float = 1e6, losses: dict[str, float] | None = None,
+              eval_tokens: dict[str, int] | None = None, traces: dict[str, np.ndarray] | None = None,
+              extra_config: dict | None = None, final_eval: bool = True) -> Path:
+    """A run directory in main.py's format; ``losses`` are per-domain val CE (PPL = exp)."""
+    run = root / name
+    run.mkdir(parents=True)
+    config = {"arm": arm, "lambda_loc": lam, "mu_dom": mu, "alpha_balance": 0.01, "tokens": tokens, "bsz": 8,
+              "seq": 1024, "lr": 6e-4, "seed": seed, "run_name": name, "params": 1000, "size": "tiny",
+              **(extra_config or {})}
+    (run / "config.json").write_text(json.dumps(config))
+    losses = losses or {"prose": 3.0, "code": 1.0, "math": 2.0}
+    if final_eval:
+        evals = {}
+        for d, loss in losses.items():
+            evals[d] = {"val_loss": loss, "val_ppl": math.exp(loss)}
+            if eval_tokens is not None:
+                evals[d]["tokens"] = eval_tokens[d]
+        (run / "final_eval.json").write_text(json.dumps(evals))
+    if traces is None:  # distinct contents, so each domain has its own cache entry
+        makers = (sticky_experts, alternating_experts, spread_experts)
+        traces = {d: makers[i % len(makers)]() for i, d in enumerate(losses)}
+    for d, experts in traces.items():
+        save_trace(run / f"trace_{d}.npz", make_trace(experts, E, model="synthetic", name=d))
+    return run
+
+
+# -- runs built in memory from chosen metric values (for the pure table/verdict logic) -------
+def fake_paper_metrics(*, reuse: float = 0.3, lru_miss_25: float = 2.0, static_hit_50: float = 0.7,
+                       static_hit_50_w02: float = 0.65, lru_hit_12: float = 0.25, belady_hit_25: float = 0.6,
+                       collapsed: int = 0, num_tokens: int = 100, num_layers: int = 2, k: int = K,
+                       num_experts: int = E) -> dict:
+    """A paper_metrics dict whose table values are the given numbers (others filler)."""
+    loads = num_layers * k
+
+    def entry(hit=None, miss=None):
+        if miss is None:
+            miss = (1.0 - hit) * loads
+        return {"capacity": 0, "misses_per_token": miss, "hit_rate": 1.0 - miss / loads}
+
+    cache = {p: {f: entry(hit=0.5) for f in ("0.125", "0.25", "0.5")}
+             for p in ("lru", "lfu", "static_w1.0", "static_w0.2", "belady")}
+    cache["lru"]["0.125"] = entry(hit=lru_hit_12)
+    cache["lru"]["0.25"] = entry(miss=lru_miss_25)
+    cache["static_w1.0"]["0.5"] = entry(hit=static_hit_50)
+    cache["static_w0.2"]["0.5"] = entry(hit=static_hit_50_w02)
+    cache["belady"]["0.25"] = entry(hit=belady_hit_25)
+    return {"num_tokens": num_tokens, "num_layers": num_layers, "num_experts": num_experts, "k": k,
+            "reuse_lag1": reuse, "chance_uniform": k / num_experts, "chance_marginal": 0.2,
+            "working_set_95": 0.8, "collapsed": collapsed, "collapsed_per_layer": [collapsed] + [0] * (num_layers - 1),
+            "cache": cache}
+
+
+def uniform_counts(num_tokens: int = 100, num_layers: int = 2) -> list[list[int]]:
+    """(L, E) usage counts with every expert used by k/E of the tokens (no collapse)."""
+    return [[num_tokens * K // E] * E for _ in range(num_layers)]
+
+
+def fake_run(name: str, *, arm: str = "A", lam: float = 0.0, mu: float = 0.0, seed: int | None = 1,
+             tokens: float = 1e6, size: str = "tiny", losses: dict[str, float] | None = None,
+             eval_tokens: dict[str, int] | None = None, metrics: dict[str, dict] | None = None,
+             counts: dict[str, list] | None = None, problems: tuple[str, ...] = ()):
+    """An analysis.runs.Run with chosen PPLs and per-domain paper_metrics."""
+    from analysis.runs import DomainEval, Run
+
+    losses = losses or {"prose": 3.0, "code": 1.0, "math": 2.0}
+    domains = {}
+    for d, loss in losses.items():
+        pm = (metrics or {}).get(d) or fake_paper_metrics()
+        facts = {"paper_metrics": pm, "expert_counts": (counts or {}).get(d) or uniform_counts(pm["num_tokens"],
+                                                                                               pm["num_layers"])}
+        n = (eval_tokens or {}).get(d, 100)
+        domains[d] = DomainEval(val_loss=loss, val_ppl=math.exp(loss), tokens=n, tokens_assumed=False,
+                                trace_path=None, facts=None if problems else facts)
+    config = {"arm": arm, "lambda_loc": lam, "mu_dom": mu, "tokens": tokens, "seed": seed, "size": size}
+    return Run(path=Path("/nonexistent") / name, name=name, arm=arm, lam=lam, mu=mu, seed=seed, tokens=tokens,
+               size=size, params=None, config=config, domains=domains, problems=problems)
+
+
+def block_experts(layers: int = 2, tokens: int = 64, block: int = 8) -> np.ndarray:
+    """Blocks of ``block`` tokens; block b routes to {2b, 2b+1} (mod E): local, and no collapse.
+
+    With T = 64: reuse = 56/63, LRU/Belady at capacity 2 or 4 miss 2 per block
+    (0.5 miss/token over 2 layers), static w=1 at capacity 8 pins experts 0..7
+    (all tie) and serves half the requests.
+    """
+    b = np.arange(tokens) // block
+    pair = np.stack([(2 * b) % E, (2 * b + 1) % E], axis=-1)
+    return np.broadcast_to(pair, (layers, tokens, K)).astype(np.int16).copy()

@@ -1,0 +1,165 @@
+"""Trace metrics through cachesim with hand-known values, and their on-disk cache."""
+
+import json
+import os
+
+import pytest
+from analysis_fixtures import alternating_experts, block_experts, spread_experts, sticky_experts, write_run
+
+import cachesim.metrics
+from analysis import cache, summary
+from analysis.runs import load_run, load_runs
+
+DOMAINS = ("prose", "code", "math")
+
+
+@pytest.fixture
+def count_calls(monkeypatch):
+    """Counts calls of cachesim.metrics.paper_metrics (the expensive step)."""
+    calls = []
+    original = cachesim.metrics.paper_metrics
+
+    def counted(trace):
+        calls.append(trace.name)
+        return original(trace)
+
+    monkeypatch.setattr(cachesim.metrics, "paper_metrics", counted)
+    return calls
+
+
+def test_known_metrics_of_hand_built_traces(tmp_path):
+    path = write_run(tmp_path, "r", traces={"prose": sticky_experts(), "code": alternating_experts(),
+                                            "math": sticky_experts()})
+    run = load_run(path, store=cache.MetricsStore(tmp_path / "user"))
+    sticky = summary.domain_values(run.domains["prose"].metrics)
+    # {0, 1} every token, 2 layers x 40 tokens: only each layer's first two requests miss.
+    assert sticky == {"reuse": 1.0, "lru_hit_12": 1 - 1 / 40, "lru_hit_25": 1 - 1 / 40, "static_hit_50": 1.0,
+                      "static_hit_50_w02": 1.0, "belady_hit_25": 1 - 1 / 40, "lru_miss_25": 4 / 40,
+                      "collapsed": 28}
+    alt = summary.domain_values(run.domains["code"].metrics)
+    # {0,1},{2,3},... : LRU with 2 slots misses everything, with 4 only the first four requests per layer.
+    assert alt == {"reuse": 0.0, "lru_hit_12": 0.0, "lru_hit_25": 1 - (8 / 40) / 4, "static_hit_50": 1.0,
+                   "static_hit_50_w02": 1.0, "belady_hit_25": 1 - (8 / 40) / 4, "lru_miss_25": 8 / 40,
+                   "collapsed": 24}
+    values = summary.run_values(run)
+    assert values["reuse"] == pytest.approx(2 / 3)
+    assert values["lru_miss_25"] == pytest.approx((0.1 + 0.2 + 0.1) / 3)
+    # Pooled over domains experts 2, 3 are used (by 1/6 of tokens): 12 unused per layer remain.
+    assert values["collapsed"] == 24
+    assert run.domains["code"].facts["expert_counts"][0][:5] == [20, 20, 20, 20, 0]
+
+
+def test_second_load_reads_the_run_dir_cache(tmp_path, count_calls):
+    path = write_run(tmp_path, "r")
+    first = load_runs([tmp_path], store=cache.MetricsStore(tmp_path / "user"))
+    assert len(count_calls) == 3
+    stored = json.loads((path / cache.CACHE_FILE).read_text())
+    assert set(stored["traces"]) == {"trace_prose.npz", "trace_code.npz", "trace_math.npz"}
+    assert stored["traces"]["trace_code.npz"]["trace_sha256"] == cache.file_sha256(path / "trace_code.npz")
+    store = cache.MetricsStore(tmp_path / "user")  # a fresh process: empty memo
+    second = load_runs([tmp_path], store=store)
+    assert len(count_calls) == 3 and store.computed == 0
+    assert second[0].domains == first[0].domains
+    assert not (tmp_path / "user").exists()  # writable run dir: nothing in the user cache
+
+
+def test_changed_trace_is_recomputed_alone(tmp_path, count_calls):
+    path = write_run(tmp_path, "r")
+    load_runs([path], store=cache.MetricsStore(tmp_path / "user"))
+    write_run(tmp_path / "other", "r", traces={"code": block_experts()})
+    os.replace(tmp_path / "other" / "r" / "trace_code.npz", path / "trace_code.npz")
+    run = load_run(path, store=cache.MetricsStore(tmp_path / "user"))
+    assert len(count_calls) == 4
+    assert run.domains["code"].metrics["reuse_lag1"] == pytest.approx(56 / 63)
+
+
+def test_corrupt_cache_file_is_a_miss(tmp_path, count_calls):
+    path = write_run(tmp_path, "r")
+    (path / cache.CACHE_FILE).write_text("{truncated")
+    run = load_run(path, store=cache.MetricsStore(tmp_path / "user"))
+    assert len(count_calls) == 3 and run.complete
+    assert json.loads((path / cache.CACHE_FILE).read_text())["version"] == cache.CACHE_VERSION
+
+
+def test_read_only_run_dir_falls_back_to_user_cache(tmp_path, count_calls, monkeypatch):
+    path = write_run(tmp_path, "r")
+    real_write = cache.atomic_write_json
+
+    def refuse_run_dir(target, data):  # root ignores chmod, so simulate a read-only mount
+        if target.parent == path:
+            raise PermissionError(13, "Read-only file system", str(target))
+        real_write(target, data)
+
+    monkeypatch.setattr(cache, "atomic_write_json", refuse_run_dir)
+    user = tmp_path / "user"
+    load_run(path, store=cache.MetricsStore(user))
+    shas = {cache.file_sha256(path / f"trace_{d}.npz") for d in DOMAINS}
+    assert {p.stem for p in user.glob("*.json")} == shas
+    assert not (path / cache.CACHE_FILE).exists()
+    store = cache.MetricsStore(user)
+    load_run(path, store=store)
+    assert len(count_calls) == 3 and store.computed == 0
+
+
+def test_env_var_names_the_user_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv(cache.ENV_CACHE_DIR, str(tmp_path / "c"))
+    assert cache.MetricsStore().cache_dir == tmp_path / "c"
+    monkeypatch.delenv(cache.ENV_CACHE_DIR)
+    assert cache.default_cache_dir().parts[-3:] == (".cache", "cacheable-moe", "analysis")
+
+
+def test_read_only_permissions_are_respected_even_by_root(tmp_path):
+    path = write_run(tmp_path, "r")
+    path.chmod(0o555)  # like the reference runs: dr-xr-xr-x
+    try:
+        assert not cache.writable_dir(path)
+        load_run(path, store=cache.MetricsStore(tmp_path / "user"))
+        assert len(list((tmp_path / "user").glob("*.json"))) == 3
+        assert sorted(p.name for p in path.iterdir()) == ["config.json", "final_eval.json", "trace_code.npz",
+                                                          "trace_math.npz", "trace_prose.npz"]
+    finally:
+        path.chmod(0o755)
+
+
+def test_identical_traces_in_two_runs_are_computed_once(tmp_path, count_calls):
+    write_run(tmp_path, "r1", traces={"prose": block_experts()}, losses={"prose": 1.0})
+    write_run(tmp_path, "r2", traces={"prose": block_experts()}, losses={"prose": 1.0})
+    store = cache.MetricsStore(tmp_path / "user")
+    load_runs([tmp_path], store=store)
+    assert store.computed == 1 and len(count_calls) == 1
+    assert (tmp_path / "r2" / cache.CACHE_FILE).exists()
+
+
+def test_parallel_workers_give_the_same_facts(tmp_path):
+    write_run(tmp_path, "r", traces={"prose": block_experts(), "code": spread_experts(), "math": sticky_experts()})
+    serial = load_runs([tmp_path], store=cache.MetricsStore(tmp_path / "u1"))
+    (tmp_path / "r" / cache.CACHE_FILE).unlink()
+    parallel = load_runs([tmp_path], store=cache.MetricsStore(tmp_path / "u2", jobs=2))
+    assert parallel[0].domains == serial[0].domains
+
+
+def test_reuse_by_lag_is_added_to_the_entry_on_first_use(tmp_path, monkeypatch):
+    path = write_run(tmp_path, "r", traces={"code": alternating_experts()}, losses={"code": 1.0})
+    calls = []
+    original = cache.compute_reuse_by_lag
+    monkeypatch.setattr(cache, "compute_reuse_by_lag", lambda p: calls.append(p) or original(p))
+    store = cache.MetricsStore(tmp_path / "user")
+    run = load_run(path, store=store)
+    assert "reuse_by_lag" not in run.domains["code"].facts  # tables do not pay for it
+    curve = store.reuse_by_lag(path, path / "trace_code.npz")
+    # Tokens alternate {0,1}, {2,3}: nothing is shared at odd lags, everything at even ones.
+    assert curve == {"1": 0.0, "2": 1.0, "4": 1.0, "8": 1.0, "16": 1.0, "32": 1.0}
+    fresh = cache.MetricsStore(tmp_path / "user")
+    assert fresh.reuse_by_lag(path, path / "trace_code.npz") == curve
+    assert len(calls) == 1 and fresh.computed == 0
+
+
+def test_a_cachesim_change_invalidates_the_cache(tmp_path, count_calls, monkeypatch):
+    path = write_run(tmp_path, "r")
+    load_run(path, store=cache.MetricsStore(tmp_path / "user"))
+    assert len(count_calls) == 3
+    entry = json.loads((path / cache.CACHE_FILE).read_text())["traces"]["trace_code.npz"]
+    assert entry["cachesim"] == cache.cachesim_fingerprint() and len(entry["cachesim"]) == 64
+    monkeypatch.setattr(cache, "cachesim_fingerprint", lambda: "0" * 64)  # the simulator's code changed
+    load_run(path, store=cache.MetricsStore(tmp_path / "user"))
+    assert len(count_calls) == 6

@@ -1,0 +1,198 @@
+"""The four CLIs end to end on small synthetic run directories with known answers."""
+
+import json
+import math
+
+import pytest
+from analysis_fixtures import alternating_experts, block_experts, spread_experts, sticky_experts, write_run
+
+from analysis import cli, figures, profile, tables, verdict
+
+A_LOSSES = {"prose": math.log(60.0), "code": math.log(5.0), "math": math.log(25.0)}  # mean PPL 30
+
+
+def _scaled(factor):
+    return {d: loss + math.log(factor) for d, loss in A_LOSSES.items()}
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    """Arm A (no locality) vs two arm-B runs with 87.5% fewer LRU misses at +0.5% and +2% PPL."""
+    root = tmp_path_factory.mktemp("study")
+    spread = {d: spread_experts() for d in A_LOSSES}
+    local = {d: block_experts() for d in A_LOSSES}
+    write_run(root, "a-s1", seed=1, losses=A_LOSSES, traces=spread, eval_tokens={"prose": 100, "code": 300,
+                                                                                 "math": 100})
+    write_run(root, "b-good", arm="B", lam=0.02, losses=_scaled(1.005), traces=local)
+    write_run(root, "b-costly", arm="B", lam=0.05, losses=_scaled(1.02), traces=local)
+    write_run(root, "b-other-budget", arm="B", lam=0.05, tokens=5e5, losses=_scaled(1.0), traces=local)
+    unfinished = write_run(root / "triage", "b-unfinished", arm="B", lam=0.2, final_eval=False, traces={})
+    assert unfinished.exists()
+    return root
+
+
+def _point(tau, miss_a, cost_a, plain=False, epsilon=0.0):
+    """A frontier.json point in cachesim.frontier's schema (only the fields analysis reads)."""
+    return {"stream": "domains", "label": f"tau={tau}", "plain": plain, "capacity_fraction": 0.25, "capacity": 4,
+            "setting": {"tau": tau, "cache_prior": 0.0, "max_rank": None, "epsilon": epsilon, "prime": False},
+            "miss_reduction_vs_tau0": 0.0, "ppl_cost_vs_tau0": 0.0,
+            "miss_reduction_vs_arm_a": miss_a, "ppl_cost_vs_arm_a": cost_a}
+
+
+FRONTIER = {"schema": 1, "points": [_point(0.0, 0.59, 0.02, plain=True), _point(0.5, 0.8, 0.024),
+                                    _point(0.3, 0.7, 0.022), _point(0.5, 0.82, 0.025, epsilon=0.02)]}
+
+
+def _run_cli(main, argv, capsys):
+    code = cli.run_main(main, argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _cache_args(tmp_path):
+    return ["--cache-dir", str(tmp_path / "user"), "--jobs", "1"]
+
+
+def test_tables_json(study, tmp_path, capsys):
+    code, out, _ = _run_cli(tables.main, [str(study), "--format", "json", *_cache_args(tmp_path)], capsys)
+    assert code == 0
+    rows = {r["run"]: r for r in json.loads(out)}
+    assert set(rows) == {"a-s1", "b-good", "b-costly", "b-other-budget"}  # the unfinished run is not a row
+    a, good = rows["a-s1"], rows["b-good"]
+    assert a["ppl"] == pytest.approx(30.0, rel=1e-12)
+    assert a["ppl_token_weighted"] == pytest.approx((60 * 125 * 25) ** 0.2, rel=1e-12)
+    assert (a["reuse"], a["lru_miss_25"], a["static_hit_50"], a["collapsed"]) == (0.0, 4.0, 0.5, 0)
+    assert good["reuse"] == pytest.approx(56 / 63) and good["lru_miss_25"] == 0.5
+    assert good["miss_reduction_25"] == pytest.approx(0.875)
+    assert good["delta_ppl"] == pytest.approx(0.005)
+    assert good["domains"]["code"]["delta_ppl"] == pytest.approx(0.005)
+    assert rows["b-other-budget"]["baseline"] is None
+
+
+def test_tables_markdown_and_out_dir(study, tmp_path, capsys):
+    code, out, _ = _run_cli(tables.main, [str(study), *_cache_args(tmp_path)], capsys)
+    assert code == 0
+    for title in ("### Main results", "### Per-domain results", "### All runs", "### Scale"):
+        assert title in out
+    assert "| b-good | B | 0.02 | 0 | 1 | 1M | 30.15 |" in out
+    assert "| b-good | B | 0.02 | 0 | 1 | 1M | prose | 60.30 | +0.50% | 0.889 | 87.5% |" in out
+    assert ("| b-unfinished | B | 0.2 | 0 | 1 | 1M | tiny | 1k | incomplete: missing final_eval.json "
+            "| — | — | — | — |") in out
+    assert "no matching baseline: no complete arm-A run with tokens=500k and size=tiny" in out
+    code, out, _ = _run_cli(tables.main, [str(study), "--format", "latex", "--out", str(tmp_path / "t"),
+                                          *_cache_args(tmp_path)], capsys)
+    assert code == 0
+    assert sorted(p.name for p in (tmp_path / "t").iterdir()) == ["main.tex", "per_domain.tex", "runs.tex",
+                                                                   "scale.tex"]
+    assert r"\toprule" in (tmp_path / "t" / "main.tex").read_text()
+
+
+def test_verdict_lines(study, tmp_path, capsys):
+    code, out, _ = _run_cli(verdict.main, [str(study), *_cache_args(tmp_path)], capsys)
+    assert code == 0
+    lines = out.splitlines()  # configurations by (size, tokens, arm, λ, μ)
+    assert lines[0].endswith("-> NO VERDICT") and "b-other-budget" in lines[0]
+    assert lines[1].startswith("RQ1 [B λ=0.02 μ=0 1M tiny] b-good vs A (a-s1): LRU miss/token@25% 0.500 vs A "
+                               "4.000 = 87.5% reduction")
+    assert lines[1].endswith("-> PASS (metric and quality met)")
+    assert lines[2].endswith("-> FAIL (metric met, quality missed)")
+    assert "RQ1 overall: PASS (passed by B λ=0.02 μ=0 1M tiny)" in lines
+    assert "COLLAPSE a-s1: none (every expert >= 1% usage in every layer)" in lines
+    code, out, _ = _run_cli(verdict.main, [str(study), "--format", "json", *_cache_args(tmp_path)], capsys)
+    assert [c["verdict"] for c in json.loads(out)["criteria"]] == ["NO BASELINE", "PASS", "FAIL"]
+
+
+def test_errors_are_one_line_and_nonzero(tmp_path, capsys):
+    code, out, err = _run_cli(tables.main, [str(tmp_path / "nope")], capsys)
+    assert code == 2 and out == ""
+    assert err == f"error: {tmp_path / 'nope'}: no such file or directory; pass run directories or folders of them\n"
+    bad = write_run(tmp_path, "bad")
+    (bad / "trace_code.npz").write_bytes(b"not a zip")
+    code, _, err = _run_cli(tables.main, [str(bad), *_cache_args(tmp_path)], capsys)
+    assert code == 2 and err.startswith("error: ") and "trace_code.npz" in err and err.count("\n") == 1
+
+
+def test_figures(study, tmp_path, capsys):
+    (study / "b-good" / "frontier.json").write_text(json.dumps(FRONTIER))
+    traces = tmp_path / "real-model"
+    traces.mkdir()
+    write_run(tmp_path / "tmp", "x", traces={"code": sticky_experts(), "general": alternating_experts()},
+              losses={"code": 1.0, "general": 1.0})
+    for d in ("code", "general"):
+        (tmp_path / "tmp" / "x" / f"trace_{d}.npz").rename(traces / f"{d}.npz")
+    out_dir = tmp_path / "figs"
+    code, out, err = _run_cli(figures.main, [str(study / "a-s1"), str(study / "b-good"), str(traces), "--out",
+                                             str(out_dir), "--budget-runs", "b-good", *_cache_args(tmp_path)], capsys)
+    assert code == 0, err
+    names = {p.name for p in out_dir.iterdir()}
+    assert sorted(out.split()) == sorted(str(out_dir / n) for n in names)
+    for stem in ("dose_response", "hit_vs_budget_a-s1", "hit_vs_budget_b-good", "usage_a-s1", "usage_b-good",
+                 "reuse_vs_lag_runs", "frontier_b-good", "hit_vs_budget_real-model", "reuse_vs_lag_real-model",
+                 "usage_real-model"):
+        assert {f"{stem}.png", f"{stem}.pdf"} <= names, stem
+    assert not any(n.startswith("frontier_a-s1") for n in names)  # no frontier.json there
+    assert (out_dir / "dose_response.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (out_dir / "dose_response.pdf").read_bytes()[:5] == b"%PDF-"
+    (study / "b-good" / "frontier.json").unlink()
+    code, _, err = _run_cli(figures.main, [str(study / "a-s1"), "--out", str(out_dir), "--budget-runs", "zzz",
+                                           *_cache_args(tmp_path)], capsys)
+    assert code == 2 and "--budget-runs: no complete run named zzz" in err
+
+
+def test_read_frontier_series_start_at_the_plain_point(tmp_path):
+    from analysis_fixtures import fake_run
+
+    run = fake_run("b")
+    run = type(run)(**{**run.__dict__, "path": tmp_path})
+    assert figures.read_frontier(run) is None
+    (tmp_path / "frontier.json").write_text(json.dumps(FRONTIER))
+    series, reference = figures.read_frontier(run)
+    assert reference == "arm A (same size and tokens)"
+    assert series == {"reroute τ": ([0.59, 0.8, 0.7], [0.02, 0.024, 0.022]),
+                      "reroute τ + elision ε=0.02": ([0.59, 0.82], [0.02, 0.025])}
+    no_a = {"points": [{**p, "miss_reduction_vs_arm_a": None} for p in FRONTIER["points"]]}
+    (tmp_path / "frontier.json").write_text(json.dumps(no_a))
+    assert figures.read_frontier(run)[1] == "the same run at τ = 0"
+    (tmp_path / "frontier.json").write_text(json.dumps({"points": [{"stream": "domains"}]}))
+    with pytest.raises(ValueError, match="point 0 lacks"):
+        figures.read_frontier(run)
+
+
+def test_dose_response_points_are_relative_to_matching_a(study, tmp_path):
+    from analysis.cache import MetricsStore
+    from analysis.runs import load_runs
+
+    runs = load_runs([study], store=MetricsStore(tmp_path / "user"))
+    points = {p["run"]: p for p in figures.dose_response_points(runs)}
+    assert set(points) == {"b-good", "b-costly"}
+    assert points["b-costly"]["miss_reduction"] == pytest.approx(0.875)
+    assert points["b-costly"]["ppl_cost"] == pytest.approx(0.02)
+
+
+def test_profile_json_known_values(tmp_path, capsys):
+    folder = tmp_path / "model"
+    write_run(tmp_path, "x", traces={"code": sticky_experts(), "math": alternating_experts()},
+              losses={"code": 1.0, "math": 1.0})
+    folder.mkdir()
+    for d in ("code", "math"):
+        (tmp_path / "x" / f"trace_{d}.npz").rename(folder / f"{d}.npz")
+    code, out, err = _run_cli(profile.main, [str(folder), "--format", "json", "--capacity", "0.25"], capsys)
+    assert code == 0, err
+    prof = json.loads(out)
+    assert {"reuse_lag1", "chance_uniform", "chance_marginal", "working_set_95", "similarity", "cache",
+            "domains"} <= set(prof)
+    code_d, math_d = prof["domains"]["code"], prof["domains"]["math"]
+    assert (code_d["reuse_lag1"], math_d["reuse_lag1"], prof["reuse_lag1"]) == (1.0, 0.0, 0.5)
+    assert prof["chance_uniform"] == 2 / 16
+    assert code_d["chance_marginal"] == pytest.approx(1.0)  # q = 1 for experts 0, 1: Σq²/Σq = 1
+    assert math_d["chance_marginal"] == pytest.approx(0.5)  # q = 1/2 for experts 0..3
+    assert (code_d["working_set_95"], math_d["working_set_95"]) == (2 / 16, 4 / 16)
+    assert prof["similarity"]["code"]["math"] == pytest.approx(1 / math.sqrt(2))
+    assert prof["similarity"]["code"]["code"] == pytest.approx(1.0)
+    assert code_d["cache"] == {"lru": 1 - 1 / 40, "lfu": 1 - 1 / 40, "static_w0.2": 1.0, "belady": 1 - 1 / 40}
+    assert math_d["cache"]["lru"] == 1 - (8 / 40) / 4
+    assert prof["capacity"] == 4 and prof["layer"] == "all"
+    code, out, _ = _run_cli(profile.main, [str(folder), "--layer", "1"], capsys)
+    assert code == 0 and "### Routing profile" in out and "layer 1" in out and "| mean |" in out
+    code, _, err = _run_cli(profile.main, [str(folder), "--layer", "7"], capsys)
+    assert code == 2 and "out of range" in err

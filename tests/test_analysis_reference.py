@@ -1,0 +1,72 @@
+"""The eleven reference runs load, and every number is finite and consistent.
+
+Slow when the metric cache is cold (cachesim simulates 33 traces of 500k
+tokens); it shares the user cache ($CACHEABLE_MOE_CACHE, default
+~/.cache/cacheable-moe/analysis) with the CLIs and the benchmark, so later runs
+read the metrics back in about a second. Skips where ../shared/reference is absent.
+"""
+
+import math
+
+import numpy as np
+import pytest
+
+from analysis import cli, summary, tables, verdict
+from analysis.cache import MetricsStore
+from analysis.runs import load_runs
+
+RUNS = {"a-sanity-s1", "b-l01", "b-l05", "b-l20", "a-main-s1", "a-main-s2", "b-main-s1", "b-main-s2", "b-l02-main",
+        "b-l03-main", "c-main-s1"}
+
+
+@pytest.fixture(scope="module")
+def reference_runs(reference_dir):
+    return load_runs([reference_dir / "runs"], store=MetricsStore(jobs=cli.default_jobs()))
+
+
+@pytest.mark.slow
+def test_reference_runs_are_finite_and_consistent(reference_runs):
+    assert {r.name for r in reference_runs} == RUNS and all(r.complete for r in reference_runs)
+    # The reference folder is read-only by its permissions: metrics went to the user cache.
+    assert not list(reference_runs[0].path.parent.rglob("analysis_cache.json"))
+    rows = {row["run"]: row for row in tables.json_rows(reference_runs)}
+    for name, row in rows.items():
+        numbers = [v for k, v in row.items() if isinstance(v, float)]
+        numbers += [v for d in row["domains"].values() for v in d.values() if isinstance(v, float)]
+        assert all(math.isfinite(v) for v in numbers), name
+        for d, values in row["domains"].items():
+            for key in ("lru_hit_12", "lru_hit_25", "static_hit_50", "static_hit_50_w02", "belady_hit_25"):
+                assert 0.0 <= values[key] <= 1.0
+            assert values["lru_hit_25"] == pytest.approx(1 - values["lru_miss_25"] / (8 * 2), abs=1e-12)
+            # LRU is a stack algorithm (a larger cache never misses more); Belady is optimal.
+            assert values["lru_hit_12"] <= values["lru_hit_25"] <= values["belady_hit_25"], (name, d)
+            assert 0.0 <= values["reuse"] <= 1.0
+        assert row["ppl"] == pytest.approx(np.mean([d["ppl"] for d in row["domains"].values()]), rel=1e-12)
+        assert row["ppl_token_weighted"] <= row["ppl"]  # equal token counts: geometric <= arithmetic mean
+    # The locality loss raises reuse above its baseline at every λ.
+    for name in ("b-l01", "b-l05", "b-l20", "b-main-s1", "b-main-s2", "b-l02-main", "b-l03-main"):
+        assert rows[name]["miss_reduction_25"] > 0, name
+    # Baselines never cross token budgets.
+    assert rows["b-l05"]["baseline"] == ["a-sanity-s1"]
+    assert rows["b-main-s1"]["baseline"] == ["a-main-s1", "a-main-s2"]
+    # Reproduces the published table (RESULTS.md of the reference repository, 3 decimals) for runs
+    # without collapse, where the reference simulator's capacity rule agrees with ours.
+    published = {"a-main-s1": (31.99, 0.336, 0.296, 0.494, 0.747), "b-main-s1": (32.60, 0.634, 0.599, 0.788, 0.930),
+                 "c-main-s1": (32.91, 0.470, 0.418, 0.733, 0.991)}
+    for name, (ppl, reuse, lru12, lru25, static50) in published.items():
+        row = rows[name]
+        assert row["ppl"] == pytest.approx(ppl, abs=0.01)
+        got = (row["reuse"], row["lru_hit_12"], row["lru_hit_25"], row["static_hit_50"])
+        assert got == pytest.approx((reuse, lru12, lru25, static50), abs=1.5e-3), name
+
+
+@pytest.mark.slow
+def test_reference_verdict_is_refuted_with_collapse_at_high_lambda(reference_runs):
+    results = verdict.evaluate(reference_runs)
+    assert verdict.overall(results, "RQ1")[0] == "REFUTED"
+    assert verdict.overall(results, "RQ2")[0] == "REFUTED"
+    rq2 = [r for r in results if r.criterion == "RQ2"]
+    assert [(r.config, r.metric_met, r.quality_met) for r in rq2] == [("C λ=0 μ=0.1 200M 137m", True, False)]
+    collapse = {e["run"]: e["collapsed"] for e in verdict.collapse_report(reference_runs)}
+    assert collapse["b-l20"] > 0 and collapse["a-main-s1"] == 0
+    assert summary.pooled_collapsed(next(r for r in reference_runs if r.name == "b-l20"))[0] == collapse["b-l20"]
