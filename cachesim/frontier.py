@@ -1,0 +1,492 @@
+"""The rerouting frontier of trained runs: perplexity against expert-cache misses (SPEC §7).
+
+    python -m cachesim.frontier --run RUN_DIR [--run ...] --tau 0,0.1,0.3,0.5,0.7 --capacity 0.25 \\
+        [--epsilon 0,0.02] [--cache-prior 0,0.5] [--max-rank 1,4 ...] [--prime] [--reset-per-window] \\
+        [--windows N] [--batch B] [--policy lru] [--arm-a RUN_DIR]
+
+Each run's checkpoint is restored and evaluated *with the cache in the loop*
+(`moe.cached_eval`): for every setting of the grid — the Cartesian product of
+--tau x --cache-prior x --max-rank (plus off) x --epsilon x --capacity — each
+domain's evaluation windows are one stream whose per-layer caches persist
+across windows (or reset per window with --reset-per-window), and the
+perplexity is that of the experts actually used. With --prime, every setting
+is also run on the mixed round-robin stream of the three domains, without and
+with domain-primed prefetch. The all-off setting is always added: it is the
+τ = 0 reference of each stream and capacity.
+
+The arm-A baseline of a run is an arm-A run of the same size and token budget
+among the --run directories, their sibling directories or --arm-a; its all-off
+points are evaluated on the same windows. When none exists, the `arm_a`
+entry is null and `arm_a_note` says so.
+
+frontier.json (written atomically into each run directory; schema 1)
+---------------------------------------------------------------------
+{
+  "schema": 1,
+  "run": str, "run_dir": str, "arm": str, "size": str, "tokens": int, "lambda_loc": float, "mu_dom": float,
+  "checkpoint_step": int,
+  "eval": {"windows_per_domain": int, "seq": int, "domains": [str], "policy": str, "carry": "persist"|"reset",
+           "capacity_rounding": str, "mixed_run_length": int|null, "mixed_windows": int|null,
+           "corpus": str, "num_experts": int, "k": int, "num_layers": int},
+  "arm_a": {"run": str, "run_dir": str} | null,
+  "arm_a_note": str,                    # how the baseline was found, or why there is none
+  "elapsed_s": float,
+  "tokens_per_s": float,                # evaluated tokens x settings per wall-clock second, compiles included
+  "points": [{
+      "stream": "domains" | "mixed",     # each domain its own stream / the mixed round-robin stream
+      "label": str,                      # e.g. "tau=0.5,eps=0.02" ("plain" when all off)
+      "setting": {"tau": float, "cache_prior": float, "max_rank": [J, M] | null, "epsilon": float, "prime": bool},
+      "plain": bool,                     # every intervention off (the reference point)
+      "capacity_fraction": float, "capacity": int,
+      "domains": {domain: {"tokens": int, "loss": float, "ppl": float, "misses_per_token": float,
+                           "misses_per_layer": [float], "hit_rate": float, "prefetch_loads_per_token": float,
+                           "elided_per_token": float, "loads_skipped_per_token": float}},
+      "ppl_mean": float,                 # arithmetic mean of the domain PPLs (the paper's "mean PPL")
+      "ppl_token_weighted": float,       # exp(token-weighted mean CE)
+      "misses_per_token": float,         # demand misses summed over layers / tokens, all domains
+      "hit_rate": float, "prefetch_loads_per_token": float, "elided_per_token": float,
+      "loads_skipped_per_token": float,
+      "miss_reduction_vs_tau0": float,   # 1 - misses / misses of this run's plain point (same stream, capacity)
+      "ppl_cost_vs_tau0": float,         # ppl_mean / plain ppl_mean - 1
+      "miss_reduction_vs_arm_a": float | null,  # the same against the arm-A baseline's plain point
+      "ppl_cost_vs_arm_a": float | null
+  }, ...]
+}
+Misses, prefetch loads and skipped loads are per evaluated token (all layers
+summed); prefetch loads are never demand misses; "loads skipped" counts elided
+requests whose expert was not resident (a load avoided), "elided" all elided
+requests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import json
+import math
+import os
+import pathlib
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from cachesim.policies import ROUNDING_MODES, capacity_from_fraction
+from cachesim.reroute import CACHE_POLICIES, RerouteError, Setting
+
+SCHEMA = 1
+FRONTIER_FILE = "frontier.json"
+
+
+class FrontierError(ValueError):
+    """A frontier request cannot be served; the message names the fix."""
+
+
+# ---------------------------------------------------------------- the grid
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+    """One evaluated configuration: a routing setting at one cache capacity fraction."""
+
+    setting: Setting
+    fraction: float
+
+
+def build_grid(taus: Sequence[float], capacities: Sequence[float], *, epsilons: Sequence[float] = (0.0,),
+               cache_priors: Sequence[float] = (0.0,),
+               max_ranks: Sequence[tuple[int, int]] = ()) -> list[Point]:
+    """The Cartesian product of the interventions' values, per capacity, plain point first; no duplicates."""
+    ranks: list[tuple[int, int] | None] = [None, *max_ranks]
+    points: list[Point] = []
+    for fraction in capacities:
+        combos = [Setting()] + [Setting(tau=t, cache_prior=c, max_rank=r, epsilon=e)
+                                for t, c, r, e in itertools.product(taus, cache_priors, ranks, epsilons)]
+        for setting in dict.fromkeys(combos):  # ordered, unique
+            points.append(Point(setting, float(fraction)))
+    return points
+
+
+def primed(points: Sequence[Point]) -> list[Point]:
+    """Every point without and with domain priming (for the mixed stream)."""
+    return [Point(dataclasses.replace(p.setting, prime=prime), p.fraction) for p in points for prime in (False, True)]
+
+
+# ---------------------------------------------------------------- runs
+
+
+@dataclasses.dataclass
+class Run:
+    """A run directory: its config.json record (always), its model (once loaded)."""
+
+    path: pathlib.Path
+    record: dict
+    model: Any = None  # (graphdef, params, config, step) once loaded
+
+    @property
+    def arm(self) -> str:
+        return str(self.record.get("arm", "?"))
+
+    @property
+    def size(self) -> str:
+        return str(self.record.get("size", "unknown"))
+
+    @property
+    def name(self) -> str:
+        return str(self.record.get("run_name") or self.path.name)
+
+
+def read_run(path: str | os.PathLike) -> Run:
+    """The run's config.json record; a clear error when `path` is not a trained run of this codebase."""
+    path = pathlib.Path(path)
+    config_path = path / "config.json"
+    if not config_path.is_file():
+        raise FrontierError(f"{path} is not a run directory (no config.json); pass the --workdir of a main.py run")
+    try:
+        record = json.loads(config_path.read_text())
+    except json.JSONDecodeError as e:
+        raise FrontierError(f"{config_path} is not valid JSON ({e}); rerun main.py to rewrite it") from None
+    if not isinstance(record, dict) or not isinstance(record.get("config"), dict):
+        raise FrontierError(f"{config_path} has no resolved 'config' (a reference run?); the cache-coupled "
+                            "evaluation needs a run trained by this codebase, with checkpoints")
+    return Run(path, record)
+
+
+def load_model(run: Run) -> tuple[Any, Any, Any, int]:
+    """(graphdef, params, config, checkpoint step) from the run's newest checkpoint."""
+    if run.model is not None:
+        return run.model
+    import jax
+    import ml_collections
+    from flax import nnx
+
+    from configs.base import num_train_steps
+    from moe import checkpoint
+    from moe.model import build_model
+    from moe.train import init_state, make_optimizer
+
+    if not (run.path / "checkpoints").is_dir():
+        raise FrontierError(f"{run.path} has no checkpoints/ directory; train it with main.py first")
+    config = ml_collections.ConfigDict(run.record["config"])
+    tx = make_optimizer(config.optim, num_train_steps(config))
+    graphdef = nnx.split(nnx.eval_shape(lambda: build_model(config.model, config.seed)), nnx.Param)[0]
+    abstract_state = jax.eval_shape(lambda: init_state(config, tx)[1])
+    mgr = checkpoint.manager(run.path, keep=int(config.train.keep_checkpoints))
+    try:
+        restored = checkpoint.restore_latest(mgr, abstract_state)
+    finally:
+        mgr.close()
+    if restored is None:
+        raise FrontierError(f"{run.path}/checkpoints holds no checkpoint; train the run with main.py first")
+    step, state, _ = restored
+    run.model = (graphdef, state["params"], config, int(step))
+    return run.model
+
+
+def find_arm_a(run: Run, given: Sequence[Run], explicit: Run | None) -> tuple[Run | None, str]:
+    """The arm-A run to compare `run` against, and a note saying how it was found (or why not)."""
+    def matches(other: Run) -> bool:
+        return other.arm == "A" and other.size == run.size and other.record.get("tokens") == run.record.get("tokens")
+
+    if explicit is not None:
+        note = "given with --arm-a"
+        if not matches(explicit):
+            note += (f" (note: it is arm {explicit.arm}, size {explicit.size}, {explicit.record.get('tokens')} "
+                     f"tokens; this run is size {run.size}, {run.record.get('tokens')} tokens)")
+        return explicit, note
+    if run.arm == "A":
+        return run, "this run is arm A"
+    for other in given:
+        if matches(other):
+            return other, "an arm-A run among the --run directories"
+    seen = {r.path.resolve() for r in given}
+    for parent in dict.fromkeys(r.path.resolve().parent for r in given):
+        for sibling in sorted(p for p in parent.iterdir() if p.is_dir() and p.resolve() not in seen):
+            if not (sibling / "config.json").is_file() or not (sibling / "checkpoints").is_dir():
+                continue
+            try:
+                other = read_run(sibling)
+            except FrontierError:
+                continue
+            if matches(other):
+                return other, f"sibling directory {sibling}"
+    return None, (f"no arm-A run of size {run.size} with {run.record.get('tokens')} training tokens among the "
+                  "--run directories or their siblings; pass one with --arm-a")
+
+
+def check_points(run: Run, points: Sequence[Point]) -> None:
+    """Validates every setting against the run's k and E (from its config.json)."""
+    model = run.record["config"].get("model", {})
+    try:
+        k, num_experts = int(model["top_k"]), int(model["num_experts"])
+    except (KeyError, TypeError, ValueError):
+        raise FrontierError(f"{run.path}/config.json has no model.top_k / model.num_experts; rerun main.py "
+                            "to rewrite it") from None
+    for point in points:
+        point.setting.check(k=k, num_experts=num_experts)
+
+
+# ---------------------------------------------------------------- evaluation
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalOptions:
+    windows: int | None = None          # per domain; None: the run's config.eval.windows
+    batch: int | None = None            # windows per call; None: max(1, eval.batch_size // settings)
+    policy: str = "lru"
+    carry: str = "persist"
+    rounding: str = "ceil"
+    domains: tuple[str, ...] = ("prose", "code", "math")
+    mixed_run_length: int | None = None  # None: the run's config.data.mixed_run_length
+
+
+def evaluate_points(run: Run, points: Sequence[Point], mixed_points: Sequence[Point],
+                    options: EvalOptions) -> tuple[list[dict], dict]:
+    """Every point on each domain stream (and the mixed points on the mixed stream) of one run.
+
+    Returns (point records without the comparisons, the eval description).
+    """
+    # The model stack loads here, so that bad arguments fail before flax and the model code import.
+    from moe.cached_eval import CoupledEvaluator, domain_stats
+    from moe.data import DOMAINS, pipeline
+
+    graphdef, params, config, step = load_model(run)
+    num_experts, k = int(config.model.num_experts), int(config.model.top_k)
+    windows = int(options.windows or config.eval.windows)
+    seq = int(config.model.context)
+    evaluator = CoupledEvaluator(graphdef, config, policy=options.policy, carry=options.carry)
+    t0, evaluated = time.perf_counter(), 0
+
+    def capacity(point: Point) -> int:
+        return capacity_from_fraction(point.fraction, num_experts, options.rounding)
+
+    def run_stream(tokens, domains, stream_points):
+        nonlocal evaluated
+        settings = [p.setting for p in stream_points]
+        batch = options.batch or max(1, int(config.eval.batch_size) // len(settings))
+        result, _ = evaluator(params, tokens, domains, settings, [capacity(p) for p in stream_points],
+                              batch_size=batch)
+        evaluated += result.ce[0].size * len(settings)
+        return result
+
+    records = [_record("domains", p, capacity(p)) for p in points]
+    for domain in options.domains:
+        data = pipeline.eval_windows(config.data, domain, n_windows=windows, seq_len=seq)
+        result = run_stream(data["tokens"], data["domains"], points)
+        for s, record in enumerate(records):
+            record["domains"][domain] = domain_stats(result, s)
+    mixed_windows, run_length = None, None
+    if mixed_points:
+        run_length = int(options.mixed_run_length or config.data.mixed_run_length)
+        data = pipeline.mixed_eval_stream(config.data, domains=options.domains, run_length=run_length,
+                                          n_windows=windows * len(options.domains), seq_len=seq)
+        mixed_windows = int(data["tokens"].shape[0])
+        result = run_stream(data["tokens"], data["domains"], mixed_points)
+        for s, point in enumerate(mixed_points):
+            record = _record("mixed", point, capacity(point))
+            for domain in options.domains:
+                record["domains"][domain] = domain_stats(result, s, DOMAINS.index(domain))
+            records.append(record)
+    for record in records:
+        _aggregate(record)
+    elapsed = time.perf_counter() - t0
+    description = {
+        "windows_per_domain": windows, "seq": seq, "domains": list(options.domains), "policy": options.policy,
+        "carry": options.carry, "capacity_rounding": options.rounding, "mixed_run_length": run_length,
+        "mixed_windows": mixed_windows, "corpus": str(config.data.corpus), "num_experts": num_experts, "k": k,
+        "num_layers": int(config.model.n_layers), "checkpoint_step": step,
+        "elapsed_s": elapsed, "tokens_per_s": evaluated / elapsed if elapsed > 0 else float("nan"),
+    }
+    return records, description
+
+
+def _record(stream: str, point: Point, capacity: int) -> dict:
+    return {"stream": stream, "label": point.setting.label, "setting": point.setting.as_dict(),
+            "plain": point.setting.is_plain, "capacity_fraction": point.fraction, "capacity": capacity,
+            "domains": {}}
+
+
+def _aggregate(record: dict) -> None:
+    """Fills a point's all-domain figures from its per-domain ones (token-weighted, PPL mean as the paper)."""
+    per = record["domains"].values()
+    tokens = sum(d["tokens"] for d in per)
+
+    def weighted(key):
+        return sum(d[key] * d["tokens"] for d in per) / tokens
+
+    record["tokens"] = tokens
+    record["ppl_mean"] = float(np.mean([d["ppl"] for d in per]))
+    record["ppl_token_weighted"] = math.exp(weighted("loss"))
+    for key in ("misses_per_token", "hit_rate", "prefetch_loads_per_token", "elided_per_token",
+                "loads_skipped_per_token"):
+        record[key] = weighted(key)
+
+
+def _reduction(value: float, reference: float) -> float | None:
+    return None if reference == 0 else 1.0 - value / reference
+
+
+def compare(records: list[dict], baseline: list[dict] | None) -> None:
+    """Adds the comparisons with this run's plain points and with the arm-A baseline's plain points."""
+    def plain_of(source: list[dict]) -> dict[tuple[str, float], dict]:
+        return {(r["stream"], r["capacity_fraction"]): r for r in source if r["plain"]}
+
+    own = plain_of(records)
+    arm_a = plain_of(baseline) if baseline is not None else {}
+    for record in records:
+        key = (record["stream"], record["capacity_fraction"])
+        ref = own[key]
+        record["miss_reduction_vs_tau0"] = _reduction(record["misses_per_token"], ref["misses_per_token"])
+        record["ppl_cost_vs_tau0"] = record["ppl_mean"] / ref["ppl_mean"] - 1.0
+        base = arm_a.get(key)
+        record["miss_reduction_vs_arm_a"] = None if base is None else _reduction(record["misses_per_token"],
+                                                                                 base["misses_per_token"])
+        record["ppl_cost_vs_arm_a"] = None if base is None else record["ppl_mean"] / base["ppl_mean"] - 1.0
+
+
+# ---------------------------------------------------------------- output
+
+
+def write_json_atomic(path: pathlib.Path, obj: Any) -> None:
+    """Writes via a temporary file in the same directory and a rename: never a half-written file."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(obj, f, indent=1)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        pathlib.Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def frontier_record(run: Run, records: list[dict], description: dict, arm_a: Run | None, note: str) -> dict:
+    r = run.record
+    eval_keys = ("windows_per_domain", "seq", "domains", "policy", "carry", "capacity_rounding", "mixed_run_length",
+                 "mixed_windows", "corpus", "num_experts", "k", "num_layers")
+    return {
+        "schema": SCHEMA,
+        "run": run.name, "run_dir": str(run.path.resolve()), "arm": run.arm, "size": run.size,
+        "tokens": r.get("tokens"), "lambda_loc": r.get("lambda_loc"), "mu_dom": r.get("mu_dom"),
+        "checkpoint_step": description["checkpoint_step"],
+        "eval": {key: description[key] for key in eval_keys},
+        "arm_a": None if arm_a is None else {"run": arm_a.name, "run_dir": str(arm_a.path.resolve())},
+        "arm_a_note": note,
+        "elapsed_s": description["elapsed_s"], "tokens_per_s": description["tokens_per_s"],
+        "points": records,
+    }
+
+
+def frontier(run_dirs: Sequence[str | os.PathLike], points: Sequence[Point], *, prime: bool = False,
+             options: EvalOptions = EvalOptions(), arm_a_dir: str | os.PathLike | None = None,
+             log=print) -> dict[pathlib.Path, dict]:
+    """Evaluates every run on the grid, writes each run's frontier.json, returns {run_dir: record}."""
+    if not run_dirs:
+        raise FrontierError("no --run given; pass at least one run directory")
+    runs = [read_run(p) for p in run_dirs]
+    for run in runs:
+        if not os.access(run.path, os.W_OK):
+            raise FrontierError(f"cannot write {run.path / FRONTIER_FILE}: the run directory is read-only")
+        check_points(run, points)  # before any model is loaded
+    explicit = read_run(arm_a_dir) if arm_a_dir is not None else None
+    mixed_points = primed(points) if prime else []
+    evaluated: dict[pathlib.Path, tuple[list[dict], dict]] = {}
+
+    def results(run: Run, run_points, run_mixed) -> tuple[list[dict], dict]:
+        key = run.path.resolve()
+        if key not in evaluated:
+            log(f"frontier: evaluating {run.name} ({run.path}) on {len(run_points)} settings"
+                + (f" + {len(run_mixed)} mixed-stream settings" if run_mixed else ""))
+            evaluated[key] = evaluate_points(run, run_points, run_mixed, options)
+        return evaluated[key]
+
+    out = {}
+    for run in runs:
+        records, description = results(run, points, mixed_points)
+        arm_a, note = find_arm_a(run, runs, explicit)
+        if arm_a is None:
+            baseline = None
+        elif arm_a.path.resolve() == run.path.resolve() or arm_a.path.resolve() in {r.path.resolve() for r in runs}:
+            baseline = results(arm_a, points, mixed_points)[0]
+        else:  # only its plain points are needed
+            plain = [p for p in points if p.setting.is_plain]
+            baseline = results(arm_a, plain, [p for p in mixed_points if p.setting.is_plain])[0]
+        compare(records, baseline)
+        record = frontier_record(run, records, description, arm_a, note)
+        write_json_atomic(run.path / FRONTIER_FILE, record)
+        log(f"frontier: wrote {run.path / FRONTIER_FILE} ({len(records)} points; arm-A baseline: {note})")
+        out[run.path] = record
+    return out
+
+
+# ---------------------------------------------------------------- CLI
+
+
+def _floats(text: str, name: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise FrontierError(f"--{name} takes comma-separated numbers, got {text!r}") from None
+    if not values or not all(math.isfinite(v) for v in values):
+        raise FrontierError(f"--{name} takes comma-separated finite numbers, got {text!r}")
+    return values
+
+
+def _max_rank(text: str) -> tuple[int, int]:
+    parts = text.split(",")
+    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+        raise FrontierError(f"--max-rank takes J,M (two non-negative ints), got {text!r}")
+    return int(parts[0]), int(parts[1])
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m cachesim.frontier", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--run", action="append", required=True, help="a run directory (repeatable)")
+    parser.add_argument("--tau", default="0,0.1,0.3,0.5,0.7", help="tolerances τ (comma-separated)")
+    parser.add_argument("--capacity", default="0.25", help="cache capacities as fractions of E")
+    parser.add_argument("--epsilon", default="0", help="elision thresholds ε (0 = off)")
+    parser.add_argument("--cache-prior", default="0", help="Cache-Prior strengths λ (0 = off)")
+    parser.add_argument("--max-rank", action="append", default=[], metavar="J,M",
+                        help="a Max-Rank setting (repeatable); 'off' is always included")
+    parser.add_argument("--prime", action="store_true",
+                        help="also run the mixed-domain stream without and with domain-primed prefetch")
+    parser.add_argument("--reset-per-window", action="store_true",
+                        help="empty the caches at every window (default: they persist across windows)")
+    parser.add_argument("--windows", type=int, default=None, help="windows per domain (default: the run's eval)")
+    parser.add_argument("--batch", type=int, default=None, help="windows per compiled call")
+    parser.add_argument("--policy", default="lru", choices=sorted(CACHE_POLICIES), help="cache policy")
+    parser.add_argument("--rounding", default="ceil", choices=ROUNDING_MODES, help="capacity rounding")
+    parser.add_argument("--mixed-run-length", type=int, default=None, help="tokens per domain run (mixed stream)")
+    parser.add_argument("--arm-a", default=None, help="the arm-A baseline run (default: found among runs/siblings)")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        taus, capacities = _floats(args.tau, "tau"), _floats(args.capacity, "capacity")
+        epsilons, priors = _floats(args.epsilon, "epsilon"), _floats(args.cache_prior, "cache-prior")
+        ranks = [_max_rank(v) for v in args.max_rank]
+        for value in capacities:
+            capacity_from_fraction(value, 1)  # validates the fraction
+        if args.windows is not None and args.windows < 1 or args.batch is not None and args.batch < 1:
+            raise FrontierError("--windows and --batch must be >= 1")
+        points = build_grid(taus, capacities, epsilons=epsilons, cache_priors=priors, max_ranks=ranks)
+        options = EvalOptions(windows=args.windows, batch=args.batch, policy=args.policy,
+                              carry="reset" if args.reset_per_window else "persist", rounding=args.rounding,
+                              mixed_run_length=args.mixed_run_length)
+        frontier(args.run, points, prime=args.prime, options=options, arm_a_dir=args.arm_a,
+                 log=lambda msg: print(msg, file=sys.stderr, flush=True))
+    except (FrontierError, RerouteError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
