@@ -1,14 +1,21 @@
-"""The study's tables from run directories: main results, per domain, all-runs log, scale.
+"""The study's tables from run directories: main results, per domain, all-runs log, scale, complementarity.
 
 Usage::
 
-    python -m analysis.tables RUN_DIR [RUN_DIR ...] --format markdown|latex|csv|json [--out DIR]
+    python -m analysis.tables RUN_DIR [RUN_DIR ...] --format markdown|latex|csv|json [--out DIR] \
+        [--tables main,per_domain,runs,scale,complementarity]
 
 ``--format json`` prints (or writes to DIR/main.json) a list with one object per
 complete run, keys ``run, arm, lam, mu, seed, tokens, ppl, ppl_token_weighted,
 reuse, lru_hit_12, lru_hit_25, static_hit_50, belady_hit_25, lru_miss_25,
 collapsed, domains`` (plus the extras documented in summary.run_row), values
-unrounded. The human formats print all four tables.
+unrounded. ``--format json --tables complementarity`` prints the complementarity
+rows instead (keys in complementarity.complementarity_rows, unrounded); with
+--out, json writes main.json plus complementarity.json when it is selected.
+
+The complementarity table needs ``frontier.json`` files (python -m
+cachesim.frontier): without any it is left out of the default output, and
+asking for it with --tables prints a one-line note instead.
 """
 
 from __future__ import annotations
@@ -16,17 +23,20 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from collections.abc import Sequence
+import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from analysis import cli, formatting, summary
+from analysis import cli, complementarity, formatting, summary
 from analysis.formatting import Column, Table, fixed, general, percent, signed_percent
 from analysis.runs import Run, load_runs
 
-TABLE_NAMES = ("main", "per_domain", "runs", "scale")
+TABLE_NAMES = ("main", "per_domain", "runs", "scale", "complementarity")
+NO_FRONTIER_NOTE = ("note: complementarity table skipped: no run directory holds a frontier.json; "
+                    "write them with python -m cachesim.frontier --run RUN_DIR --tau 0,0.5")
 
 _ID_COLUMNS = (
     Column("run", "run", align="l"),
@@ -177,8 +187,38 @@ def scale_table(runs: Sequence[Run]) -> Table:
     return Table("scale", "Scale: locality tax and miss reduction per model size", columns, tuple(rows), notes)
 
 
-def build_tables(runs: Sequence[Run], names: Sequence[str] = TABLE_NAMES) -> list[Table]:
-    builders = {"main": main_table, "per_domain": per_domain_table, "runs": runs_log_table, "scale": scale_table}
+def complementarity_table(runs: Sequence[Run], frontiers: Mapping[str, Sequence[Mapping[str, Any]]]) -> Table:
+    """Locality tax (arm B, τ = 0), stacked (arm B, τ = 0.5) and rerouted arm A (τ = 0.5), all vs arm A."""
+    rows = tuple(complementarity.complementarity_rows(runs, frontiers))
+    cost, miss = signed_percent(), signed_percent(1)
+    columns = (Column("size", "size", align="l"),
+               Column("tokens", "tokens", summary.format_tokens),
+               Column("config", "arm-B configuration", align="l"),
+               Column("capacity_fraction", "cache", percent(1)),
+               Column("seeds", "seeds", general),
+               Column("tax_ppl_cost", "tax: PPL cost (B, τ=0)", cost),
+               Column("tax_miss_reduction", "tax: miss red. (B, τ=0)", miss),
+               Column("stacked_ppl_cost", "stacked: PPL cost (B, τ=0.5)", cost),
+               Column("stacked_miss_reduction", "stacked: miss red. (B, τ=0.5)", miss),
+               Column("rerouted_a_ppl_cost", "rerouted A: PPL cost (τ=0.5)", cost),
+               Column("rerouted_a_miss_reduction", "rerouted A: miss red. (τ=0.5)", miss))
+    notes = ("From frontier.json (cache in the loop, per-domain streams, ε = 0, no cache prior, no max-rank, "
+             "no priming). PPL cost = mean PPL / arm A's plain mean PPL − 1; miss red. = 1 − cache misses/token "
+             "(the file's policy and capacity) / arm A's, both as cachesim.frontier computed them against the arm-A run named in each file; "
+             "seed means, — where a seed has no arm-A baseline or no such point.",)
+    if not rows:
+        notes += ("No arm-B run directory holds a frontier.json; the table compares arm B against arm A.",)
+    return Table("complementarity", "Complementarity: locality training vs rerouting, per model size", columns,
+                 rows, notes)
+
+
+def build_tables(runs: Sequence[Run], names: Sequence[str] = TABLE_NAMES,
+                 frontiers: Mapping[str, Sequence[Mapping[str, Any]]] | None = None) -> list[Table]:
+    """The named tables; ``frontiers`` (complementarity.load_frontiers) is read from disk when not given."""
+    if "complementarity" in names and frontiers is None:
+        frontiers = complementarity.load_frontiers(runs)
+    builders = {"main": main_table, "per_domain": per_domain_table, "runs": runs_log_table, "scale": scale_table,
+                "complementarity": lambda rs: complementarity_table(rs, frontiers or {})}
     return [builders[n](runs) for n in names]
 
 
@@ -192,29 +232,58 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     cli.add_run_args(parser)
     parser.add_argument("--format", choices=("markdown", "latex", "csv", "json"), default="markdown")
     parser.add_argument("--out", type=Path, default=None, help="write one file per table here instead of stdout")
-    parser.add_argument("--tables", default=",".join(TABLE_NAMES),
-                        help=f"comma-separated subset of {', '.join(TABLE_NAMES)} (human formats)")
+    parser.add_argument("--tables", default=None,
+                        help=f"comma-separated subset of {', '.join(TABLE_NAMES)} (default: all; "
+                             "complementarity only when a frontier.json exists)")
     args = parser.parse_args(argv)
-    args.table_names = [t.strip() for t in args.tables.split(",") if t.strip()]
+    args.explicit_tables = args.tables is not None
+    args.table_names = [t.strip() for t in (args.tables or ",".join(TABLE_NAMES)).split(",") if t.strip()]
     unknown = [t for t in args.table_names if t not in TABLE_NAMES]
     if unknown or not args.table_names:
         parser.error(f"--tables: unknown {unknown or 'empty'}; choose from {', '.join(TABLE_NAMES)}")
     return args
 
 
+def _json_main(args: argparse.Namespace, runs: Sequence[Run], frontiers: Mapping[str, Any]) -> int:
+    """main.json (the per-run rows) and/or complementarity.json, as selected."""
+    asked = "complementarity" in args.table_names
+    # Without --tables, json keeps meaning the main rows on stdout; --out adds complementarity.json when it exists.
+    want_comp = asked if args.explicit_tables else bool(frontiers) and args.out is not None
+    want_main = not args.explicit_tables or "main" in args.table_names or not asked
+    payloads = [("main.json", json_rows(runs))] if want_main else []
+    if want_comp:
+        payloads.append(("complementarity.json", complementarity.complementarity_rows(runs, frontiers)))
+    if args.out is None and len(payloads) > 1:
+        raise ValueError("--format json prints one table to stdout; pass --tables main or --tables "
+                         "complementarity, or --out DIR to write both")
+    if asked and args.explicit_tables and not frontiers:
+        print(NO_FRONTIER_NOTE, file=sys.stderr)  # stdout stays parseable JSON
+    for filename, rows in payloads:
+        cli.write_or_print(json.dumps(rows, indent=1) + "\n", args.out, filename)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse_args(argv)
     runs = load_runs(args.paths, store=cli.make_store(args))
+    names = list(args.table_names)
+    frontiers = complementarity.load_frontiers(runs) if "complementarity" in names else {}
+    # No frontier.json anywhere: an empty table would read as "no effect", so drop it (saying so when asked for).
+    note = "complementarity" in names and not frontiers and args.explicit_tables
+    if "complementarity" in names and not frontiers:
+        names.remove("complementarity")
     if args.format == "json":
-        cli.write_or_print(json.dumps(json_rows(runs), indent=1) + "\n", args.out, "main.json")
-        return 0
-    tables = build_tables(runs, args.table_names)
+        return _json_main(args, runs, frontiers)
+    tables = build_tables(runs, names, frontiers)
     ext = formatting.EXTENSIONS[args.format]
     if args.out is None:
-        cli.write_or_print(formatting.render_all(tables, args.format), None, "")
+        if tables:
+            cli.write_or_print(formatting.render_all(tables, args.format), None, "")
     else:
         for t in tables:
             cli.write_or_print(formatting.render(t, args.format), args.out, f"{t.name}.{ext}")
+    if note:
+        print(NO_FRONTIER_NOTE)
     return 0
 
 
