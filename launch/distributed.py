@@ -1,0 +1,107 @@
+"""Multi-host start-up: ``jax.distributed.initialize`` arguments from the SLURM environment.
+
+One SLURM task per process (``srun``/submitit with ``tasks_per_node`` > 1 or
+``nodes`` > 1). :func:`distributed_kwargs` is a pure function of the
+environment: the coordinator is the first host of the step's node list (the
+bracketed ``node[001-004,010]`` form expanded), on a port derived from the job
+id so concurrent jobs on one node do not collide; process id and count are the
+task's rank and the number of tasks. When a node runs one task per GPU, each
+task takes the GPU of its local rank.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from typing import Any
+
+
+class DistributedEnvError(ValueError):
+    """The SLURM environment is incomplete or malformed; the message names the variable."""
+
+
+# The coordinator port: $JAX_COORDINATOR_PORT, else in the top 4096 ports by job id.
+_PORT_SPAN = 4096
+_PORT_BASE = 65535 - _PORT_SPAN + 1
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a SLURM hostlist: ``"gpu[003-005,010],cpu1"`` -> ``"gpu003"``.
+
+    Keeps the zero padding of the range's first bound, as SLURM names hosts.
+    """
+    nodelist = nodelist.strip()
+    match = re.match(r"^([^,\[]+)(?:\[([^\]]*)\])?([^,]*)", nodelist)
+    if not nodelist or not match:
+        raise DistributedEnvError(f"cannot parse the SLURM node list {nodelist!r}")
+    prefix, ranges, suffix = match.groups()
+    if ranges is None:
+        return prefix
+    first = ranges.split(",")[0].split("-")[0].strip()
+    if not first.isdigit():
+        raise DistributedEnvError(f"cannot parse the range [{ranges}] of the SLURM node list {nodelist!r}")
+    return f"{prefix}{first}{suffix}"
+
+
+def _int(env: Mapping[str, str], name: str) -> int:
+    try:
+        return int(env[name])
+    except KeyError:
+        raise DistributedEnvError(f"${name} is not set: run under srun/sbatch (or set it)") from None
+    except ValueError:
+        raise DistributedEnvError(f"${name}={env[name]!r} is not an integer") from None
+
+
+def in_slurm_job(env: Mapping[str, str] | None = None) -> bool:
+    env = os.environ if env is None else env
+    return "SLURM_JOB_ID" in env and "SLURM_PROCID" in env
+
+
+def num_processes(env: Mapping[str, str] | None = None) -> int:
+    env = os.environ if env is None else env
+    return int(env.get("SLURM_NTASKS", "1") or "1")
+
+
+def distributed_kwargs(env: Mapping[str, str]) -> dict[str, Any]:
+    """Keyword arguments of ``jax.distributed.initialize`` for this SLURM task.
+
+    Reads SLURM_PROCID, SLURM_NTASKS, SLURM_STEP_NODELIST (else SLURM_JOB_NODELIST,
+    SLURM_NODELIST), SLURM_JOB_ID; optional JAX_COORDINATOR_ADDRESS (host[:port])
+    and JAX_COORDINATOR_PORT override the coordinator; SLURM_LOCALID,
+    SLURM_NTASKS_PER_NODE and SLURM_GPUS_ON_NODE decide the per-task GPU.
+    """
+    process_id = _int(env, "SLURM_PROCID")
+    count = _int(env, "SLURM_NTASKS")
+    if count < 1 or not 0 <= process_id < count:
+        raise DistributedEnvError(f"$SLURM_PROCID={process_id} is not in [0, $SLURM_NTASKS={count})")
+    if env.get("JAX_COORDINATOR_PORT"):
+        port = _int(env, "JAX_COORDINATOR_PORT")
+    else:
+        port = _PORT_BASE + _int(env, "SLURM_JOB_ID") % _PORT_SPAN
+    address = env.get("JAX_COORDINATOR_ADDRESS", "")
+    if address:
+        coordinator = address if ":" in address else f"{address}:{port}"
+    else:
+        nodelist = next((env[k] for k in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
+                         if env.get(k)), None)
+        if nodelist is None:
+            raise DistributedEnvError("$SLURM_STEP_NODELIST (or $SLURM_JOB_NODELIST) is not set: run under srun")
+        coordinator = f"{first_host(nodelist)}:{port}"
+    kwargs: dict[str, Any] = {"coordinator_address": coordinator, "num_processes": count, "process_id": process_id}
+    tasks_per_node = int(env.get("SLURM_NTASKS_PER_NODE", "1").split("(")[0].split(",")[0] or "1")
+    gpus_on_node = int(env.get("SLURM_GPUS_ON_NODE", "0") or "0")
+    if tasks_per_node > 1 and gpus_on_node == tasks_per_node and "SLURM_LOCALID" in env:
+        kwargs["local_device_ids"] = [_int(env, "SLURM_LOCALID")]
+    return kwargs
+
+
+def initialize_from_slurm(env: Mapping[str, str] | None = None) -> dict[str, Any] | None:
+    """Calls ``jax.distributed.initialize`` for a multi-task SLURM job; None (no-op) for a single task."""
+    env = os.environ if env is None else env
+    if not in_slurm_job(env) or num_processes(env) <= 1:
+        return None
+    kwargs = distributed_kwargs(env)
+    import jax
+    jax.distributed.initialize(**kwargs)
+    return kwargs

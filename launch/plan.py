@@ -1,0 +1,331 @@
+"""A sweep as data: the config file's ``sweep()`` grid -> named runs, one workdir each.
+
+Pure functions, no jax: planning (and a restart where every run is finished)
+must stay cheap. A run is fully described by its config file argument
+(``configs/arm_b.py:smoke``) and a flat dict of ``{dotted.key: value}``
+overrides, so the same run can be rebuilt in-process (:func:`build_config`) or
+replayed from its printed ``python main.py ... --config.k=v`` command line
+(:func:`main_command`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import importlib.util
+import math
+import pathlib
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import ml_collections
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+MAIN_PY = REPO / "main.py"
+
+# Keys whose value is already part of every run name (arm, λ, μ, seed) or that
+# name the run itself; any *other* key that varies across a sweep is appended.
+_NAMED_KEYS = frozenset({"arm", "loss.lambda_loc", "loss.mu_dom", "seed", "run_name"})
+# Short labels for keys users commonly vary; others use their last dotted part.
+_SHORT = {"train.tokens": "", "loss.alpha_balance": "alpha", "optim.peak_lr": "lr", "train.batch_size": "bsz",
+          "model.dispatch": "", "model.remat": "remat-"}
+
+
+class PlanError(ValueError):
+    """A sweep that cannot be planned; the message names the fix."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+    """One run of a sweep.
+
+    ``overrides`` are the run's effective settings on top of ``get_config(arg)``
+    (the sweep's grid entry, then the command line's ``--config.x=y``, then the
+    run name), in the order they are applied.
+    """
+
+    name: str
+    config_file: str          # "configs/arm_b.py:smoke" (path, optionally ":arg")
+    overrides: tuple[tuple[str, Any], ...]
+    workdir: pathlib.Path
+    total_steps: int
+
+    @property
+    def override_dict(self) -> dict[str, Any]:
+        return dict(self.overrides)
+
+    @property
+    def seed(self) -> int:
+        return int(self.override_dict["seed"])
+
+
+# ---------------------------------------------------------------- config files
+
+
+def split_config_file(config_file: str) -> tuple[str, str | None]:
+    """``"configs/arm_b.py:smoke"`` -> ``("configs/arm_b.py", "smoke")``."""
+    path, sep, arg = config_file.partition(":")
+    return path, (arg if sep else None)
+
+
+def load_config_module(path: str):
+    """Imports a config file by path (as ml_collections' config_flags does)."""
+    file = pathlib.Path(path)
+    if not file.is_file():
+        raise PlanError(f"config file {path} does not exist; pass e.g. --config=configs/arm_b.py:smoke")
+    name = f"_launch_config_{file.stem}"
+    spec = importlib.util.spec_from_file_location(name, file)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def base_config(config_file: str) -> ml_collections.ConfigDict:
+    path, arg = split_config_file(config_file)
+    return load_config_module(path).get_config(arg)
+
+
+def build_config(config_file: str, overrides: Iterable[tuple[str, Any]] | Mapping[str, Any]
+                 ) -> ml_collections.ConfigDict:
+    """``get_config(arg)`` with the overrides applied in order (unknown keys are an error)."""
+    config = base_config(config_file)
+    items = overrides.items() if isinstance(overrides, Mapping) else overrides
+    for key, value in items:
+        set_dotted(config, key, value)
+    return config
+
+
+def set_dotted(config: ml_collections.ConfigDict, key: str, value: Any) -> None:
+    *parents, leaf = key.split(".")
+    node = config
+    for part in parents:
+        if part not in node:
+            raise PlanError(f"unknown config key {key!r}: {part!r} is not a field of the config")
+        node = node[part]
+    if leaf not in node:
+        raise PlanError(f"unknown config key {key!r}: {leaf!r} is not a field of the config")
+    try:
+        node[leaf] = value
+    except TypeError as e:
+        raise PlanError(f"bad value {value!r} for config key {key!r}: {e}") from None
+
+
+def get_dotted(config: ml_collections.ConfigDict, key: str) -> Any:
+    node = config
+    for part in key.split("."):
+        node = node[part]
+    return node
+
+
+# ---------------------------------------------------------------- naming
+
+
+def format_number(x: float) -> str:
+    """Compact, exact-enough labels: 0.05 -> "0.05", 1e-4 -> "0.0001", 3.0 -> "3"."""
+    return f"{x:g}" if isinstance(x, float) else str(x)
+
+
+def format_tokens(tokens: int) -> str:
+    """Token budgets as in the paper: 50_000_000 -> "50M", 204_800 -> "204.8K", 2e9 -> "2B"."""
+    tokens = int(tokens)
+    for unit, scale in (("B", 10**9), ("M", 10**6), ("K", 10**3)):
+        if tokens >= scale:
+            return f"{tokens / scale:.4g}{unit}"
+    return str(tokens)
+
+
+def base_name(arm: str, lambda_loc: float, mu_dom: float, seed: int) -> str:
+    """``b-lam0.05-s1``; the same rule as ``moe.run.default_run_name`` (a test keeps them equal)."""
+    parts = [arm.lower()]
+    if lambda_loc:
+        parts.append(f"lam{lambda_loc:g}")
+    if mu_dom:
+        parts.append(f"mu{mu_dom:g}")
+    parts.append(f"s{seed}")
+    return "-".join(parts)
+
+
+def _label(key: str, value: Any) -> str:
+    if key == "train.tokens":
+        return format_tokens(value)
+    short = _SHORT.get(key, key.rsplit(".", 1)[-1])
+    text = format_number(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
+    return f"{short}{text}"
+
+
+def run_names(configs: Sequence[ml_collections.ConfigDict], varying: Sequence[str]) -> list[str]:
+    """Stable readable names: arm, λ, μ and seed, then every other key in ``varying``.
+
+    ``varying`` lists the override keys whose value differs between runs of the
+    sweep (e.g. ``train.tokens`` when triage and main runs are mixed), so a
+    single-budget sweep keeps the short ``b-lam0.05-s1`` form.
+    """
+    extra = [k for k in varying if k not in _NAMED_KEYS]
+    names = []
+    for c in configs:
+        name = base_name(c.arm, c.loss.lambda_loc, c.loss.mu_dom, c.seed)
+        suffix = [_label(k, get_dotted(c, k)) for k in extra]
+        names.append("-".join([name, *suffix]).replace("/", "_"))
+    return names
+
+
+# ---------------------------------------------------------------- the plan
+
+
+def merge_overrides(grid: Sequence[Mapping[str, Any]], cli: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Each grid entry with the command line's overrides on top (they win), duplicates dropped.
+
+    A command-line value can make two grid entries identical (e.g. one
+    ``--config.train.tokens`` for triage and main runs); the sweep then runs it once.
+    """
+    if "run_name" in cli:
+        raise PlanError("--config.run_name cannot be set for a sweep: every run is named after its settings")
+    out: list[dict[str, Any]] = []
+    for entry in grid:
+        merged = {**entry, **cli}
+        if merged not in out:
+            out.append(merged)
+    return out
+
+
+def varying_keys(entries: Sequence[Mapping[str, Any]]) -> list[str]:
+    keys = sorted({k for e in entries for k in e})
+    return [k for k in keys if len({repr(e.get(k, _MISSING)) for e in entries}) > 1]
+
+
+_MISSING = object()
+
+
+def expand(config_file: str, root: str | pathlib.Path, cli_overrides: Mapping[str, Any] | None = None,
+           only: Sequence[str] = ()) -> list[RunSpec]:
+    """Expands ``sweep(arg)`` of the config file into named runs under ``root``.
+
+    ``only`` keeps the runs whose name matches one of the shell patterns.
+    """
+    from configs.base import num_train_steps  # no jax: configs.base imports moe lazily
+
+    path, arg = split_config_file(config_file)
+    module = load_config_module(path)
+    if not hasattr(module, "sweep"):
+        raise PlanError(f"{path} has no sweep(arg) function listing the runs; add one (see configs/arm_b.py)")
+    entries = merge_overrides(module.sweep(arg), dict(cli_overrides or {}))
+    if not entries:
+        raise PlanError(f"{config_file}: sweep() returned no runs")
+    configs = []
+    for entry in entries:
+        config = module.get_config(arg)
+        for key, value in entry.items():
+            set_dotted(config, key, value)
+        configs.append(config)
+    names = run_names(configs, varying_keys(entries))
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise PlanError(f"runs of {config_file} share the names {', '.join(dupes)}; their grid entries differ "
+                        "only in keys that do not vary elsewhere in the sweep; make the entries distinct")
+    root = pathlib.Path(root)
+    specs = []
+    for name, entry, config in zip(names, entries, configs):
+        # The seed is always explicit so a run's command line says which seed it is.
+        overrides = {"seed": config.seed, **entry, "run_name": name}
+        specs.append(RunSpec(name=name, config_file=config_file, overrides=tuple(overrides.items()),
+                             workdir=root / name, total_steps=num_train_steps(config)))
+    if only:
+        specs = [s for s in specs if any(fnmatch.fnmatchcase(s.name, p) for p in only)]
+        if not specs:
+            raise PlanError(f"--only={','.join(only)} matches none of the runs: {', '.join(names)}")
+    return specs
+
+
+# ---------------------------------------------------------------- command lines
+
+
+def flag_value(value: Any) -> str:
+    """A config value as config_flags parses it back (``--config.k=<this>``)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise PlanError(f"cannot pass the non-finite value {value} on a command line")
+        return repr(value)
+    if isinstance(value, (int, str)):
+        return str(value)
+    if isinstance(value, (tuple, list)):
+        return repr(tuple(value))
+    raise PlanError(f"cannot pass a {type(value).__name__} config value on a command line: {value!r}")
+
+
+def override_flags(overrides: Iterable[tuple[str, Any]]) -> list[str]:
+    return [f"--config.{key}={flag_value(value)}" for key, value in overrides]
+
+
+def main_command(spec: RunSpec, python: str = sys.executable) -> list[str]:
+    """``python main.py --config=... --workdir=... --config.k=v ...``: the run, reproducibly."""
+    return [python, str(MAIN_PY), f"--config={spec.config_file}", f"--workdir={spec.workdir}",
+            *override_flags(spec.overrides)]
+
+
+# ---------------------------------------------------------------- jobs (one process each)
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """What one worker process runs: a solo run, or seeds of one config trained in one vmapped jit."""
+
+    runs: tuple[RunSpec, ...]
+
+    @property
+    def name(self) -> str:
+        return "+".join(r.name for r in self.runs)
+
+    @property
+    def vmapped(self) -> bool:
+        return len(self.runs) > 1
+
+    def shared_overrides(self) -> tuple[tuple[str, Any], ...]:
+        """The overrides every run of the job has (all but seed and run_name for a vmapped group)."""
+        if not self.vmapped:
+            return self.runs[0].overrides
+        return tuple((k, v) for k, v in self.runs[0].overrides if k not in _PER_SEED_KEYS)
+
+    def command(self, python: str = sys.executable) -> list[str]:
+        if not self.vmapped:
+            return main_command(self.runs[0], python)
+        return [python, "-m", "launch.vmap_seeds", f"--config={self.runs[0].config_file}",
+                *[f"--workdir={r.workdir}" for r in self.runs],
+                f"--seeds={','.join(str(r.seed) for r in self.runs)}",
+                *override_flags(self.shared_overrides())]
+
+
+_PER_SEED_KEYS = ("seed", "run_name")
+
+
+def seed_group_key(spec: RunSpec) -> tuple:
+    """Runs with equal keys differ only in their seed (and name): they can share one vmapped jit."""
+    return (spec.config_file, spec.total_steps,
+            tuple((k, repr(v)) for k, v in spec.overrides if k not in _PER_SEED_KEYS))
+
+
+def make_jobs(specs: Sequence[RunSpec], max_seeds: int = 1, resume_steps: Mapping[str, int] | None = None,
+              groupable: Callable[[RunSpec], bool] | None = None) -> list[Job]:
+    """Packs runs into jobs: groups of at most ``max_seeds`` seeds of one config, else solo runs.
+
+    A vmapped group restarts all its seeds from one common step, so runs are
+    only grouped with runs whose newest checkpoint is at the same step
+    (``resume_steps``: name -> step, 0 for a fresh run). Runs for which
+    ``groupable`` is false always run solo. Order follows ``specs``.
+    """
+    if max_seeds <= 1:
+        return [Job((s,)) for s in specs]
+    resume_steps = resume_steps or {}
+    groups: dict[tuple, list[RunSpec]] = {}
+    for s in specs:
+        key = (seed_group_key(s), resume_steps.get(s.name, 0)) if groupable is None or groupable(s) else (s.name,)
+        groups.setdefault(key, []).append(s)
+    jobs = []
+    for members in groups.values():
+        for i in range(0, len(members), max_seeds):
+            jobs.append(Job(tuple(members[i:i + max_seeds])))
+    order = {s.name: i for i, s in enumerate(specs)}
+    return sorted(jobs, key=lambda j: order[j.runs[0].name])

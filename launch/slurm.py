@@ -1,0 +1,217 @@
+"""The ``slurm`` executor: one submitit job per launcher job, submitted as one job array.
+
+Each job runs its runs in-process on the allocated node (``moe.run.run``, or
+:func:`launch.vmap_seeds.train_seeds` for a vmapped group), after
+``jax.distributed`` is initialised from the SLURM environment when the job has
+several tasks. The job itself records its attempt and writes ``DONE`` (so a
+finished run is marked even when the submitting sweep died); on a time-out or
+preemption submitit requeues it and it resumes from its newest checkpoint.
+Submitted job ids are kept in ``ROOT/submitit/jobs.json``: a restarted sweep
+re-attaches to jobs still queued or running on the cluster instead of
+submitting them twice. Tested with submitit's local executor (``--submitit_cluster=local``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+import time
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import submitit
+
+from launch import rundir
+from launch.execute import attempt_record, mark_run_done, prepare_jax_env, run_in_process, run_logs
+from launch.plan import Job
+from launch.status import RunState
+
+JOBS_FILE = "jobs.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class SlurmOptions:
+    partition: str = ""
+    time_min: int = 24 * 60
+    gpus_per_node: int = 0
+    cpus_per_task: int = 0
+    nodes: int = 1
+    tasks_per_node: int = 1
+    mem_gb: float = 0.0
+    cluster: str | None = None  # None: auto (slurm where sbatch exists); "local"/"debug" for tests
+    parallel: int = 0           # array parallelism; 0: unlimited
+
+
+class RunJob(submitit.helpers.Checkpointable):
+    """The pickled callable a SLURM task executes: one launcher job, resumable on requeue."""
+
+    def __init__(self, job: Job):
+        self.job = job
+
+    def __call__(self) -> dict[str, Any]:
+        prepare_jax_env()
+        from absl import logging
+        logging.set_verbosity(logging.WARNING)  # as main.py: no per-checkpoint INFO lines
+        from launch.distributed import initialize_from_slurm
+        initialize_from_slurm()
+        import jax
+        lead = jax.process_index() == 0
+        started = time.time()
+        with run_logs(self.job, echo=lambda m: print(m, flush=True)) as log:
+            try:
+                log(f"=== attempt (slurm job {_job_id()}) at {rundir.now_iso()}")
+                finished = run_in_process(self.job, log)
+                if not finished:
+                    raise RuntimeError("stopped before the last step (SIGTERM); checkpointed")
+            except Exception as e:
+                if lead:
+                    log(traceback.format_exc().rstrip())
+                    self._record(started, f"{type(e).__name__}: {e}".splitlines()[0][:400])
+                raise
+        if lead:
+            self._record(started, None)
+            for spec in self.job.runs:
+                mark_run_done(self.job, spec.workdir, spec.name)
+        return {spec.name: rundir.read_done(spec.workdir) for spec in self.job.runs}
+
+    def _record(self, started: float, error: str | None) -> None:
+        record = attempt_record(self.job, executor="slurm", started=started, ended=time.time(),
+                                rc=0 if error is None else 1, error=error, slurm_job=_job_id())
+        for spec in self.job.runs:
+            rundir.record_attempt(spec.workdir, record)
+
+
+def _job_id() -> str:
+    try:
+        return submitit.JobEnvironment().job_id
+    except RuntimeError:
+        return "?"
+
+
+def make_executor(folder: pathlib.Path, options: SlurmOptions, name: str) -> submitit.AutoExecutor:
+    executor = submitit.AutoExecutor(folder=folder / "%j", cluster=options.cluster)
+    params: dict[str, Any] = {"name": name, "timeout_min": options.time_min, "nodes": options.nodes,
+                              "tasks_per_node": options.tasks_per_node, "gpus_per_node": options.gpus_per_node}
+    if options.cpus_per_task:
+        params["cpus_per_task"] = options.cpus_per_task
+    if options.mem_gb:
+        params["mem_gb"] = options.mem_gb
+    if options.partition:
+        params["slurm_partition"] = options.partition
+    if options.parallel:
+        params["slurm_array_parallelism"] = options.parallel
+    executor.update_parameters(**params)
+    return executor
+
+
+def failure_message(exc: BaseException) -> str:
+    """The last line of the remote traceback submitit re-raises (the exception itself)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return rundir.error_from_log("\n".join(lines)) if lines else type(exc).__name__
+
+
+class SlurmExecutor:
+    def __init__(self, root: pathlib.Path, options: SlurmOptions, *, retries: int,
+                 echo: Callable[[str], None] = print, poll_s: float = 5.0):
+        self.root, self.options, self.retries, self.echo, self.poll_s = root, options, retries, echo, poll_s
+        self.folder = root / "submitit"
+        self.executor = make_executor(self.folder, options, name=f"sweep-{root.name}")
+
+    # ------------------------------------------------------------ job ids (re-attach after a restart)
+
+    def _load_ids(self) -> dict[str, str]:
+        try:
+            return json.loads((self.folder / JOBS_FILE).read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def _save_ids(self, ids: Mapping[str, str]) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        rundir.write_json_atomic(self.folder / JOBS_FILE, dict(ids))
+
+    def _reattach(self, job: Job, ids: Mapping[str, str]):
+        """The cluster job already running this launcher job (SLURM only), else None."""
+        job_id = ids.get(job.name)
+        if job_id is None or self.executor.cluster != "slurm":
+            return None
+        remote = submitit.SlurmJob(folder=self.folder / "%j", job_id=job_id)
+        return None if remote.done(force_check=True) else remote
+
+    def _submit(self, jobs: Sequence[Job]) -> list:
+        with self.executor.batch():
+            remotes = [self.executor.submit(RunJob(job)) for job in jobs]
+        return remotes
+
+    # ------------------------------------------------------------ the loop
+
+    def run(self, jobs: Sequence[Job], states: Mapping[str, RunState], writer) -> None:
+        ids = self._load_ids()
+        active: list[tuple[Job, Any]] = []
+        fresh = []
+        for job in jobs:
+            remote = self._reattach(job, ids)
+            if remote is not None:
+                self.echo(f"re-attached {job.name} to SLURM job {remote.job_id}")
+                active.append((job, remote))
+                for s in job.runs:
+                    states[s.name].state = "running"
+            else:
+                fresh.append(job)
+        active += self._launch(fresh, states, ids)
+        while active:
+            time.sleep(self.poll_s)
+            still = []
+            retry_jobs = []
+            for job, remote in active:
+                if not remote.done():
+                    still.append((job, remote))
+                    continue
+                error = None
+                try:
+                    remote.result()
+                except Exception as e:  # noqa: BLE001 — one failed job must not stop the others
+                    error = failure_message(e)
+                retry = self._settle(job, states, error)
+                if retry is not None:
+                    retry_jobs.append(retry)
+                writer.update(force=True)
+            active = still + self._launch(retry_jobs, states, ids)
+            writer.update()
+
+    def _launch(self, jobs: Sequence[Job], states: Mapping[str, RunState], ids: dict[str, str]) -> list:
+        if not jobs:
+            return []
+        remotes = self._submit(jobs)
+        for job, remote in zip(jobs, remotes):
+            ids[job.name] = str(remote.job_id)
+            for s in job.runs:
+                states[s.name].state, states[s.name].started_at = "running", time.time()
+                states[s.name].attempts += 1
+            self.echo(f"submitted {job.name} as job {remote.job_id} (logs: {self.folder / str(remote.job_id)})")
+        self._save_ids(ids)
+        return list(zip(jobs, remotes))
+
+    def _settle(self, job: Job, states: Mapping[str, RunState], error: str | None) -> Job | None:
+        """DONE was written by the job itself; the rest are retried or failed."""
+        unfinished = []
+        for spec in job.runs:
+            st = states[spec.name]
+            if rundir.is_done(spec.workdir):
+                st.state, st.error = "done", None
+            elif rundir.is_complete(spec.workdir):  # finished but the job died before DONE
+                mark_run_done(job, spec.workdir, spec.name)
+                st.state, st.error = "done", None
+            else:
+                unfinished.append(spec)
+        if not unfinished:
+            self.echo(f"done {job.name}")
+            return None
+        retry = all(states[s.name].attempts <= self.retries for s in unfinished)
+        for spec in unfinished:
+            st = states[spec.name]
+            st.error = error or "the job ended without finishing the run"
+            st.state = "pending" if retry else "failed"
+            self.echo(f"{'retrying' if retry else 'failed'} {spec.name}: {st.error}")
+        return Job(tuple(unfinished)) if retry else None

@@ -1,0 +1,203 @@
+"""The sweep's ``status.json`` and printed table: done / running / failed / pending, progress, ETA.
+
+:class:`RunState` is the scheduler's book-keeping for one run; :func:`observe`
+adds what the run directory says (newest log step, tokens/s, DONE summary);
+:func:`sweep_status` and :func:`format_table` are pure functions of those views.
+``python -m launch.status ROOT`` prints the table of a sweep root from another
+terminal.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import pathlib
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from launch import rundir
+from launch.plan import RunSpec
+
+STATES = ("done", "running", "failed", "pending")
+STATUS_FILE = "status.json"
+
+
+@dataclasses.dataclass
+class RunState:
+    spec: RunSpec
+    state: str = "pending"
+    attempts: int = 0              # attempts started by this sweep invocation
+    error: str | None = None       # the last failed attempt's error line
+    started_at: float | None = None  # time.time() of the current attempt
+    first_step_s: float | None = None  # sweep start -> first training step of this invocation
+
+
+@dataclasses.dataclass(frozen=True)
+class RunView:
+    """Everything the status shows about one run (plain data)."""
+
+    name: str
+    state: str
+    step: int
+    total_steps: int
+    tok_s: float | None = None
+    tokens_per_step: int | None = None
+    attempts: int = 0
+    error: str | None = None
+    wall_s: float | None = None       # DONE's wall time over all attempts
+    ppl_mean: float | None = None
+    first_step_s: float | None = None
+
+    def remaining_s(self) -> float | None:
+        """Seconds left for a running run at its current rate."""
+        if self.state != "running" or not self.tok_s or not self.tokens_per_step or not math.isfinite(self.tok_s):
+            return None
+        return (self.total_steps - self.step) * self.tokens_per_step / self.tok_s
+
+
+def observe(run: RunState) -> RunView:
+    """A RunState plus what its run directory says now."""
+    workdir = run.spec.workdir
+    done = rundir.read_done(workdir) if run.state == "done" else None
+    record = rundir.last_log_record(workdir) or {}
+    step = int(record.get("step", 0))
+    tokens_per_step = int(record["tokens"]) // step if step and "tokens" in record else None
+    tok_s = record.get("tok_s")
+    return RunView(
+        name=run.spec.name, state=run.state, step=run.spec.total_steps if done else step,
+        total_steps=run.spec.total_steps,
+        tok_s=float(tok_s) if isinstance(tok_s, (int, float)) and math.isfinite(tok_s) else None,
+        tokens_per_step=tokens_per_step, error=run.error,
+        # A run finished by an earlier invocation shows the attempts its DONE counted.
+        attempts=run.attempts or (done or {}).get("attempts", 0),
+        wall_s=(done or {}).get("wall_s"), ppl_mean=(done or {}).get("ppl_mean"), first_step_s=run.first_step_s)
+
+
+def seconds_per_step(views: Sequence[RunView]) -> float | None:
+    """Expected wall seconds per step of a run: finished runs' wall/steps (incl. compile and eval), else rates."""
+    finished = [v.wall_s / v.total_steps for v in views if v.state == "done" and v.wall_s and v.total_steps]
+    if finished:
+        return statistics.median(finished)
+    rates = [v.tokens_per_step / v.tok_s for v in views if v.state == "running" and v.tok_s and v.tokens_per_step]
+    return statistics.median(rates) if rates else None
+
+
+def sweep_eta(views: Sequence[RunView], parallel: int) -> float | None:
+    """Seconds until every running and pending run is done, with ``parallel`` runs at a time.
+
+    Remaining work = running runs' remaining time (at their own rate, else at
+    the typical seconds/step) + pending runs' steps at the typical seconds/step,
+    shared over the workers. None until a rate is known.
+    """
+    left = [v for v in views if v.state in ("running", "pending")]
+    if not left:
+        return 0.0
+    per_step = seconds_per_step(views)
+    work = 0.0
+    for v in left:
+        remaining = v.remaining_s()
+        if remaining is None:
+            if per_step is None:
+                return None
+            remaining = (v.total_steps - v.step) * per_step
+        work += remaining
+    return work / max(1, min(parallel, len(left)))
+
+
+def sweep_status(views: Sequence[RunView], *, parallel: int, meta: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The status.json payload."""
+    counts = {s: sum(1 for v in views if v.state == s) for s in STATES}
+    eta = sweep_eta(views, parallel)
+    runs = []
+    for v in views:
+        entry = dataclasses.asdict(v)
+        entry["progress"] = v.step / v.total_steps if v.total_steps else None
+        entry["eta_s"] = v.remaining_s() if v.state == "running" else (0.0 if v.state == "done" else None)
+        runs.append(entry)
+    return {**(meta or {}), "updated": rundir.now_iso(), "counts": counts, "eta_s": eta, "runs": runs}
+
+
+def format_duration(seconds: float | None) -> str:
+    if seconds is None or not math.isfinite(seconds):
+        return "?"
+    s = int(round(seconds))
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
+
+
+def format_table(status: dict[str, Any]) -> str:
+    """A fixed-width table of the runs, then one summary line."""
+    header = ("run", "state", "progress", "ETA", "tries", "note")
+    rows = [header]
+    for r in status["runs"]:
+        pct = f"{100 * r['progress']:3.0f}%" if r["progress"] is not None else "   ?"
+        if r["state"] == "done":
+            note = (f"ppl {r['ppl_mean']:.2f}" if r.get("ppl_mean") else "") + (
+                f", {format_duration(r['wall_s'])} wall" if r.get("wall_s") else "")
+        elif r["state"] == "failed" or r.get("error"):
+            note = r.get("error") or ""
+        else:
+            note = f"{r['tok_s']:,.0f} tok/s" if r.get("tok_s") else ""
+        eta = format_duration(r["eta_s"]) if r["state"] == "running" else "-"
+        rows.append((r["name"], r["state"], f"{r['step']}/{r['total_steps']} {pct}", eta, str(r["attempts"]),
+                     note.lstrip(", ")))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header) - 1)]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row[:-1], widths)) + "  " + row[-1] for row in rows]
+    c = status["counts"]
+    lines.append(f"{len(status['runs'])} runs: {c['done']} done, {c['running']} running, {c['failed']} failed, "
+                 f"{c['pending']} pending; ETA {format_duration(status['eta_s'])}")
+    return "\n".join(line.rstrip() for line in lines) + "\n"
+
+
+def write_status(root: pathlib.Path, status: dict[str, Any]) -> None:
+    rundir.write_json_atomic(root / STATUS_FILE, status)
+
+
+class StatusWriter:
+    """Rewrites status.json when asked (throttled) and prints the table every ``print_every`` seconds."""
+
+    def __init__(self, root: pathlib.Path, runs: Sequence[RunState], *, parallel: int, meta: dict[str, Any],
+                 print_every: float = 60.0, write_every: float = 2.0, out=sys.stdout):
+        self.root, self.runs, self.parallel, self.meta = root, runs, parallel, meta
+        self.print_every, self.write_every, self.out = print_every, write_every, out
+        self._written = self._printed = -math.inf
+
+    def snapshot(self) -> dict[str, Any]:
+        return sweep_status([observe(r) for r in self.runs], parallel=self.parallel, meta=self.meta)
+
+    def update(self, *, force: bool = False, show: bool = False) -> dict[str, Any] | None:
+        now = time.monotonic()
+        if not force and now - self._written < self.write_every:
+            return None
+        status = self.snapshot()
+        write_status(self.root, status)
+        self._written = now
+        if show or (self.print_every > 0 and now - self._printed >= self.print_every):
+            self.out.write(format_table(status))
+            self.out.flush()
+            self._printed = now
+        return status
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m launch.status ROOT``: the table from ROOT/status.json."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 1:
+        print("usage: python -m launch.status SWEEP_ROOT", file=sys.stderr)
+        return 2
+    path = pathlib.Path(args[0]) / STATUS_FILE
+    try:
+        status = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        print(f"error: cannot read {path}: {e}; is it a sweep root (python -m launch.sweep --root=...)?",
+              file=sys.stderr)
+        return 2
+    sys.stdout.write(format_table(status))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,306 @@
+"""Run an arm's whole sweep: every λ/μ/seed of its grid, resumable, on this machine or a cluster.
+
+    python -m launch.sweep --config=configs/arm_b.py:smoke --root=sweeps/demo --parallel=2
+    python -m launch.sweep --config=configs/arm_b.py --root=sweeps/b --dry_run
+    python -m launch.sweep --config=configs/arm_b.py:tiny --root=sweeps/t --vmap_seeds=4 --executor=inline
+    python -m launch.sweep --config=configs/arm_a.py --root=sweeps/a --executor=slurm \
+        --slurm_partition=gpu --slurm_time_min=1440 --slurm_gpus_per_node=1 --parallel=8
+
+The config file's ``sweep(arg)`` lists the runs; each gets a readable name
+(``b-lam0.05-s1``, plus the token budget when the grid mixes budgets) and a
+workdir ``ROOT/<name>``. ``--config.x=y`` applies to every run. Re-running the
+same command skips runs with ``DONE``, resumes unfinished ones from their newest
+checkpoint and retries failed ones; ``ROOT/status.json`` (and
+``python -m launch.status ROOT``) shows progress. When every run is done the
+analysis tables and verdict are written to ``ROOT/analysis/``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import importlib.util
+import os
+import pathlib
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Arm config file with a sweep(), e.g. "
+                                          "configs/arm_b.py:smoke.", lock_config=True)
+_ROOT = flags.DEFINE_string("root", None, "Sweep root: one run directory per run, status.json, analysis/.")
+_EXECUTOR = flags.DEFINE_enum("executor", "local", ["local", "slurm", "inline"],
+                              "local: worker processes here; slurm: submitit jobs; inline: in this process.")
+_PARALLEL = flags.DEFINE_integer("parallel", 1, "Runs at a time (local: worker processes, one GPU each where "
+                                 "there are GPUs; slurm: array parallelism, 0 = unlimited).")
+_RETRIES = flags.DEFINE_integer("retries", 1, "Retries of a failing run in this invocation before it is "
+                                "reported failed (the others continue).")
+_DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print the planned runs and each one's compiled train-step memory; "
+                             "exit non-zero if any exceeds config.device_memory_gib. Trains nothing.")
+_VMAP_SEEDS = flags.DEFINE_integer("vmap_seeds", 0, "Train up to this many seeds of one config in one process and "
+                                   "one vmapped jit (small configs: --dry_run checks S x memory). 0/1: off.")
+_ONLY = flags.DEFINE_list("only", [], "Only the runs whose names match these shell patterns, e.g. 'b-lam0.05-*'.")
+_ANALYSIS = flags.DEFINE_bool("analysis", True, "Write analysis tables and the verdict when the sweep is done.")
+_VERBOSE = flags.DEFINE_bool("verbose", False, "Echo every worker's output (prefixed with its run name).")
+_STATUS_EVERY = flags.DEFINE_float("status_every", 60.0, "Seconds between printed status tables (0: only at "
+                                   "the end); status.json is rewritten every few seconds regardless.")
+_SLURM_PARTITION = flags.DEFINE_string("slurm_partition", "", "SLURM partition.")
+_SLURM_TIME = flags.DEFINE_integer("slurm_time_min", 24 * 60, "Time limit per job in minutes (jobs that hit it "
+                                   "are requeued and resume from their checkpoint).")
+_SLURM_GPUS = flags.DEFINE_integer("slurm_gpus_per_node", 0, "GPUs per node.")
+_SLURM_CPUS = flags.DEFINE_integer("slurm_cpus_per_task", 0, "CPUs per task (0: cluster default).")
+_SLURM_NODES = flags.DEFINE_integer("slurm_nodes", 1, "Nodes per run (multi-host data parallel).")
+_SLURM_TASKS = flags.DEFINE_integer("slurm_tasks_per_node", 1, "Tasks (processes) per node.")
+_SLURM_MEM = flags.DEFINE_float("slurm_mem_gb", 0.0, "Memory per node in GB (0: cluster default).")
+_SUBMITIT_CLUSTER = flags.DEFINE_string("submitit_cluster", "", "submitit cluster: '' (auto: slurm), 'local' or "
+                                        "'debug' to exercise the slurm path on this machine.")
+
+LOCK_FILE = ".sweep.lock"
+
+
+class SweepError(ValueError):
+    """Bad sweep input; printed as one `error:` line."""
+
+
+# ---------------------------------------------------------------- planning
+
+
+def initial_states(specs):
+    """RunState per run from the run dirs: DONE -> done (a complete run without DONE gets it now)."""
+    from launch import rundir
+    from launch.plan import main_command
+    from launch.status import RunState
+
+    states = {}
+    for spec in specs:
+        st = RunState(spec)
+        if rundir.is_done(spec.workdir):
+            st.state = "done"
+        elif rundir.is_complete(spec.workdir):  # finished, but the sweep died before writing DONE
+            rundir.mark_done(spec.workdir, main_command(spec))
+            st.state = "done"
+        states[spec.name] = st
+    return states
+
+
+def validate_runs(specs) -> None:
+    """Every run's config passes configs.base.validate, before any process starts."""
+    from configs.base import validate
+    from launch.plan import build_config
+
+    for spec in specs:
+        try:
+            validate(build_config(spec.config_file, spec.overrides))
+        except ValueError as e:
+            raise SweepError(f"run {spec.name}: {e}") from None
+
+
+def plan_jobs(runs, max_seeds: int):
+    """Jobs for the runs: seeds of one config in vmapped groups of <= max_seeds, the rest solo.
+
+    Whether S seeds fit the device is --dry_run's question (it compiles); the
+    sweep itself does not compile in the launcher.
+    """
+    from launch import rundir
+    from launch.plan import make_jobs
+
+    resume = {s.name: (rundir.checkpoint_steps(s.workdir) or [0])[-1] for s in runs}
+    return make_jobs(runs, max_seeds, resume, groupable=vmappable)
+
+
+def vmappable(spec) -> bool:
+    """Arm M fine-tunes another run's weights (moe.finetune): it trains solo."""
+    from launch.plan import build_config
+    return build_config(spec.config_file, spec.overrides).arm != "M"
+
+
+# ---------------------------------------------------------------- analysis
+
+
+ANALYSIS_DIR = "analysis"
+
+
+def run_analysis(root: pathlib.Path, echo=print) -> int:
+    """analysis.tables (markdown + json) and analysis.verdict on the sweep root, into ROOT/analysis/."""
+    missing = [m for m in ("analysis.tables", "analysis.verdict") if importlib.util.find_spec(m) is None]
+    if missing:
+        echo(f"analysis skipped: {', '.join(missing)} is not installed in this checkout")
+        return 0
+    out = root / ANALYSIS_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    steps = [
+        ([sys.executable, "-m", "analysis.tables", str(root), "--format", "markdown", "--out", str(out)], None),
+        ([sys.executable, "-m", "analysis.tables", str(root), "--format", "json", "--out", str(out)], None),
+        ([sys.executable, "-m", "analysis.verdict", str(root)], out / "verdict.txt"),
+    ]
+    status = 0
+    for command, capture in steps:
+        echo(f"$ {shlex.join(command)}")
+        proc = subprocess.run(command, capture_output=True, text=True)
+        if proc.returncode != 0:
+            echo(f"error: {command[2]} failed (exit {proc.returncode}): "
+                 f"{(proc.stderr.strip().splitlines() or ['no output'])[-1]}")
+            status = 3
+            continue
+        if capture is not None:
+            tmp = capture.with_name(f".{capture.name}.tmp")
+            tmp.write_text(proc.stdout)
+            os.replace(tmp, capture)
+        echo(proc.stdout.rstrip())
+    if status == 0:
+        echo(f"analysis written to {out}")
+    return status
+
+
+# ---------------------------------------------------------------- main
+
+
+@contextlib.contextmanager
+def root_lock(root: pathlib.Path):
+    """One sweep per root at a time (an flock: released even when the holder is killed)."""
+    root.mkdir(parents=True, exist_ok=True)
+    with (root / LOCK_FILE).open("a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "?"
+            raise SweepError(f"another sweep (pid {holder}) is running on {root}; wait for it or stop it") from None
+        f.seek(0)
+        f.truncate()
+        f.write(str(os.getpid()))
+        f.flush()
+        yield
+
+
+def sweep(argv_command: Sequence[str]) -> int:
+    """The CLI body after flag parsing; returns the exit code."""
+    from launch import plan, status
+    from launch.execute import SweepInterrupted
+
+    t0 = time.time()
+    config_file = config_flags.get_config_filename(flags.FLAGS["config"])
+    cli_overrides = dict(config_flags.get_override_values(flags.FLAGS["config"]))
+    if not _ROOT.value:
+        raise SweepError("--root is required (e.g. --root=sweeps/demo)")
+    if _PARALLEL.value < (0 if _EXECUTOR.value == "slurm" else 1):
+        raise SweepError(f"--parallel must be >= 1, got {_PARALLEL.value}")
+    if _RETRIES.value < 0:
+        raise SweepError(f"--retries must be >= 0, got {_RETRIES.value}")
+    root = pathlib.Path(_ROOT.value).absolute()
+    specs = plan.expand(config_file, root, cli_overrides, only=_ONLY.value)
+
+    if _DRY_RUN.value:
+        return dry_run(specs)
+
+    with root_lock(root):
+        states = initial_states(specs)
+        pending = [s for s in specs if states[s.name].state != "done"]
+        if pending:
+            validate_runs(pending)
+        jobs = plan_jobs(pending, _VMAP_SEEDS.value)
+        print(f"sweep {config_file}: {len(specs)} runs, {len(specs) - len(pending)} done, {len(pending)} to run "
+              f"in {len(jobs)} job(s) with the {_EXECUTOR.value} executor; root {root}", flush=True)
+        if _EXECUTOR.value != "local":  # local workers print their command when they start
+            for job in jobs:
+                print(f"  {job.name}: {shlex.join(job.command())}", flush=True)
+        meta = {"config": config_file, "root": str(root), "executor": _EXECUTOR.value, "parallel": _PARALLEL.value,
+                "command": shlex.join(argv_command), "started": t0}
+        workers = 1 if _EXECUTOR.value == "inline" else max(1, _PARALLEL.value)
+        writer = status.StatusWriter(root, list(states.values()), parallel=workers, meta=meta,
+                                     print_every=_STATUS_EVERY.value)
+        writer.update(force=True)
+        interrupted = False
+        try:
+            if jobs:
+                _execute(jobs, states, writer, root, t0)
+        except SweepInterrupted as e:
+            print(f"interrupted: {e}", file=sys.stderr)
+            interrupted = True
+        final = writer.update(force=True, show=True)
+    print(f"sweep wall time {time.time() - t0:.1f}s", flush=True)
+    if interrupted:
+        return 130
+    counts = final["counts"]
+    code = 0 if counts["failed"] == 0 else 1
+    for r in final["runs"]:
+        if r["state"] == "failed":
+            print(f"error: run {r['name']} failed after {r['attempts']} attempt(s): {r['error']}", file=sys.stderr)
+    if _ANALYSIS.value and counts["done"] == len(specs):
+        code = max(code, run_analysis(root))
+    elif _ANALYSIS.value:
+        print(f"analysis not run: {len(specs) - counts['done']} run(s) are not done; rerun the sweep to finish them")
+    return code
+
+
+def dry_run(specs) -> int:
+    """Prints each job's command and compiled train-step memory; refuses what exceeds the device."""
+    from launch import memory, rundir
+    from launch.execute import prepare_jax_env
+
+    prepare_jax_env()
+    validate_runs(specs)
+    jobs = plan_jobs(specs, _VMAP_SEEDS.value)
+    estimator = memory.MemoryEstimator()
+    estimates = []
+    for job in jobs:  # read-only: a dry run writes nothing, not even a missing DONE
+        finished = all(rundir.is_done(s.workdir) or rundir.is_complete(s.workdir) for s in job.runs)
+        print(("[done] " if finished else "") + shlex.join(job.command()))
+        e = estimator.estimate(job.runs[0], seeds=len(job.runs))
+        estimates.append(dataclasses.replace(e, run=job.name) if job.vmapped else e)
+    print(memory.format_estimates(estimates), end="")
+    print(f"{len(specs)} runs in {len(jobs)} job(s), {estimator.compiles} distinct train-step shape(s) compiled")
+    too_big = [e for e in estimates if not e.fits]
+    if too_big:
+        e = too_big[0]
+        hint = (f"at most {memory.max_seeds_that_fit(e, e.seeds)} seed(s) per group fit: lower --vmap_seeds; or "
+                if e.seeds > 1 else "")
+        raise SweepError(f"{len(too_big)} job(s) exceed config.device_memory_gib ({e.budget_bytes / 2**30:.4g} GiB): "
+                         f"{', '.join(x.run for x in too_big)}; {hint}use --config.model.remat=full, a smaller "
+                         "--config.train.batch_size, or raise --config.device_memory_gib if the device has more")
+    return 0
+
+
+def _execute(jobs, states, writer, root: pathlib.Path, t0: float) -> None:
+    from launch.execute import prepare_jax_env, run_inline
+
+    echo = lambda msg: print(msg, flush=True)  # noqa: E731
+    if _EXECUTOR.value == "inline":
+        prepare_jax_env()
+        run_inline(jobs, states, retries=_RETRIES.value, writer=writer, echo=echo, sweep_t0=t0)
+    elif _EXECUTOR.value == "local":
+        from launch.local import LocalExecutor
+        from launch.resources import available_cpus, detect_gpus, make_slots
+        slots = make_slots(_PARALLEL.value, available_cpus(), detect_gpus())
+        LocalExecutor(slots, retries=_RETRIES.value, echo=echo, verbose=_VERBOSE.value).run(
+            jobs, states, writer, sweep_t0=t0)
+    else:
+        from launch.slurm import SlurmExecutor, SlurmOptions
+        options = SlurmOptions(partition=_SLURM_PARTITION.value, time_min=_SLURM_TIME.value,
+                               gpus_per_node=_SLURM_GPUS.value, cpus_per_task=_SLURM_CPUS.value,
+                               nodes=_SLURM_NODES.value, tasks_per_node=_SLURM_TASKS.value,
+                               mem_gb=_SLURM_MEM.value, cluster=_SUBMITIT_CLUSTER.value or None,
+                               parallel=_PARALLEL.value)
+        SlurmExecutor(root, options, retries=_RETRIES.value, echo=echo).run(jobs, states, writer)
+
+
+def main(argv: Sequence[str]) -> int:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    # Orbax and absl log every checkpoint step at INFO; runs print their own progress (as main.py).
+    logging.set_verbosity(logging.WARNING)
+    try:
+        return sweep(["python", "-m", "launch.sweep", *sys.argv[1:]])
+    except ValueError as e:  # SweepError, PlanError, ResourceError, ConfigError, DataError, ...
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    app.run(main)
