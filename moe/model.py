@@ -36,6 +36,9 @@ class RouterOutput(NamedTuple):
     topk: jax.Array     # (..., B, T, k) int32 expert ids, top-1 first
     gates: jax.Array    # (..., B, T, k) float32, renormalised p of the chosen experts
     dropped: jax.Array  # (...,) int32 assignments dropped by a capacity dispatcher
+    # (..., B, T, E) float32 p of the frozen base router on the same input; only
+    # when the model keeps one (arm M's rank-matching loss), else None.
+    base_probs: jax.Array | None = None
 
 
 def route(logits: jax.Array, k: int) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -71,6 +74,15 @@ def _fan_in_init():
     return nnx.initializers.variance_scaling(1.0, "fan_in", "truncated_normal")
 
 
+def lora_adapted(w: jax.Array, a: jax.Array, b: jax.Array, scale: float) -> jax.Array:
+    """Per-expert LoRA update W + scale·A·B: w (E, i, o), a (E, i, r), b (E, r, o).
+
+    The one formula both the adapted forward and `moe.lora.merge_lora` use, so a
+    merged model computes with bit-identical expert weights.
+    """
+    return w + scale * jnp.einsum("eir,ero->eio", a, b)
+
+
 class Attention(nnx.Module):
     def __init__(self, cfg: ml_collections.ConfigDict, dtype, *, rngs: nnx.Rngs):
         d = cfg.d_model
@@ -97,14 +109,38 @@ class MoELayer(nnx.Module):
         self.w_gate = nnx.Param(init(rngs.params(), (e, d, f), jnp.float32))
         self.w_up = nnx.Param(init(rngs.params(), (e, d, f), jnp.float32))
         self.w_down = nnx.Param(init(rngs.params(), (e, f, d), jnp.float32))
+        # Arm M (MELINOE fine-tuning, SPEC §3) only; both are off by default, so the
+        # parameter tree and SPEC's parameter counts are unchanged. Rank-r LoRA on the
+        # up/down projections: B starts at zero, so the adapted model starts as the base.
+        self.lora_rank = int(cfg.get("lora_rank", 0))
+        if self.lora_rank:
+            r = self.lora_rank
+            self.lora_scale = float(cfg.get("lora_alpha", r)) / r
+            self.lora_up_a = nnx.Param(nnx.initializers.normal(d ** -0.5)(rngs.params(), (e, d, r), jnp.float32))
+            self.lora_up_b = nnx.Param(jnp.zeros((e, r, f), jnp.float32))
+            self.lora_down_a = nnx.Param(nnx.initializers.normal(f ** -0.5)(rngs.params(), (e, f, r), jnp.float32))
+            self.lora_down_b = nnx.Param(jnp.zeros((e, r, d), jnp.float32))
+        # A copy of the base model's router, kept frozen, that scores the rank-matching loss.
+        self.base_router = (nnx.Linear(d, e, use_bias=False, kernel_init=_fan_in_init(), rngs=rngs)
+                            if cfg.get("base_router", False) else None)
+
+    def expert_weights(self) -> ExpertWeights:
+        """The float32 expert weights the layer computes with (LoRA applied when present)."""
+        w_up, w_down = self.w_up[...], self.w_down[...]
+        if self.lora_rank:
+            w_up = lora_adapted(w_up, self.lora_up_a[...], self.lora_up_b[...], self.lora_scale)
+            w_down = lora_adapted(w_down, self.lora_down_a[...], self.lora_down_b[...], self.lora_scale)
+        return ExpertWeights(self.w_gate[...], w_up, w_down)
 
     def __call__(self, x) -> tuple[jax.Array, RouterOutput]:
         b, t, d = x.shape
-        probs, topk, gates = route(self.router(x.astype(jnp.float32)), self.k)
-        experts = ExpertWeights(*(w[...].astype(self.dtype) for w in (self.w_gate, self.w_up, self.w_down)))
+        x32 = x.astype(jnp.float32)
+        probs, topk, gates = route(self.router(x32), self.k)
+        base_probs = None if self.base_router is None else jax.nn.softmax(self.base_router(x32), axis=-1)
+        experts = ExpertWeights(*(w.astype(self.dtype) for w in self.expert_weights()))
         y, dropped = self.dispatch(x.reshape(b * t, d).astype(self.dtype), topk.reshape(b * t, -1),
                                    gates.reshape(b * t, -1), experts, capacity_factor=self.capacity_factor)
-        return y.reshape(b, t, d).astype(x.dtype), RouterOutput(probs, topk, gates, dropped)
+        return y.reshape(b, t, d).astype(x.dtype), RouterOutput(probs, topk, gates, dropped, base_probs)
 
 
 class Block(nnx.Module):
@@ -143,7 +179,7 @@ class MoETransformer(nnx.Module):
         for block in self.blocks:
             x, router = self._block_fn(block, x)
             routers.append(router)
-        stacked = RouterOutput(*(jnp.stack(parts) for parts in zip(*routers)))
+        stacked = RouterOutput(*(None if parts[0] is None else jnp.stack(parts) for parts in zip(*routers)))
         return self.final_norm(x), stacked
 
     def head_weights(self) -> jax.Array:

@@ -35,6 +35,11 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """Validates and fills the derived fields (auto dispatch, vocab, run name)."""
     config = ml_collections.ConfigDict(config.to_dict())
     validate(config)
+    if config.arm == "M":
+        from moe import finetune
+        finetune.validate(config)
+        if config.init_from:  # recorded as an absolute path, whatever the working directory
+            config.init_from = str(pathlib.Path(config.init_from).absolute())
     config.model.dispatch = select_dispatch(config.model.dispatch)
     vocab = pipeline.vocab_size(config.data)
     if config.model.vocab_size != vocab:
@@ -183,20 +188,31 @@ def run(config: ml_collections.ConfigDict, workdir: str | os.PathLike, *, log: C
     workdir.mkdir(parents=True, exist_ok=True)
     _check_same_config(workdir, config)
 
+    finetune, base = None, None
+    if config.arm == "M":  # fine-tunes a finished run: check it before preparing anything
+        from moe import finetune
+        base = finetune.check_init_from(config)
+
     data_dir = pipeline.ensure_prepared(config.data)
     log(f"data: {config.data.corpus} corpus at {data_dir}")
     train_iter = pipeline.make_train_iterator(config.data, batch_size=config.train.batch_size,
                                               seq_len=config.model.context, seed=config.seed)
     counts = param_counts(nnx.eval_shape(lambda: build_model(config.model, config.seed)))
-    write_json(workdir / "config.json", config_record(config, counts))
+    record = config_record(config, counts)
+    write_json(workdir / "config.json", finetune.run_record(record, config, base) if finetune else record)
     log(f"run {config.run_name}: {counts['params_total']:,} params ({counts['params_active']:,} active), "
         f"{num_train_steps(config)} steps of {config.train.batch_size}x{config.model.context} tokens, "
         f"dispatch={config.model.dispatch}, remat={config.model.remat}, backend={jax.default_backend()}")
 
-    result = train(config, workdir, train_iter, log=log, stop_after=stop_after)
+    init_params = finetune.base_params_loader(config, base, log) if finetune else None
+    result = train(config, workdir, train_iter, log=log, stop_after=stop_after, init_params=init_params)
     if not result.completed:
         return False
     traces = evaluate_and_trace(config, result.graphdef, result.state["params"], workdir, log)
+    if finetune and config.predictor.enabled:  # MELINOE's figure: transfers with/without prefetch
+        from moe.transfers import transfer_study
+        write_json(workdir / "transfers.json", transfer_study(config, result.graphdef, result.state["params"],
+                                                              base, log))
     final_eval = json.loads((workdir / "final_eval.json").read_text())
     write_json(workdir / "metrics.json", summary_metrics(config, final_eval, traces, result.last_metrics))
     log(f"done: mean PPL {np.mean([v['val_ppl'] for v in final_eval.values()]):.2f}; artifacts in {workdir}")
@@ -210,7 +226,7 @@ def _check_same_config(workdir: pathlib.Path, config: ml_collections.ConfigDict)
         return
     old = json.loads(path.read_text()).get("config", {})
     new = config.to_dict()
-    keys = ("model", "loss", "optim", "data", "seed", "arm")
+    keys = ("model", "loss", "optim", "data", "seed", "arm", "init_from")
     diff = [k for k in keys if json.dumps(old.get(k), sort_keys=True) != json.dumps(new.get(k), sort_keys=True)]
     if diff:
         raise ValueError(f"workdir {workdir} holds a run with a different config ({', '.join(diff)} differ); "

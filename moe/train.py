@@ -10,6 +10,7 @@ import dataclasses
 import json
 import math
 import pathlib
+import re
 import signal
 import sys
 import time
@@ -22,8 +23,9 @@ import numpy as np
 import optax
 from flax import nnx
 
-from configs.base import num_train_steps
+from configs.base import ConfigError, num_train_steps
 from losses.lm import chunked_cross_entropy
+from losses.melinoe import melinoe_losses
 from losses.router import boundary_pair_mask, domain_slices, expert_usage_entropy, router_losses
 from moe import checkpoint
 from moe.model import MoETransformer, RouterOutput, build_model
@@ -69,14 +71,43 @@ def make_optimizer(optim: ml_collections.ConfigDict, total_steps: int) -> optax.
 # ---------------------------------------------------------------- train state
 
 
+def trainable_filter(config: ml_collections.ConfigDict) -> Callable[[tuple, Any], bool] | None:
+    """The nnx filter of the parameters the optimiser updates, or None for all of them.
+
+    ``config.train.trainable`` (absent or "" = everything) is a regular expression
+    searched in each parameter's "/"-joined path, e.g. "blocks/0/moe/router/kernel";
+    arm M trains only the routers and the LoRA adapters. Everything else is frozen:
+    it gets no gradient, no optimiser state, and passes through each step untouched.
+    """
+    pattern = config.train.get("trainable", "")
+    if not pattern:
+        return None
+    try:
+        regex = re.compile(pattern)
+    except re.error as e:
+        raise ConfigError(f"train.trainable={pattern!r} is not a regular expression ({e}); fix it") from None
+    return lambda path, _: regex.search("/".join(map(str, path))) is not None
+
+
+def split_trainable(params, trainable: Callable[[tuple, Any], bool] | None):
+    """(trainable params, frozen params); frozen is None when everything trains."""
+    if trainable is None:
+        return params, None
+    return nnx.split_state(params, trainable, ...)
+
+
 def init_state(config: ml_collections.ConfigDict, tx: optax.GradientTransformation):
     """(graphdef, state): state is a pytree {step, params, opt_state, usage}."""
     model = build_model(config.model, config.seed)
     graphdef, params = nnx.split(model, nnx.Param)
+    trained, _ = split_trainable(params, trainable_filter(config))
+    if not jax.tree.leaves(trained):
+        raise ConfigError(f"train.trainable={config.train.trainable!r} matches no parameter path "
+                          "(e.g. 'blocks/0/moe/router/kernel'); fix the regular expression")
     state = {
         "step": jnp.zeros((), jnp.int32),
         "params": params,
-        "opt_state": tx.init(params),
+        "opt_state": tx.init(trained),
         # Cumulative expert usage (assignments) per layer; int32 holds up to 2^31 per expert.
         "usage": jnp.zeros((config.model.n_layers, config.model.num_experts), jnp.int32),
     }
@@ -93,7 +124,7 @@ def router_state(state) -> dict[str, jax.Array]:
 
 
 def compute_loss(model: MoETransformer, batch: dict[str, jax.Array], config: ml_collections.ConfigDict):
-    """L = L_LM + α·L_bal + λ·L_loc + μ·L_dom on one batch (SPEC §3).
+    """L = L_LM + α·L_bal + λ·L_loc + μ·L_dom on one batch (SPEC §3), + λ_cs·L_cs + λ_rm·L_rm for arm M.
 
     batch["tokens"], batch["domains"]: (B, T+1). Token t's domain is the domain
     of the input token routed at t. Every aux loss is computed (and logged) even
@@ -111,6 +142,13 @@ def compute_loss(model: MoETransformer, batch: dict[str, jax.Array], config: ml_
     lo = config.loss
     total = lm + lo.alpha_balance * aux["balance"] + lo.lambda_loc * aux["locality"] + lo.mu_dom * aux["domain"]
     metrics = {"loss": total, "lm": lm, "bal": aux["balance"], "loc": aux["locality"], "dom": aux["domain"]}
+    if router.base_probs is not None:
+        # Arm M: + λ_cs·L_cs + λ_rm·L_rm against the frozen base router (SPEC §3, MELINOE).
+        # cs_capacity 0 means the default C = E/4.
+        melinoe = melinoe_losses(router.probs, router.topk, router.base_probs, gamma=lo.cs_gamma,
+                                 capacity=lo.cs_capacity or None, margin=lo.rm_margin)
+        total = total + lo.lambda_cs * melinoe["cache_sim"] + lo.lambda_rm * melinoe["rank_match"]
+        metrics.update(loss=total, cs=melinoe["cache_sim"], rm=melinoe["rank_match"])
     return total, (metrics, router)
 
 
@@ -124,14 +162,21 @@ def train_step_fn(graphdef, tx: optax.GradientTransformation, config: ml_collect
     """The pure (unjitted) step ``(state, batch) -> (state, metrics)``; vmap-able over seeds."""
     schedule = one_cycle_schedule(config.optim, num_train_steps(config))
     num_experts = config.model.num_experts
+    trainable = trainable_filter(config)
 
-    def loss_fn(params, batch):
-        return compute_loss(nnx.merge(graphdef, params), batch, config)
+    def loss_fn(params, batch, frozen):
+        # copy=True: fresh Variables at this trace level, which nnx.remat may then update.
+        model = nnx.merge(graphdef, params) if frozen is None else nnx.merge(graphdef, params, frozen, copy=True)
+        return compute_loss(model, batch, config)
 
     def train_step(state, batch):
-        (_, (metrics, router)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"], batch)
-        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
-        params = optax.apply_updates(state["params"], updates)
+        # Differentiate the trainable params only, so frozen weights cost no weight gradients.
+        params, frozen = split_trainable(state["params"], trainable)
+        (_, (metrics, router)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch, frozen)
+        updates, opt_state = tx.update(grads, state["opt_state"], params)
+        params = optax.apply_updates(params, updates)
+        if frozen is not None:
+            params = nnx.merge_state(params, frozen)
         counts = usage_counts(router, num_experts)
         metrics = dict(metrics, grad_norm=optax.tree.norm(grads), lr=schedule(state["step"]),
                        usage_entropy=expert_usage_entropy(router.topk, num_experts),
@@ -242,11 +287,15 @@ def _host_metrics(metrics: dict) -> dict[str, Any]:
 
 
 def train(config: ml_collections.ConfigDict, workdir: pathlib.Path, train_iter, *,
-          log: Callable[[str], None] = print, stop_after: int | None = None) -> TrainResult:
+          log: Callable[[str], None] = print, stop_after: int | None = None,
+          init_params: Callable[[Any], Any] | None = None) -> TrainResult:
     """Trains to ``num_train_steps(config)``, resuming from the newest checkpoint in workdir.
 
     ``stop_after`` ends the loop after that many steps in this process (for tests
-    of resumption); the state is checkpointed as on SIGTERM.
+    of resumption); the state is checkpointed as on SIGTERM. ``init_params``
+    maps the freshly initialised params to the params to start from when the
+    workdir holds no checkpoint yet (fine-tuning: the base run's weights); a
+    resumed run ignores it.
     """
     total_steps = num_train_steps(config)
     tx = make_optimizer(config.optim, total_steps)
@@ -261,8 +310,11 @@ def train(config: ml_collections.ConfigDict, workdir: pathlib.Path, train_iter, 
         train_iter.set_state(data_state)
         _truncate_log(log_path, start)
         log(f"resumed from checkpoint at step {start}")
-    elif log_path.exists():
-        log_path.unlink()  # a log without any checkpoint belongs to a run that never saved
+    else:
+        if log_path.exists():
+            log_path.unlink()  # a log without any checkpoint belongs to a run that never saved
+        if init_params is not None:
+            state["params"] = init_params(state["params"])
 
     mesh = data_parallel_mesh()
     if mesh is not None:
