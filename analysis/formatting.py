@@ -84,7 +84,7 @@ def render_markdown(table: Table) -> str:
 _LATEX_SPECIAL = {"&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{", "}": r"\}",
                   "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "\\": r"\textbackslash{}",
                   "λ": r"$\lambda$", "μ": r"$\mu$", "Δ": r"$\Delta$", "—": "---", "≥": r"$\geq$", "≤": r"$\leq$",
-                  "τ": r"$\tau$"}
+                  "τ": r"$\tau$", "γ": r"$\gamma$", "×": r"$\times$"}
 
 
 def latex_escape(text: str) -> str:

@@ -18,6 +18,9 @@ Conventions (SPEC §6, §9 and the paper's tables):
 * the matching baseline of a run is every complete arm-A run with the same
   train-token budget and model size, averaged over seeds; runs of different
   budgets are never compared.
+* an arm-M run is fine-tuned from a finished run, so its baseline is that run
+  (the one it was initialised from), not an arm-A run of its own small
+  fine-tuning budget: see :func:`base_run_lookup`.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from fractions import Fraction
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -47,7 +51,9 @@ METRIC_KEYS = ("reuse", *_CACHE_FIELDS, "collapsed")
 # cachesim.metrics.COLLAPSE_THRESHOLD (a test checks), kept here so tables need no JAX import.
 COLLAPSE_USAGE = 0.01
 # Config keys that distinguish arm-M configurations beyond λ and μ.
-_ARM_M_KEYS = ("lambda_cs", "lambda_rm", "gamma", "cache_capacity")
+ARM_M_KEYS = ("lambda_cs", "lambda_rm", "gamma", "cache_capacity")
+# What an arm-M run was fine-tuned from: runs from different bases are different configurations.
+_ARM_M_BASE_KEYS = ("base_arm", "base_tokens")
 
 
 def domain_values(paper_metrics: dict[str, Any]) -> dict[str, float | int]:
@@ -113,12 +119,12 @@ def matching_baseline_runs(run: Run, runs: Sequence[Run]) -> list[Run]:
 
 
 def make_baseline(baseline_runs: Sequence[Run]) -> Baseline | None:
-    """Seed-mean of arm-A runs; None when there are none (the caller says so)."""
+    """Seed-mean of arm-A runs (or of arm-M base runs); None when there are none (the caller says so)."""
     if not baseline_runs:
         return None
     first = baseline_runs[0]
-    if any(r.tokens != first.tokens or r.size != first.size or r.arm != "A" for r in baseline_runs):
-        raise ValueError("a baseline must be arm-A runs of one token budget and size")
+    if any(r.tokens != first.tokens or r.size != first.size or r.arm != first.arm for r in baseline_runs):
+        raise ValueError("a baseline must be runs of one arm, token budget and size")
     vals = [run_values(r) for r in baseline_runs]
     domains = [d for d in first.domains if all(d in r.domains for r in baseline_runs)]
     return Baseline(
@@ -137,13 +143,78 @@ def make_baseline(baseline_runs: Sequence[Run]) -> Baseline | None:
     )
 
 
+def _config_number(run: Run, key: str) -> float | None:
+    value = run.config.get(key)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def base_run_lookup(run: Run, runs: Sequence[Run]) -> tuple[Run | None, str]:
+    """(the run an arm-M run was fine-tuned from, or None; why not found).
+
+    The run whose resolved path equals ``config["init_from"]`` wins; when that
+    directory is not among ``runs`` (e.g. copied elsewhere), the fallback is the
+    one run named ``base_run`` with ``tokens == base_tokens`` and the same size.
+    A base that is found but incomplete has no metrics, so it counts as missing.
+    """
+    init_from = run.config.get("init_from")
+    candidates: list[Run] = []
+    if isinstance(init_from, str) and init_from:
+        target = Path(init_from).resolve()
+        candidates = [r for r in runs if r.path.resolve() == target]
+    base_name, base_tokens = run.config.get("base_run"), _config_number(run, "base_tokens")
+    if not candidates and base_name is not None and base_tokens is not None:
+        candidates = [r for r in runs if r is not run and str(r.config.get("run_name") or r.path.name) == base_name
+                      and r.tokens == base_tokens and r.size == run.size]
+    wanted = (f"init_from={init_from or '(unset)'}, base_run={base_name or '(unset)'}, "
+              f"base_tokens={format_tokens(base_tokens) if base_tokens is not None else '(unset)'}, size={run.size}")
+    if not candidates:
+        return None, f"no base run: none of the given runs matches {wanted}; pass the base run's directory too"
+    if len(candidates) > 1:
+        return None, (f"no base run: {len(candidates)} runs match {wanted} "
+                      f"({', '.join(r.name for r in candidates)}); pass only one of them")
+    base = candidates[0]
+    if not base.complete:
+        return None, f"no base run: {base.name} (the base) is incomplete ({'; '.join(base.problems)})"
+    return base, ""
+
+
+def baseline_runs_for(run: Run, runs: Sequence[Run]) -> list[Run]:
+    """What ``run`` is compared against: its base run for arm M, else the matching arm-A runs."""
+    if run.arm == "M":
+        base, _ = base_run_lookup(run, runs)
+        return [base] if base is not None else []
+    return matching_baseline_runs(run, runs)
+
+
 def baseline_for(run: Run, runs: Sequence[Run]) -> Baseline | None:
-    """The matching baseline of ``run`` among ``runs`` (None if no arm-A run matches)."""
-    return make_baseline(matching_baseline_runs(run, runs))
+    """The baseline of ``run`` among ``runs``: arm A at its budget and size, or an arm-M run's base."""
+    return make_baseline(baseline_runs_for(run, runs))
 
 
-def no_baseline_reason(run: Run) -> str:
-    """The sentence printed where a run has no matching baseline."""
+def group_baseline(group: Sequence[Run], runs: Sequence[Run]) -> Baseline | None:
+    """The baseline of a configuration's seeds (each arm-M seed brings its own base run).
+
+    None when any arm-M seed lacks its base: a mean over some seeds' bases
+    would compare unlike sets.
+    """
+    if group[0].arm != "M":
+        return baseline_for(group[0], runs)
+    bases: dict[Path, Run] = {}
+    for r in group:
+        base, _ = base_run_lookup(r, runs)
+        if base is None:
+            return None
+        bases.setdefault(base.path.resolve(), base)
+    try:
+        return make_baseline(list(bases.values()))
+    except ValueError:  # bases of different arms, budgets or sizes cannot be averaged
+        return None
+
+
+def no_baseline_reason(run: Run, runs: Sequence[Run] | None = None) -> str:
+    """The sentence printed where a run has no matching baseline (arm M: why its base was not found)."""
+    if run.arm == "M" and runs is not None:
+        return base_run_lookup(run, runs)[1] or "no base run: the seeds' base runs differ in arm, tokens or size"
     return (f"no matching baseline: no complete arm-A run with tokens={format_tokens(run.tokens)} "
             f"and size={run.size}")
 
@@ -165,7 +236,7 @@ def run_row(run: Run, runs: Sequence[Run]) -> dict[str, Any]:
     """
     if not run.complete:
         raise ValueError(f"{run.name} is incomplete ({'; '.join(run.problems)})")
-    base = baseline_for(run, runs)
+    base = baseline_for(run, runs)  # arm M: the base run it was fine-tuned from
     vals = run_values(run)
     row: dict[str, Any] = {
         "run": run.name, "arm": run.arm, "lam": run.lam, "mu": run.mu, "seed": run.seed,
@@ -192,7 +263,7 @@ def run_row(run: Run, runs: Sequence[Run]) -> dict[str, Any]:
 
 def config_key(run: Run) -> tuple:
     """Identifies a configuration across seeds (arm, λ, μ, budget, size, arm-M knobs)."""
-    extra = tuple((k, run.config.get(k)) for k in _ARM_M_KEYS if k in run.config)
+    extra = tuple((k, run.config.get(k)) for k in (*ARM_M_KEYS, *_ARM_M_BASE_KEYS) if k in run.config)
     return (run.arm, run.lam, run.mu, run.tokens, run.size, extra)
 
 
@@ -200,7 +271,10 @@ def config_label(run: Run) -> str:
     """Human name of a configuration, e.g. 'B λ=0.05 μ=0 200M 137m'."""
     parts = [run.arm, f"λ={run.lam:g}", f"μ={run.mu:g}"]
     parts += [f"{k}={run.config[k]:g}" if isinstance(run.config[k], (int, float)) else f"{k}={run.config[k]}"
-              for k in _ARM_M_KEYS if k in run.config and run.config[k] is not None]
+              for k in ARM_M_KEYS if k in run.config and run.config[k] is not None]
+    base_tokens = _config_number(run, "base_tokens")
+    if run.arm == "M" and base_tokens is not None:  # what was fine-tuned, e.g. 'from A 200M'
+        parts.append(f"from {run.config.get('base_arm', '?')} {format_tokens(base_tokens)}")
     return " ".join(parts + [format_tokens(run.tokens), run.size])
 
 

@@ -1,9 +1,9 @@
-"""The study's tables from run directories: main results, per domain, all-runs log, scale, complementarity.
+"""The study's tables from run directories: main results, per domain, all-runs log, scale, complementarity, arm M.
 
 Usage::
 
     python -m analysis.tables RUN_DIR [RUN_DIR ...] --format markdown|latex|csv|json [--out DIR] \
-        [--tables main,per_domain,runs,scale,complementarity]
+        [--tables main,per_domain,runs,scale,complementarity,transfers,ablation]
 
 ``--format json`` prints (or writes to DIR/main.json) a list with one object per
 complete run, keys ``run, arm, lam, mu, seed, tokens, ppl, ppl_token_weighted,
@@ -15,7 +15,14 @@ rows instead (keys in complementarity.complementarity_rows, unrounded); with
 
 The complementarity table needs ``frontier.json`` files (python -m
 cachesim.frontier): without any it is left out of the default output, and
-asking for it with --tables prints a one-line note instead.
+asking for it with --tables prints a one-line note instead. Likewise the arm-M
+``transfers`` table needs ``transfers.json`` files (written by arm-M runs), and
+the arm-M ``ablation`` table is in the default output only when at least two
+complete arm-M runs differ in λ_cs, λ_rm, γ or cache capacity (see
+analysis.arm_m). ``--format json --tables transfers`` (or ``ablation``) prints
+those rows, unrounded; with --out, json writes one file per selected table.
+Arm-M rows of the main, per-domain and runs tables are compared with the run
+they were fine-tuned from, not with arm A at their own token budget.
 """
 
 from __future__ import annotations
@@ -30,13 +37,17 @@ from typing import Any
 
 import numpy as np
 
-from analysis import cli, complementarity, formatting, summary
+from analysis import arm_m, cli, complementarity, formatting, summary
 from analysis.formatting import Column, Table, fixed, general, percent, signed_percent
 from analysis.runs import Run, load_runs
 
-TABLE_NAMES = ("main", "per_domain", "runs", "scale", "complementarity")
+TABLE_NAMES = ("main", "per_domain", "runs", "scale", "complementarity", "transfers", "ablation")
 NO_FRONTIER_NOTE = ("note: complementarity table skipped: no run directory holds a frontier.json; "
                     "write them with python -m cachesim.frontier --run RUN_DIR --tau 0,0.5")
+NO_TRANSFERS_NOTE = ("note: transfers table skipped: no arm-M run directory holds a transfers.json; "
+                     "run arm M with config.predictor.enabled=True")
+# Tables that only exist when their inputs do (the default output leaves them out otherwise).
+_OPTIONAL = ("complementarity", "transfers", "ablation")
 
 _ID_COLUMNS = (
     Column("run", "run", align="l"),
@@ -65,6 +76,12 @@ def _baseline_note(runs: Sequence[Run]) -> str:
     lines = []
     seen = set()
     for r in sorted(runs, key=_sort_key):
+        if r.complete and r.arm == "M":  # compared with its own base run, not with arm A at its budget
+            base = summary.baseline_for(r, runs)
+            lines.append(f"{r.name} (arm M): " + (summary.no_baseline_reason(r, runs) if base is None else
+                         f"baseline = its base run {base.runs[0]}, mean PPL {base.ppl:.3f}, "
+                         f"LRU miss/tok@25% {base.values['lru_miss_25']:.3f}"))
+            continue
         if not r.complete or (r.tokens, r.size) in seen:
             continue
         seen.add((r.tokens, r.size))
@@ -112,7 +129,8 @@ def per_domain_table(runs: Sequence[Run]) -> Table:
                Column("delta_ppl", "ΔPPL vs A", signed_percent()),
                *_METRIC_COLUMNS,
                Column("collapsed", "collapsed", general))
-    notes = ["ΔPPL = PPL / (matching arm-A PPL of the domain, mean over seeds) − 1. " + _baseline_note(runs),
+    notes = ["ΔPPL = PPL / (matching arm-A PPL of the domain, mean over seeds; for arm M, its base run's) − 1. "
+             + _baseline_note(runs),
              "collapsed = experts used by < 1% of this domain's tokens, summed over layers."]
     return Table("per_domain", "Per-domain results", columns, tuple(rows), tuple(notes))
 
@@ -129,7 +147,7 @@ def runs_log_table(runs: Sequence[Run]) -> Table:
         if r.complete:
             full = summary.run_row(r, runs)
             row.update(ppl=full["ppl"], delta_ppl=full["delta_ppl"], miss_reduction_25=full["miss_reduction_25"])
-            row["baseline"] = ", ".join(full["baseline"]) if full["baseline"] else summary.no_baseline_reason(r)
+            row["baseline"] = ", ".join(full["baseline"]) if full["baseline"] else summary.no_baseline_reason(r, runs)
         rows.append(row)
     columns = (*_ID_COLUMNS,
                Column("size", "size", align="l"),
@@ -140,7 +158,8 @@ def runs_log_table(runs: Sequence[Run]) -> Table:
                Column("miss_reduction_25", "LRU miss red.@25%", signed_percent(1)),
                Column("baseline", "baseline (arm A, same tokens and size)", general, align="l"),
                Column("path", "path", align="l"))
-    notes = ["Runs are only compared with arm-A runs of the same token budget and model size."]
+    notes = ["Runs are only compared with arm-A runs of the same token budget and model size; an arm-M run "
+             "with the run it was fine-tuned from (its config's init_from, else base_run at base_tokens)."]
     return Table("runs", "All runs", columns, tuple(rows), tuple(notes))
 
 
@@ -151,7 +170,7 @@ def scale_rows(runs: Sequence[Run]) -> list[dict[str, Any]]:
         head = group[0]
         if head.arm == "A":
             continue
-        base = summary.baseline_for(head, runs)
+        base = summary.group_baseline(group, runs)
         if base is None:
             continue
         vals = [summary.run_values(r) for r in group]
@@ -213,12 +232,18 @@ def complementarity_table(runs: Sequence[Run], frontiers: Mapping[str, Sequence[
 
 
 def build_tables(runs: Sequence[Run], names: Sequence[str] = TABLE_NAMES,
-                 frontiers: Mapping[str, Sequence[Mapping[str, Any]]] | None = None) -> list[Table]:
-    """The named tables; ``frontiers`` (complementarity.load_frontiers) is read from disk when not given."""
+                 frontiers: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+                 studies: Mapping[str, Mapping[str, Any]] | None = None) -> list[Table]:
+    """The named tables; ``frontiers`` (complementarity.load_frontiers) and ``studies``
+    (arm_m.load_transfers) are read from disk when not given."""
     if "complementarity" in names and frontiers is None:
         frontiers = complementarity.load_frontiers(runs)
+    if ("transfers" in names or "ablation" in names) and studies is None:
+        studies = arm_m.load_transfers(runs)
     builders = {"main": main_table, "per_domain": per_domain_table, "runs": runs_log_table, "scale": scale_table,
-                "complementarity": lambda rs: complementarity_table(rs, frontiers or {})}
+                "complementarity": lambda rs: complementarity_table(rs, frontiers or {}),
+                "transfers": lambda rs: arm_m.transfers_table(rs, studies or {}),
+                "ablation": lambda rs: arm_m.ablation_table(rs, studies or {})}
     return [builders[n](runs) for n in names]
 
 
@@ -234,7 +259,8 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=None, help="write one file per table here instead of stdout")
     parser.add_argument("--tables", default=None,
                         help=f"comma-separated subset of {', '.join(TABLE_NAMES)} (default: all; "
-                             "complementarity only when a frontier.json exists)")
+                             "complementarity only when a frontier.json exists, transfers only when a "
+                             "transfers.json exists, ablation only when arm-M runs differ in their loss settings)")
     args = parser.parse_args(argv)
     args.explicit_tables = args.tables is not None
     args.table_names = [t.strip() for t in (args.tables or ",".join(TABLE_NAMES)).split(",") if t.strip()]
@@ -244,20 +270,38 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-def _json_main(args: argparse.Namespace, runs: Sequence[Run], frontiers: Mapping[str, Any]) -> int:
-    """main.json (the per-run rows) and/or complementarity.json, as selected."""
-    asked = "complementarity" in args.table_names
-    # Without --tables, json keeps meaning the main rows on stdout; --out adds complementarity.json when it exists.
-    want_comp = asked if args.explicit_tables else bool(frontiers) and args.out is not None
+def _available(runs: Sequence[Run], frontiers: Mapping[str, Any], studies: Mapping[str, Any]) -> dict[str, bool]:
+    """Which optional tables have inputs (an empty one would read as "no effect")."""
+    return {"complementarity": bool(frontiers), "transfers": bool(studies), "ablation": arm_m.ablation_applies(runs)}
+
+
+def _skip_notes(args: argparse.Namespace, available: Mapping[str, bool]) -> list[str]:
+    """One-line notes for optional tables asked for with --tables that have no input files."""
+    notes = {"complementarity": NO_FRONTIER_NOTE, "transfers": NO_TRANSFERS_NOTE}
+    return [notes[n] for n in notes if args.explicit_tables and n in args.table_names and not available[n]]
+
+
+def _json_main(args: argparse.Namespace, runs: Sequence[Run], frontiers: Mapping[str, Any],
+               studies: Mapping[str, Any]) -> int:
+    """main.json (the per-run rows) and/or the optional tables' rows, as selected."""
+    available = _available(runs, frontiers, studies)
+    payload_rows = {"complementarity": lambda: complementarity.complementarity_rows(runs, frontiers),
+                    "transfers": lambda: arm_m.transfers_rows(runs, studies),
+                    "ablation": lambda: arm_m.ablation_rows(runs, studies)}
+    asked = [n for n in _OPTIONAL if n in args.table_names]
+    # Without --tables, json keeps meaning the main rows on stdout; --out adds the optional tables that exist.
+    if args.explicit_tables:  # asked for: written even when empty (with a note on stderr), so stdout stays JSON
+        extras = asked
+    else:
+        extras = [n for n in _OPTIONAL if available[n]] if args.out is not None else []
     want_main = not args.explicit_tables or "main" in args.table_names or not asked
     payloads = [("main.json", json_rows(runs))] if want_main else []
-    if want_comp:
-        payloads.append(("complementarity.json", complementarity.complementarity_rows(runs, frontiers)))
+    payloads += [(f"{n}.json", payload_rows[n]()) for n in extras]
     if args.out is None and len(payloads) > 1:
-        raise ValueError("--format json prints one table to stdout; pass --tables main or --tables "
-                         "complementarity, or --out DIR to write both")
-    if asked and args.explicit_tables and not frontiers:
-        print(NO_FRONTIER_NOTE, file=sys.stderr)  # stdout stays parseable JSON
+        raise ValueError("--format json prints one table to stdout; pass one of --tables main, complementarity, "
+                         "transfers or ablation, or --out DIR to write them all")
+    for note in _skip_notes(args, available):
+        print(note, file=sys.stderr)  # stdout stays parseable JSON
     for filename, rows in payloads:
         cli.write_or_print(json.dumps(rows, indent=1) + "\n", args.out, filename)
     return 0
@@ -268,13 +312,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs = load_runs(args.paths, store=cli.make_store(args))
     names = list(args.table_names)
     frontiers = complementarity.load_frontiers(runs) if "complementarity" in names else {}
-    # No frontier.json anywhere: an empty table would read as "no effect", so drop it (saying so when asked for).
-    note = "complementarity" in names and not frontiers and args.explicit_tables
-    if "complementarity" in names and not frontiers:
-        names.remove("complementarity")
+    studies = arm_m.load_transfers(runs) if {"transfers", "ablation"} & set(names) else {}
     if args.format == "json":
-        return _json_main(args, runs, frontiers)
-    tables = build_tables(runs, names, frontiers)
+        return _json_main(args, runs, frontiers, studies)
+    # An optional table without inputs would read as "no effect", so drop it (saying so when asked for);
+    # an explicitly asked ablation is kept, its note says why it has fewer than two configurations.
+    available = _available(runs, frontiers, studies)
+    notes = _skip_notes(args, available)
+    names = [n for n in names if n not in _OPTIONAL or available[n] or (n == "ablation" and args.explicit_tables)]
+    tables = build_tables(runs, names, frontiers, studies)
     ext = formatting.EXTENSIONS[args.format]
     if args.out is None:
         if tables:
@@ -282,8 +328,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         for t in tables:
             cli.write_or_print(formatting.render(t, args.format), args.out, f"{t.name}.{ext}")
-    if note:
-        print(NO_FRONTIER_NOTE)
+    for note in notes:
+        print(note)
     return 0
 
 

@@ -9,7 +9,8 @@ Usage::
 * RQ2 (domain; arms C, D): static-pin hit rate at 50% capacity (w = 1.0, the
   reference convention) of at least 90%, with mean PPL within +2% of arm A.
 * Arm A is the matching baseline: same train-token budget and model size,
-  averaged over seeds. A configuration's seeds are averaged too (the per-seed
+  averaged over seeds. Arm M is fine-tuned from a finished run and is judged
+  against that base run (``init_from``; seeds' bases averaged) instead. A configuration's seeds are averaged too (the per-seed
   numbers are printed alongside).
 * A configuration that meets the metric but not the quality bar FAILS.
 * Collapse clause: any expert under 1% (pooled, marginal) usage is reported as
@@ -63,6 +64,7 @@ class CriterionResult:
     collapsed: int  # most collapsed experts among the configuration's seeds
     verdict: str  # "PASS", "FAIL" or "NO BASELINE"
     reason: str
+    baseline_kind: str = "A"  # "A" (arm A, same budget and size) or "base" (arm M's base run)
 
 
 def judge(metric_met: bool, quality_met: bool, collapsed: int) -> tuple[str, str]:
@@ -90,13 +92,14 @@ def _rq(criterion: str, group: Sequence[Run], runs: Sequence[Run]) -> CriterionR
         metric, per_seed_value, gate, max_cost = "static hit@50% (w=1.0)", [v["static_hit_50"] for v in vals], \
             RQ2_MIN_STATIC_HIT, RQ2_MAX_PPL_COST
     value = float(np.mean(per_seed_value))
-    base = summary.baseline_for(head, runs)
+    base = summary.group_baseline(group, runs)
     common = dict(criterion=criterion, config=summary.config_label(head), runs=tuple(r.name for r in group),
-                  metric=metric, value=value, metric_gate=gate, ppl=ppl, ppl_gate=max_cost, collapsed=collapsed)
+                  metric=metric, value=value, metric_gate=gate, ppl=ppl, ppl_gate=max_cost, collapsed=collapsed,
+                  baseline_kind="base" if head.arm == "M" else "A")
     if base is None:
         return CriterionResult(**common, baseline_runs=None, baseline_value=None, effect=None, effect_per_seed=(),
                                metric_met=None, baseline_ppl=None, ppl_cost=None, ppl_cost_per_seed=(),
-                               quality_met=None, verdict="NO BASELINE", reason=summary.no_baseline_reason(head))
+                               quality_met=None, verdict="NO BASELINE", reason=summary.no_baseline_reason(head, runs))
     if criterion == "RQ1":
         base_value = base.values["lru_miss_25"]
         effect = 1.0 - value / base_value
@@ -160,16 +163,17 @@ def format_result(r: CriterionResult) -> str:
     if r.verdict == "NO BASELINE":
         return f"{head}: {r.reason} -> NO VERDICT"
     met = {True: "met", False: "missed"}
+    ref = r.baseline_kind  # "A" or "base"
     if r.criterion == "RQ1":
-        metric = (f"{r.metric} {r.value:.3f} vs A {r.baseline_value:.3f} = {_pct(r.effect)} reduction"
+        metric = (f"{r.metric} {r.value:.3f} vs {ref} {r.baseline_value:.3f} = {_pct(r.effect)} reduction"
                   f"{_seeds(r.effect_per_seed, False)} (gate >= {_pct(r.metric_gate)}: {met[r.metric_met]})")
     else:
-        metric = (f"{r.metric} {_pct(r.value)}{_seeds(r.effect_per_seed, False)} (A {_pct(r.baseline_value)}; "
+        metric = (f"{r.metric} {_pct(r.value)}{_seeds(r.effect_per_seed, False)} ({ref} {_pct(r.baseline_value)}; "
                   f"gate >= {_pct(r.metric_gate)}: {met[r.metric_met]})")
-    quality = (f"mean PPL {r.ppl:.3f} vs A {r.baseline_ppl:.3f} = {_pct(r.ppl_cost, True)}"
+    quality = (f"mean PPL {r.ppl:.3f} vs {ref} {r.baseline_ppl:.3f} = {_pct(r.ppl_cost, True)}"
                f"{_seeds(r.ppl_cost_per_seed, True)} (gate <= {_pct(r.ppl_gate, True)}: {met[r.quality_met]})")
-    return f"{head} vs A ({', '.join(r.baseline_runs)}): {metric}; {quality}; collapsed {r.collapsed} -> " \
-           f"{r.verdict} ({r.reason})"
+    against = f"vs A ({', '.join(r.baseline_runs)})" if ref == "A" else f"vs base {', '.join(r.baseline_runs)}"
+    return f"{head} {against}: {metric}; {quality}; collapsed {r.collapsed} -> {r.verdict} ({r.reason})"
 
 
 def format_collapse(entry: dict[str, Any]) -> str:

@@ -40,9 +40,9 @@ from configs.base import num_train_steps  # noqa: E402
 from moe import checkpoint  # noqa: E402
 from moe.data import pipeline  # noqa: E402
 from moe.model import build_model, param_counts  # noqa: E402
-from moe.run import (_check_same_config, config_record, evaluate_and_trace, resolve, summary_metrics,  # noqa: E402
+from moe.run import (check_same_config, config_record, evaluate_and_trace, resolve, summary_metrics,  # noqa: E402
                      write_json)
-from moe.train import (Progress, _check_finite, _Preemption, _truncate_log, init_state, make_optimizer,  # noqa: E402
+from moe.train import (Progress, check_finite, Preemption, truncate_log, init_state, make_optimizer,  # noqa: E402
                        router_state, train_step_fn)
 
 # Config fields that may differ between the seeds of one vmapped group.
@@ -127,7 +127,7 @@ def train_seeds(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence
     workdirs = [pathlib.Path(w) for w in workdirs]
     for c, w in zip(configs, workdirs):
         w.mkdir(parents=True, exist_ok=True)
-        _check_same_config(w, c)
+        check_same_config(w, c)
     ref = configs[0]
     if ref.arm == "M":
         raise VmapGroupError("arm M fine-tunes a base run (moe.finetune) and trains solo; use --vmap_seeds=0")
@@ -157,7 +157,7 @@ def train_seeds(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence
         for i, (_, state, data_state) in enumerate(restored):
             states[i] = state
             iters[i].set_state(data_state)
-            _truncate_log(log_paths[i], start)
+            truncate_log(log_paths[i], start)
         log(f"resumed {seeds} seeds from their checkpoints at step {start}")
     else:
         for p in log_paths:
@@ -178,14 +178,14 @@ def train_seeds(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence
         per_seed = [seed_metrics(host, i) for i in range(seeds)]
         for name, m in zip(names, per_seed):
             try:
-                _check_finite(step, m)
+                check_finite(step, m)
             except Exception as e:
                 raise type(e)(f"{name}: {e}") from None
         return per_seed
 
     step, last = start, [{} for _ in range(seeds)]
     compile_t0 = time.perf_counter()
-    with _Preemption() as preempt, contextlib.ExitStack() as files:
+    with Preemption() as preempt, contextlib.ExitStack() as files:
         logs = [files.enter_context(p.open("a")) for p in log_paths]
         while step < total_steps:
             batch = stack_batches([next(it) for it in iters])

@@ -78,7 +78,8 @@ def apply_experts(moe: MoELayer, x: jax.Array, experts: jax.Array, gates: jax.Ar
     The second half of `MoELayer.__call__`, with the routing supplied by the caller.
     """
     rows, length, width = x.shape
-    weights = ExpertWeights(*(w[...].astype(moe.dtype) for w in (moe.w_gate, moe.w_up, moe.w_down)))
+    # expert_weights() applies LoRA adapters when present (arm M runs).
+    weights = ExpertWeights(*(w.astype(moe.dtype) for w in moe.expert_weights()))
     y, _ = moe.dispatch(x.reshape(rows * length, width).astype(moe.dtype), experts.reshape(rows * length, -1),
                         gates.reshape(rows * length, -1), weights, capacity_factor=moe.capacity_factor)
     return y.reshape(rows, length, width).astype(x.dtype)

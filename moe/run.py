@@ -180,13 +180,23 @@ def summary_metrics(config, final_eval: dict, traces: dict, last_train: dict) ->
     return out
 
 
+def collapse_warnings(metrics: dict) -> list[str]:
+    """SPEC §9's failure clause, flagged loudly: experts used by < 1% of a domain's tokens."""
+    lines = []
+    for domain, m in metrics.get("domains", {}).items():
+        if m["collapsed"]:
+            lines.append(f"WARNING: expert collapse in {domain}: {m['collapsed']} experts < 1% usage "
+                         f"(per layer {m['collapsed_per_layer']})")
+    return lines
+
+
 def run(config: ml_collections.ConfigDict, workdir: str | os.PathLike, *, log: Callable[[str], None] = print,
         stop_after: int | None = None) -> bool:
     """Trains (or resumes), evaluates and writes the run directory. True when finished."""
     config = resolve(config)
     workdir = pathlib.Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    _check_same_config(workdir, config)
+    check_same_config(workdir, config)
 
     finetune, base = None, None
     if config.arm == "M":  # fine-tunes a finished run: check it before preparing anything
@@ -214,12 +224,15 @@ def run(config: ml_collections.ConfigDict, workdir: str | os.PathLike, *, log: C
         write_json(workdir / "transfers.json", transfer_study(config, result.graphdef, result.state["params"],
                                                               base, log))
     final_eval = json.loads((workdir / "final_eval.json").read_text())
-    write_json(workdir / "metrics.json", summary_metrics(config, final_eval, traces, result.last_metrics))
+    metrics = summary_metrics(config, final_eval, traces, result.last_metrics)
+    write_json(workdir / "metrics.json", metrics)
+    for line in collapse_warnings(metrics):
+        log(line)
     log(f"done: mean PPL {np.mean([v['val_ppl'] for v in final_eval.values()]):.2f}; artifacts in {workdir}")
     return True
 
 
-def _check_same_config(workdir: pathlib.Path, config: ml_collections.ConfigDict) -> None:
+def check_same_config(workdir: pathlib.Path, config: ml_collections.ConfigDict) -> None:
     """Refuses to resume a workdir that was started with a different model/loss/data config."""
     path = workdir / "config.json"
     if not path.exists() or not (workdir / "checkpoints").exists():

@@ -238,7 +238,7 @@ class Progress:
         return f"{secs // 3600}:{secs // 60 % 60:02d}:{secs % 60:02d}"
 
 
-class _Preemption:
+class Preemption:
     """SIGTERM/SIGINT -> save a checkpoint at the next step boundary and exit cleanly."""
 
     def __init__(self):
@@ -260,7 +260,7 @@ class _Preemption:
             signal.signal(sig, handler)
 
 
-def _truncate_log(path: pathlib.Path, last_step: int) -> None:
+def truncate_log(path: pathlib.Path, last_step: int) -> None:
     """Drops log records past a restored step, so a resumed run's log has no duplicates."""
     if not path.exists():
         return
@@ -308,7 +308,7 @@ def train(config: ml_collections.ConfigDict, workdir: pathlib.Path, train_iter, 
     if restored is not None:
         start, state, data_state = restored
         train_iter.set_state(data_state)
-        _truncate_log(log_path, start)
+        truncate_log(log_path, start)
         log(f"resumed from checkpoint at step {start}")
     else:
         if log_path.exists():
@@ -332,7 +332,7 @@ def train(config: ml_collections.ConfigDict, workdir: pathlib.Path, train_iter, 
 
     step, pending, last = start, None, {}
     compile_t0 = time.perf_counter()
-    with _Preemption() as preempt, log_path.open("a") as log_file:
+    with Preemption() as preempt, log_path.open("a") as log_file:
         while step < total_steps:
             batch = next(train_iter)
             state, metrics = step_fn(state, batch)
@@ -343,12 +343,12 @@ def train(config: ml_collections.ConfigDict, workdir: pathlib.Path, train_iter, 
                 progress.start(step)
             # Check the previous step's loss while this one runs (keeps the device busy).
             if pending is not None:
-                _check_finite(*pending)
+                check_finite(*pending)
             pending = (step, metrics)
             is_last = step == total_steps
             stopping = preempt.requested or (stop_after is not None and step - start >= stop_after)
             if step % config.train.log_every == 0 or is_last:
-                _check_finite(step, metrics)
+                check_finite(step, metrics)
                 last = _host_metrics(metrics)
                 record = {"step": step, **{k: v for k, v in last.items() if k != "usage_entropy"},
                           "usage_entropy": last["usage_entropy"], "tok_s": progress.rate(step),
@@ -359,19 +359,19 @@ def train(config: ml_collections.ConfigDict, workdir: pathlib.Path, train_iter, 
                     f"bal {last['bal']:.3f} | loc {last['loc']:.3f} | dom {last['dom']:.3f} | "
                     f"{progress.rate(step):,.0f} tok/s | ETA {progress.eta(step)}")
             if step % config.train.ckpt_every == 0 or is_last or stopping:
-                _check_finite(step, metrics)  # never checkpoint a diverged state
+                check_finite(step, metrics)  # never checkpoint a diverged state
                 save(step)
             if stopping and not is_last:
                 log(f"stopped at step {step}; checkpoint saved, rerun the same command to resume")
                 mgr.close()
                 return TrainResult(graphdef, state, False, last)
     if pending is not None:
-        _check_finite(*pending)
+        check_finite(*pending)
     mgr.close()
     return TrainResult(graphdef, state, True, last)
 
 
-def _check_finite(step: int, metrics: dict) -> None:
+def check_finite(step: int, metrics: dict) -> None:
     loss, grad_norm = float(metrics["loss"]), float(metrics["grad_norm"])
     if not (math.isfinite(loss) and math.isfinite(grad_norm)):
         raise NonFiniteLossError(

@@ -16,7 +16,8 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 REFERENCE = (REPO / ".." / "shared" / "reference" / "cacheable-by-design").resolve()
 
 # Compiles dominate this suite's time on 2 cores; cache them across runs of the suite.
-jax.config.update("jax_compilation_cache_dir", str(pathlib.Path.home() / ".cache" / "cacheable-moe" / "jax-tests"))
+_CACHE = pathlib.Path(os.environ.get("CACHEABLE_MOE_CACHE", pathlib.Path.home() / ".cache" / "cacheable-moe"))
+jax.config.update("jax_compilation_cache_dir", str(_CACHE / "jax-tests"))
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 

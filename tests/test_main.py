@@ -106,3 +106,11 @@ def test_sigterm_checkpoints_and_exits_cleanly(tmp_path):
     steps = [int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()]
     assert len(steps) == 1 and 0 < steps[0] < 500
     assert not (workdir / "final_eval.json").exists()
+
+
+def test_collapse_is_flagged_per_domain():
+    from moe.run import collapse_warnings
+    metrics = {"domains": {"prose": {"collapsed": 0, "collapsed_per_layer": [0, 0]},
+                           "code": {"collapsed": 3, "collapsed_per_layer": [1, 2]}}}
+    assert collapse_warnings(metrics) == ["WARNING: expert collapse in code: 3 experts < 1% usage (per layer [1, 2])"]
+    assert collapse_warnings({}) == []
