@@ -5,7 +5,8 @@ One run, same machine, side by side (issue 4):
 * The grid: the three domain traces of reference run a-main-s1 (8 layers ×
   499,712 tokens × k = 2, E = 16) under LRU, LFU, static (w = 1.0) and Belady
   at capacities 12.5 / 25 / 50 % of E (ceil): 3 × 8 × 12 caches, 287.8M
-  expert requests. Timed twice; the second call is the run time, the compile
+  expert requests (counted per cache, as a per-cache simulator serves them;
+  the stack replay serves a layer's capacities in one pass). Timed twice; the second call is the run time, the compile
   time is what JAX's compile events report during the first. A third call on
   the traces of a-main-s2 (same shapes) must not compile anything.
 * The reference (cachesim.reference, plain Python) is far too slow for all
@@ -52,11 +53,11 @@ def _on_event(name: str, seconds: float, **_) -> None:
         _compile_seconds.append(seconds)
 
 
-def _timed_simulate(traces, specs):
+def _timed_simulate(traces, specs, stats=None):
     """(misses, wall seconds, compile seconds reported during the call, CPU seconds)."""
     _compile_seconds.clear()
     start, cpu_start = time.perf_counter(), time.process_time()
-    misses = sim.simulate(traces, specs)
+    misses = sim.simulate(traces, specs, stats=stats)
     return (misses, time.perf_counter() - start, sum(_compile_seconds),
             time.process_time() - cpu_start)
 
@@ -92,7 +93,8 @@ def main(argv=None) -> int:
     traces = [load_trace(run / f"trace_{d}.npz") for d in DOMAINS]
     requests = _requests(traces, SPECS)
     first, first_s, compile_s, _ = _timed_simulate(traces, SPECS)
-    misses, run_s, _, run_cpu_s = _timed_simulate(traces, SPECS)
+    stats = {}
+    misses, run_s, _, run_cpu_s = _timed_simulate(traces, SPECS, stats)
     assert all((a == b).all() for a, b in zip(first, misses))
     rate = requests / run_s
     replayed = _requests(traces, [s for s in SPECS if s.policy != "static"])
@@ -101,6 +103,8 @@ def main(argv=None) -> int:
           f"-> {rate / 1e6:.1f} M requests/s ({replayed / run_s / 1e6:.1f} M/s counting "
           f"only the replayed LRU/LFU/Belady requests); {run_cpu_s:.2f} CPU s -> "
           f"{requests / run_cpu_s / 1e6:.1f} M requests per CPU second")
+    print(f"  stack replay: {stats['chunks'][0]} time chunks per layer; replay rounds per "
+          f"policy (1 = every guessed chunk start held): {stats['passes']}")
     other = [load_trace(REFERENCE / "runs" / "a-main-s2" / f"trace_{d}.npz") for d in DOMAINS]
     _, other_s, other_compile_s, _ = _timed_simulate(other, SPECS)
     print(f"  new traces, same shapes (a-main-s2): {other_s:.2f} s, compile events "
@@ -147,6 +151,7 @@ def main(argv=None) -> int:
               "reference_requests_per_cpu_s": ref_requests / ref_cpu_s,
               "recompile_s_same_shapes": other_compile_s,
               "replayed_requests_per_s": replayed / run_s,
+              "chunks_per_layer": stats["chunks"][0], "replay_rounds": stats["passes"],
               "reference_requests": ref_requests, "reference_s": ref_seconds}
     if not args.skip_qwen:
         qwen = [load_trace(REFERENCE / "qwen3-30b-a3b" / f"{d}.npz") for d in QWEN_DOMAINS]

@@ -4,10 +4,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cachesim import online, reference as ref, simulate as sim
+from cachesim import online, reference as ref, simulate as sim, stack
 from cachesim.policies import CacheSpec
 from cachesim.trace import make_trace
 from tests.cachesim_fixtures import random_trace, small_traces
@@ -55,7 +55,7 @@ def test_capacity_edges_on_a_fixed_trace():
             np.testing.assert_array_equal(got[:, s], distinct)  # compulsory misses only
 
 
-def test_more_than_32_experts_use_several_bitmask_words():
+def test_many_experts_pack_wider_ids():
     trace = random_trace(5, num_layers=1, num_tokens=60, k=4, num_experts=70, skew=0.05)
     specs = _specs([3, 31, 33, 64], warmup=1.0)
     (got,) = sim.simulate([trace], specs)
@@ -86,6 +86,61 @@ def test_second_call_with_new_traces_of_the_same_shape_does_not_recompile():
     assert sim._simulate_grid._cache_size() == compiles
     for trace, got in zip(second, results):
         np.testing.assert_array_equal(got, _reference_misses(trace, specs))
+
+
+@pytest.fixture
+def short_chunks(monkeypatch):
+    """Time chunks of 8 tokens warmed up on 2, so short traces exercise the
+    chunked replay (T = 64, 2 rows -> 8 chunks)."""
+    monkeypatch.setattr(sim, "_MIN_CHUNK", 8)
+    monkeypatch.setattr(sim, "_TARGET_ELEMENTS", 64 * 16)
+    monkeypatch.setattr(sim, "_WARMUP_FRACTION", 4)
+
+
+# The fixture only patches module constants: nothing to reset between examples.
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(trace=small_traces(max_tokens=64, max_k=2, max_experts=8), data=st.data())
+def test_chunked_replay_matches_reference_exactly(short_chunks, trace, data):
+    capacities = data.draw(st.lists(st.integers(0, trace.num_experts + 1), min_size=3,
+                                    max_size=3))
+    specs = _specs(capacities, warmup=1.0)
+    stats = {}
+    (got,) = sim.simulate([trace], specs, pad_tokens=64, stats=stats)
+    assert stats["chunks"] == [8]
+    np.testing.assert_array_equal(got, _reference_misses(trace, specs))
+
+
+def test_chunked_replay_rereplays_chunks_whose_guess_was_wrong(short_chunks):
+    """Wrong guesses (a reversed stack) and no warm-up: the verification must
+    re-replay chunks until the counts are those of one sequential replay."""
+    trace = random_trace(7, 3, 64, 2, 9, skew=0.7)
+    for spec in _specs([1, 3, 5], warmup=1.0):
+        if spec.policy == "static":
+            continue
+        variant = online.policy_code(spec)
+        rows = [layer for layer in range(trace.num_layers)]
+        starts = np.arange(8) * 8
+        inputs = [sim.replay_inputs(trace.experts[layer].astype(np.int32), starts, [variant],
+                                    9, 64) for layer in rows]
+        requests, following = (np.stack(part) for part in list(zip(*inputs))[:2])
+        guesses = np.stack([g[0] for _, _, g in inputs])
+        guesses[:, 1:] = guesses[:, 1:, ::-1]  # chunk 0 starts empty: its guess is exact
+        capacities = np.full((len(rows), 1), spec.capacity, np.int32)
+        misses, rounds = stack.replay(requests, following, guesses, capacities, variant=variant,
+                                      num_experts=9, num_chunks=8, warmup=0)
+        want = _reference_misses(trace, [spec])[:, 0]
+        np.testing.assert_array_equal(np.asarray(misses)[:, 0], want)
+        assert int(rounds) > 1, spec
+
+
+def test_chunking_is_a_function_of_shapes():
+    chunks, padded, warmup = sim.chunking(24, 499_712, 16)
+    assert chunks > 1 and chunks * (padded // chunks) == padded >= 499_712
+    assert 0 < warmup <= padded // chunks
+    assert sim.chunking(24, 499_712, 16) == (chunks, padded, warmup)
+    assert sim.chunking(3, 40, 16) == (1, 40, 0)  # short traces: one chunk, no warm-up
+    assert sim.chunking(192, 8_000, 128)[0] == 1  # many rows of many experts fill the lanes
 
 
 def test_simulate_errors():
