@@ -4,7 +4,9 @@
     python main.py --config=configs/arm_b.py --dry_run      # params + compiled train-step memory, as JSON
 
 Rerunning with the same --workdir resumes from the newest checkpoint; SIGTERM
-checkpoints and exits cleanly.
+checkpoints and exits cleanly. One run over several processes (hosts): start
+the same command in each, under ``srun`` or with JAX_COORDINATOR_ADDRESS=host:port,
+JAX_NUM_PROCESSES=N and JAX_PROCESS_ID=i set (launch/distributed.py).
 """
 
 from __future__ import annotations
@@ -54,6 +56,10 @@ def main(argv):
             return 0
         if not _WORKDIR.value:
             raise ConfigError("--workdir is required to train (e.g. --workdir=runs/my-run)")
+        # Several processes (JAX_NUM_PROCESSES/JAX_PROCESS_ID/JAX_COORDINATOR_ADDRESS, or a
+        # multi-task srun): join them before jax picks its devices; process 0 writes the run dir.
+        from launch.distributed import initialize_from_env
+        initialize_from_env()
         import jax
         jax.config.update("jax_compilation_cache_dir",
                           os.path.join(os.environ.get("CACHEABLE_MOE_CACHE", os.path.expanduser("~/.cache/cacheable-moe")), "jax"))

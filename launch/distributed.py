@@ -1,12 +1,19 @@
-"""Multi-host start-up: ``jax.distributed.initialize`` arguments from the SLURM environment.
+"""Multi-process start-up: ``jax.distributed.initialize`` arguments from the environment.
 
-One SLURM task per process (``srun``/submitit with ``tasks_per_node`` > 1 or
-``nodes`` > 1). :func:`distributed_kwargs` is a pure function of the
-environment: the coordinator is the first host of the step's node list (the
-bracketed ``node[001-004,010]`` form expanded), on a port derived from the job
-id so concurrent jobs on one node do not collide; process id and count are the
-task's rank and the number of tasks. When a node runs one task per GPU, each
-task takes the GPU of its local rank.
+Two ways to ask for a multi-process run, read by :func:`initialize_from_env`
+(which ``main.py`` calls before jax starts):
+
+* explicit, any launcher: ``JAX_COORDINATOR_ADDRESS=host:port``,
+  ``JAX_NUM_PROCESSES=N`` and ``JAX_PROCESS_ID=i`` (0 <= i < N), all three or
+  none; they win over SLURM's variables (``JAX_LOCAL_DEVICE_IDS``, read by
+  jax itself, picks the process's GPUs when several processes share a node);
+* SLURM: one task per process (``srun``/submitit with ``tasks_per_node`` > 1
+  or ``nodes`` > 1). :func:`distributed_kwargs` is a pure function of the
+  environment: the coordinator is the first host of the step's node list (the
+  bracketed ``node[001-004,010]`` form expanded), on a port derived from the
+  job id so concurrent jobs on one node do not collide; process id and count
+  are the task's rank and the number of tasks. When a node runs one task per
+  GPU, each task takes the GPU of its local rank.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ from typing import Any
 
 
 class DistributedEnvError(ValueError):
-    """The SLURM environment is incomplete or malformed; the message names the variable."""
+    """The SLURM or JAX_* environment is incomplete or malformed; the message names the variable."""
 
 
 # The coordinator port: $JAX_COORDINATOR_PORT, else in the top 4096 ports by job id.
@@ -102,6 +109,58 @@ def initialize_from_slurm(env: Mapping[str, str] | None = None) -> dict[str, Any
     if not in_slurm_job(env) or num_processes(env) <= 1:
         return None
     kwargs = distributed_kwargs(env)
+    import jax
+    jax.distributed.initialize(**kwargs)
+    return kwargs
+
+
+# The explicit request: all three or none.
+EXPLICIT_VARS = ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID")
+
+
+def explicit_kwargs(env: Mapping[str, str]) -> dict[str, Any] | None:
+    """``jax.distributed.initialize`` kwargs from JAX_COORDINATOR_ADDRESS/JAX_NUM_PROCESSES/JAX_PROCESS_ID.
+
+    None when neither JAX_NUM_PROCESSES nor JAX_PROCESS_ID is set (the
+    coordinator address alone is SLURM mode's override). A partial set, a
+    count below 1, an id outside [0, count) or an address without a port is
+    an error naming the variable.
+    """
+    if not any(env.get(name) for name in EXPLICIT_VARS[1:]):
+        return None
+    missing = [name for name in EXPLICIT_VARS if not env.get(name)]
+    if missing:
+        raise DistributedEnvError(
+            f"${' and $'.join(missing)} not set: a multi-process run needs all of "
+            f"${', $'.join(EXPLICIT_VARS)} (or none of them)")
+    count, process_id = _int(env, "JAX_NUM_PROCESSES"), _int(env, "JAX_PROCESS_ID")
+    if count < 1 or not 0 <= process_id < count:
+        raise DistributedEnvError(f"$JAX_PROCESS_ID={process_id} is not in [0, $JAX_NUM_PROCESSES={count})")
+    address = env["JAX_COORDINATOR_ADDRESS"]
+    if not re.fullmatch(r"[^\s:]+:\d+|\[[0-9a-fA-F:]+\]:\d+", address):
+        raise DistributedEnvError(f"$JAX_COORDINATOR_ADDRESS={address!r} is not host:port (e.g. 127.0.0.1:12345)")
+    return {"coordinator_address": address, "num_processes": count, "process_id": process_id}
+
+
+def requested_kwargs(env: Mapping[str, str]) -> dict[str, Any] | None:
+    """The kwargs of the multi-process run this environment asks for; None for a single process."""
+    kwargs = explicit_kwargs(env)
+    if kwargs is None and in_slurm_job(env) and num_processes(env) > 1:
+        kwargs = distributed_kwargs(env)
+    if kwargs is None or kwargs["num_processes"] == 1:
+        return None
+    return kwargs
+
+
+def initialize_from_env(env: Mapping[str, str] | None = None) -> dict[str, Any] | None:
+    """Calls ``jax.distributed.initialize`` when the environment asks for several processes; else None.
+
+    Must run before anything touches a jax backend (``jax.devices()``, a jit):
+    jax only sees the other processes' devices if it is initialised first.
+    """
+    kwargs = requested_kwargs(os.environ if env is None else env)
+    if kwargs is None:
+        return None
     import jax
     jax.distributed.initialize(**kwargs)
     return kwargs

@@ -79,13 +79,22 @@ def make_slots(parallel: int, cpus: Sequence[int], gpus: Sequence[str]) -> list[
     return [Slot(i, c, gpus[i] if gpus else None) for i, c in enumerate(split_cpus(cpus, parallel))]
 
 
+# What launch.distributed reads to start a multi-process run.
+_MULTI_PROCESS_VARS = ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID",
+                       "SLURM_PROCID", "SLURM_NTASKS")
+
+
 def slot_env(base: Mapping[str, str], slot: Slot) -> dict[str, str]:
     """The worker's environment: its GPU, thread counts matched to its cores.
 
     A single-core worker also turns off Eigen's intra-op thread pool, whose
     spinning threads would otherwise fight the other workers for the core.
+    Each worker is one single-process run: the variables that would make
+    main.py join a multi-process run (a multi-task SLURM allocation around
+    the sweep, or JAX_NUM_PROCESSES/JAX_PROCESS_ID) are dropped, else every
+    worker would wait for peers that never come.
     """
-    env = dict(base)
+    env = {name: value for name, value in base.items() if name not in _MULTI_PROCESS_VARS}
     n = len(slot.cpus)
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         env[var] = str(n)

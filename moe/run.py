@@ -5,6 +5,10 @@ The run directory is the contract with ``analysis/`` and ``launch/``:
 ``final_eval.json``, ``trace_<domain>.npz``, ``log.jsonl``, ``metrics.json``,
 ``checkpoints/``. Every JSON file is written to a temporary path and renamed,
 so a killed run never leaves a half-written artifact.
+
+In a multi-process run (``launch.distributed``) every process trains, saves
+checkpoints (Orbax coordinates them) and evaluates its own copy of the trained
+weights; only process 0 prepares the data first, prints and writes files.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from moe.data import pipeline
 from moe.dispatch import select_dispatch
 from moe.evaluate import domain_summary, evaluate_windows, make_eval_step
 from moe.model import build_model, param_counts
-from moe.train import init_state, make_optimizer, make_train_step, train
+from moe.train import host_local, init_state, is_lead_process, make_optimizer, make_train_step, train
 
 
 def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -141,8 +145,9 @@ def dry_run(config: ml_collections.ConfigDict) -> dict[str, Any]:
 # ---------------------------------------------------------------- the run
 
 
-def evaluate_and_trace(config, graphdef, params, workdir: pathlib.Path, log: Callable[[str], None]) -> dict:
-    """final_eval.json + trace_<domain>.npz (+ cache metrics in metrics.json)."""
+def evaluate_and_trace(config, graphdef, params, workdir: pathlib.Path, log: Callable[[str], None], *,
+                       write: bool = True) -> tuple[dict, dict]:
+    """(final_eval, traces); with ``write``, final_eval.json + trace_<domain>.npz (+ cache metrics in metrics.json)."""
     from cachesim.trace import make_trace, save_trace
 
     eval_step = make_eval_step(graphdef, config, with_probs=config.eval.trace_probs)
@@ -156,12 +161,14 @@ def evaluate_and_trace(config, graphdef, params, workdir: pathlib.Path, log: Cal
         trace = make_trace(out["experts"], config.model.num_experts, probs=out.get("probs"),
                            model=f"{config.model.size}/{config.run_name}", source=f"{config.data.corpus}:{domain}",
                            name=domain)
-        save_trace(workdir / f"trace_{domain}.npz", trace)
+        if write:
+            save_trace(workdir / f"trace_{domain}.npz", trace)
         traces[domain] = trace
         log(f"eval {domain}: loss {final_eval[domain]['val_loss']:.4f} ppl {final_eval[domain]['val_ppl']:.2f} "
             f"({out['ce'].size:,} tokens, {time.perf_counter() - t0:.1f}s)")
-    write_json(workdir / "final_eval.json", final_eval)
-    return traces
+    if write:
+        write_json(workdir / "final_eval.json", final_eval)
+    return final_eval, traces
 
 
 def summary_metrics(config, final_eval: dict, traces: dict, last_train: dict) -> dict[str, Any]:
@@ -192,8 +199,15 @@ def collapse_warnings(metrics: dict) -> list[str]:
 
 def run(config: ml_collections.ConfigDict, workdir: str | os.PathLike, *, log: Callable[[str], None] = print,
         stop_after: int | None = None) -> bool:
-    """Trains (or resumes), evaluates and writes the run directory. True when finished."""
+    """Trains (or resumes), evaluates and writes the run directory. True when finished.
+
+    Multi-process (``jax.distributed`` initialised): call it in every process with
+    the same arguments; process 0 alone logs and writes the files.
+    """
     config = resolve(config)
+    lead = is_lead_process()
+    if not lead:
+        log = _silent
     workdir = pathlib.Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     check_same_config(workdir, config)
@@ -203,13 +217,14 @@ def run(config: ml_collections.ConfigDict, workdir: str | os.PathLike, *, log: C
         from moe import finetune
         base = finetune.check_init_from(config)
 
-    data_dir = pipeline.ensure_prepared(config.data)
+    data_dir = prepare_data_once(config.data, lead)
     log(f"data: {config.data.corpus} corpus at {data_dir}")
     train_iter = pipeline.make_train_iterator(config.data, batch_size=config.train.batch_size,
                                               seq_len=config.model.context, seed=config.seed)
     counts = param_counts(nnx.eval_shape(lambda: build_model(config.model, config.seed)))
-    record = config_record(config, counts)
-    write_json(workdir / "config.json", finetune.run_record(record, config, base) if finetune else record)
+    if lead:
+        record = config_record(config, counts)
+        write_json(workdir / "config.json", finetune.run_record(record, config, base) if finetune else record)
     log(f"run {config.run_name}: {counts['params_total']:,} params ({counts['params_active']:,} active), "
         f"{num_train_steps(config)} steps of {config.train.batch_size}x{config.model.context} tokens, "
         f"dispatch={config.model.dispatch}, remat={config.model.remat}, backend={jax.default_backend()}")
@@ -218,18 +233,40 @@ def run(config: ml_collections.ConfigDict, workdir: str | os.PathLike, *, log: C
     result = train(config, workdir, train_iter, log=log, stop_after=stop_after, init_params=init_params)
     if not result.completed:
         return False
-    traces = evaluate_and_trace(config, result.graphdef, result.state["params"], workdir, log)
+    # Multi-process: each process evaluates its own copy of the (replicated) weights on its
+    # own device, the single-device computation; no process waits on another's files.
+    params = host_local(result.state["params"])
+    final_eval, traces = evaluate_and_trace(config, result.graphdef, params, workdir, log, write=lead)
     if finetune and config.predictor.enabled:  # MELINOE's figure: transfers with/without prefetch
         from moe.transfers import transfer_study
-        write_json(workdir / "transfers.json", transfer_study(config, result.graphdef, result.state["params"],
-                                                              base, log))
-    final_eval = json.loads((workdir / "final_eval.json").read_text())
+        transfers = transfer_study(config, result.graphdef, params, base, log)
+        if lead:
+            write_json(workdir / "transfers.json", transfers)
     metrics = summary_metrics(config, final_eval, traces, result.last_metrics)
-    write_json(workdir / "metrics.json", metrics)
+    if lead:
+        write_json(workdir / "metrics.json", metrics)
     for line in collapse_warnings(metrics):
         log(line)
     log(f"done: mean PPL {np.mean([v['val_ppl'] for v in final_eval.values()]):.2f}; artifacts in {workdir}")
     return True
+
+
+def _silent(_msg: str) -> None:
+    pass
+
+
+def prepare_data_once(data_cfg, lead: bool) -> pathlib.Path:
+    """The prepared data directory; multi-process: process 0 prepares it while the others wait.
+
+    The others then only verify it, so hosts sharing a filesystem never write
+    the same corpus at once (its file lock may not hold across hosts).
+    """
+    if jax.process_count() == 1:
+        return pipeline.ensure_prepared(data_cfg)
+    from jax.experimental import multihost_utils
+    data_dir = pipeline.ensure_prepared(data_cfg) if lead else None
+    multihost_utils.sync_global_devices("cacheable-moe: data prepared")
+    return data_dir or pipeline.ensure_prepared(data_cfg)
 
 
 def check_same_config(workdir: pathlib.Path, config: ml_collections.ConfigDict) -> None:

@@ -6,6 +6,7 @@ loop (``train``) owns the effects: data, checkpoints, logging, signals.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -189,10 +190,57 @@ def train_step_fn(graphdef, tx: optax.GradientTransformation, config: ml_collect
 
 
 def data_parallel_mesh() -> jax.sharding.Mesh | None:
-    """A 1-D ("data",) mesh over every device when there is more than one, else None."""
+    """A 1-D ("data",) mesh over every device of every process when there is more than one, else None."""
     if jax.device_count() == 1:
         return None
-    return jax.make_mesh((jax.device_count(),), ("data",))
+    # Auto axes: the batch's row split stays out of the types, so the model code needs no
+    # sharding annotations and XLA's partitioner inserts the gradient all-reduce.
+    return jax.make_mesh((jax.device_count(),), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+
+
+def is_lead_process() -> bool:
+    """True in the process that writes the run's files (process 0; the only one in a single-process run)."""
+    return jax.process_index() == 0
+
+
+def replicated_sharding(mesh: jax.sharding.Mesh) -> jax.sharding.NamedSharding:
+    return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+
+
+def rows_sharding(mesh: jax.sharding.Mesh) -> jax.sharding.NamedSharding:
+    return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+
+
+def global_batch(batch: dict[str, np.ndarray], sharding: jax.sharding.Sharding) -> dict[str, jax.Array]:
+    """The global batch as arrays split by rows over the mesh, built from this process's copy of it.
+
+    Every process reads the same global batch from its own iterator (same
+    corpus, seed and position), and hands over only the rows of its own
+    devices. Why every process reads everything rather than a per-process
+    slice of the stream: the data order is then that of a single-process run
+    whatever the process count, and the iterator state in a checkpoint (one
+    JSON item, written by process 0) resumes any process count. Reading the
+    extra rows costs a memory-mapped copy of B x (T+1) int32 per step.
+    """
+    return {name: jax.make_array_from_callback(rows.shape, sharding, lambda index, rows=rows: rows[index])
+            for name, rows in batch.items()}
+
+
+def host_local(tree):
+    """A process-local copy of replicated global arrays (this process's first shard), for local work.
+
+    In a multi-process run the trained params span devices of other
+    processes; evaluation then runs on each process's own copy, exactly the
+    single-device computation. Arrays this process fully holds pass through.
+    """
+    def local(x):
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:
+            if not x.is_fully_replicated:
+                raise ValueError(f"cannot take a local copy of an array sharded as {x.sharding}; "
+                                 "only replicated arrays have one")
+            return x.addressable_data(0)
+        return x
+    return jax.tree.map(local, tree)
 
 
 def make_train_step(graphdef, tx: optax.GradientTransformation, config: ml_collections.ConfigDict,
@@ -206,8 +254,7 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, config: ml_colle
     step = train_step_fn(graphdef, tx, config)
     if mesh is None:
         return jax.jit(step, donate_argnums=0)
-    P, NS = jax.sharding.PartitionSpec, jax.sharding.NamedSharding
-    replicated, rows = NS(mesh, P()), NS(mesh, P("data"))
+    replicated, rows = replicated_sharding(mesh), rows_sharding(mesh)
     return jax.jit(step, donate_argnums=0, in_shardings=(replicated, rows), out_shardings=(replicated, replicated))
 
 
@@ -239,14 +286,21 @@ class Progress:
 
 
 class Preemption:
-    """SIGTERM/SIGINT -> save a checkpoint at the next step boundary and exit cleanly."""
+    """SIGTERM -> save a checkpoint at the next step boundary and exit cleanly.
 
-    def __init__(self):
+    In a multi-process run (``synced=True``) the processes must stop at the same
+    step, since saving is collective: jax's preemption service (started by
+    ``jax.distributed.initialize``) catches SIGTERM on any process and agrees on
+    the step, so no Python handler is installed and :meth:`stop_at` asks it.
+    """
+
+    def __init__(self, synced: bool = False):
         self.requested = False
+        self.synced = synced
         self._previous = {}
 
     def __enter__(self):
-        for sig in (signal.SIGTERM,):
+        for sig in () if self.synced else (signal.SIGTERM,):
             self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
@@ -254,6 +308,13 @@ class Preemption:
         del frame
         self.requested = True
         print(f"\nreceived signal {signum}: checkpointing and exiting", file=sys.stderr, flush=True)
+
+    def stop_at(self, step: int) -> bool:
+        """Whether to checkpoint and stop after ``step``; multi-process: call it at every step on every process."""
+        if self.synced:
+            from jax.experimental import multihost_utils
+            self.requested = self.requested or multihost_utils.reached_preemption_sync_point(step)
+        return self.requested
 
     def __exit__(self, *exc):
         for sig, handler in self._previous.items():
@@ -296,33 +357,50 @@ def train(config: ml_collections.ConfigDict, workdir: pathlib.Path, train_iter, 
     maps the freshly initialised params to the params to start from when the
     workdir holds no checkpoint yet (fine-tuning: the base run's weights); a
     resumed run ignores it.
+
+    Several devices, in one process or several (``jax.distributed``): data
+    parallel over all of them, each process feeding its devices' rows of the
+    same global batch (:func:`global_batch`). Every process runs this loop and
+    saves checkpoints (Orbax coordinates the writers); only process 0 logs and
+    writes log.jsonl. SIGTERM on any process stops all of them at one agreed step.
     """
     total_steps = num_train_steps(config)
     tx = make_optimizer(config.optim, total_steps)
     graphdef, state = init_state(config, tx)
-    mgr = checkpoint.manager(workdir, keep=config.train.keep_checkpoints)
+    lead = is_lead_process()  # multi-process: only process 0 logs and writes log.jsonl
+    if not lead:
+        log = _silent
+    mgr = checkpoint.manager(workdir, keep=config.train.keep_checkpoints)  # every process: Orbax coordinates
     log_path = workdir / "log.jsonl"
 
-    restored = checkpoint.restore_latest(mgr, jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state))
+    mesh = data_parallel_mesh()
+    if mesh is not None and config.train.batch_size % mesh.size:
+        raise ValueError(f"train.batch_size={config.train.batch_size} is not divisible by the "
+                         f"{mesh.size} devices; choose a multiple of {mesh.size}")
+    # The checkpoint is restored straight onto this run's devices (replicated over the mesh),
+    # whatever the process/device count that saved it: a run may resume on another topology.
+    placement = replicated_sharding(mesh) if mesh is not None else jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    restored = checkpoint.restore_latest(
+        mgr, jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=placement), state))
     start = 0
     if restored is not None:
         start, state, data_state = restored
         train_iter.set_state(data_state)
-        truncate_log(log_path, start)
+        if lead:
+            truncate_log(log_path, start)
         log(f"resumed from checkpoint at step {start}")
     else:
-        if log_path.exists():
+        if lead and log_path.exists():
             log_path.unlink()  # a log without any checkpoint belongs to a run that never saved
         if init_params is not None:
             state["params"] = init_params(state["params"])
 
-    mesh = data_parallel_mesh()
+    to_device: Callable[[dict], Any] = lambda batch: batch  # noqa: E731 — one device: jit takes numpy as is
     if mesh is not None:
-        if config.train.batch_size % mesh.size:
-            raise ValueError(f"train.batch_size={config.train.batch_size} is not divisible by the "
-                             f"{mesh.size} devices; choose a multiple of {mesh.size}")
-        state = jax.device_put(state, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
-        log(f"data parallel over {mesh.size} devices")
+        state = jax.device_put(state, placement)
+        to_device = lambda batch: global_batch(batch, rows_sharding(mesh))  # noqa: E731
+        log(f"data parallel over {mesh.size} devices"
+            + (f" in {jax.process_count()} processes" if jax.process_count() > 1 else ""))
     step_fn = make_train_step(graphdef, tx, config, mesh)
     tokens_per_step = config.train.batch_size * config.model.context
     progress = Progress(total_steps, tokens_per_step)
@@ -332,9 +410,10 @@ def train(config: ml_collections.ConfigDict, workdir: pathlib.Path, train_iter, 
 
     step, pending, last = start, None, {}
     compile_t0 = time.perf_counter()
-    with Preemption() as preempt, log_path.open("a") as log_file:
+    log_cm = log_path.open("a") if lead else contextlib.nullcontext(None)
+    with Preemption(synced=jax.process_count() > 1) as preempt, log_cm as log_file:
         while step < total_steps:
-            batch = next(train_iter)
+            batch = to_device(next(train_iter))
             state, metrics = step_fn(state, batch)
             step += 1
             if step == start + 1:
@@ -346,15 +425,16 @@ def train(config: ml_collections.ConfigDict, workdir: pathlib.Path, train_iter, 
                 check_finite(*pending)
             pending = (step, metrics)
             is_last = step == total_steps
-            stopping = preempt.requested or (stop_after is not None and step - start >= stop_after)
+            stopping = preempt.stop_at(step) or (stop_after is not None and step - start >= stop_after)
             if step % config.train.log_every == 0 or is_last:
                 check_finite(step, metrics)
                 last = _host_metrics(metrics)
-                record = {"step": step, **{k: v for k, v in last.items() if k != "usage_entropy"},
-                          "usage_entropy": last["usage_entropy"], "tok_s": progress.rate(step),
-                          "tokens": step * tokens_per_step}
-                log_file.write(json.dumps(record) + "\n")
-                log_file.flush()
+                if log_file is not None:
+                    record = {"step": step, **{k: v for k, v in last.items() if k != "usage_entropy"},
+                              "usage_entropy": last["usage_entropy"], "tok_s": progress.rate(step),
+                              "tokens": step * tokens_per_step}
+                    log_file.write(json.dumps(record) + "\n")
+                    log_file.flush()
                 log(f"step {step}/{total_steps} | loss {last['loss']:.4f} | lm {last['lm']:.4f} | "
                     f"bal {last['bal']:.3f} | loc {last['loc']:.3f} | dom {last['dom']:.3f} | "
                     f"{progress.rate(step):,.0f} tok/s | ETA {progress.eta(step)}")
@@ -369,6 +449,10 @@ def train(config: ml_collections.ConfigDict, workdir: pathlib.Path, train_iter, 
         check_finite(*pending)
     mgr.close()
     return TrainResult(graphdef, state, True, last)
+
+
+def _silent(_msg: str) -> None:
+    pass
 
 
 def check_finite(step: int, metrics: dict) -> None:

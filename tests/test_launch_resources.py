@@ -75,3 +75,13 @@ def test_estimator_compiles_once_per_shape_and_refuses_what_does_not_fit(tmp_pat
     assert memory.max_seeds_that_fit(e, 4) == 1
     table = memory.format_estimates([estimates[0], e])
     assert "3.000 GiB" in table and "NO" in table.splitlines()[2]
+
+
+def test_slot_env_keeps_workers_single_process():
+    # A sweep inside a multi-task allocation: workers must not wait for peers.
+    base = {"SLURM_JOB_ID": "7", "SLURM_PROCID": "1", "SLURM_NTASKS": "4", "JAX_NUM_PROCESSES": "2",
+            "JAX_PROCESS_ID": "1", "JAX_COORDINATOR_ADDRESS": "h:1", "PATH": "/bin"}
+    env = resources.slot_env(base, resources.Slot(0, (0,), None))
+    from launch.distributed import requested_kwargs
+    assert requested_kwargs(env) is None
+    assert env["PATH"] == "/bin" and env["SLURM_JOB_ID"] == "7"
