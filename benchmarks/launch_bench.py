@@ -1,24 +1,31 @@
 """Launcher figures, side by side in one run on this machine.
 
-    python benchmarks/launch_bench.py [--seeds 4] [--steps 30] [--no-overhead]
+    python benchmarks/launch_bench.py [--seeds 4] [--steps 0] [--rounds 2] [--no-overhead]
 
-1. S seeds of the ``tiny`` config trained one after another vs vmap-batched,
-   as a user runs them: ``python -m launch.sweep --parallel=1`` over a grid
-   of S seeds, without and with ``--vmap_seeds=S`` (real subprocesses:
-   start-up, compile, training, checkpoints, evaluation, traces). Each arm
-   has its own fresh persistent compile cache, so the sequential arm's seeds
-   2..S reuse seed 1's compiled step exactly as a real sweep does.
-   ``speedup`` = sequential wall time / vmapped wall time for the same
-   training tokens (a throughput ratio).
+1. S seeds of the ``tiny`` config trained one after another vs in one process
+   and one jit, as a user runs them: ``python -m launch.sweep --parallel=1``
+   over a grid of S seeds, without and with ``--vmap_seeds=S`` (real
+   subprocesses: start-up, init, compile, training, checkpoints, evaluation,
+   traces; the same steps, data and evaluation in both arms). Each arm of each
+   round has its own fresh persistent compile cache, so the sequential arm's
+   seeds 2..S reuse seed 1's compiled step exactly as a real sweep does, and
+   the batched arm pays its whole compile. Rounds alternate the arms' order
+   and each arm keeps its best round (other processes share the cores).
+   ``speedup`` = best sequential wall time / best batched wall time for the
+   same training tokens (a throughput ratio).
 2. Steady-state train-step throughput in-process (compile excluded, random
-   batches; rounds interleaved, best round kept, because other processes share
-   the cores): S solo jitted steps back to back vs one
-   ``jit(vmap(train_step_fn))`` step over S stacked states -> ``step_speedup``.
+   batches; rounds interleaved, best round kept): S solo jitted steps back to
+   back vs one step of S stacked states in each seed-batching mode of
+   ``launch.vmap_seeds`` (``vmap``, ``unrolled``) -> ``step_speedup`` (the
+   mode the sweep uses) and ``step_speedup_<mode>``; plus each mode's compile
+   time next to the solo step's.
 3. Sweep overhead: seconds from ``python -m launch.sweep`` to the first
    training step of its run, next to ``python main.py`` on the same run; and
    the wall time of re-running a finished sweep.
 
-The last line is one JSON object (``seeds``, ``speedup``, ``step_speedup``, overheads).
+The machine's 1-minute load average is printed before and after (``load_before``,
+``load_after``): on a shared machine figures move with it. The last line is one
+JSON object (``seeds``, ``speedup``, ``step_speedup``, ...).
 """
 
 from __future__ import annotations
@@ -44,7 +51,7 @@ import numpy as np  # noqa: E402
 
 from configs.base import num_train_steps  # noqa: E402
 from launch import plan  # noqa: E402
-from launch.vmap_seeds import make_vmapped_step, stack  # noqa: E402
+from launch.vmap_seeds import choose_batching, make_seed_step, stack  # noqa: E402
 from moe.data import pipeline  # noqa: E402
 from moe.run import resolve  # noqa: E402
 from moe.train import init_state, make_optimizer, make_train_step  # noqa: E402
@@ -58,44 +65,59 @@ def tiny_config(seed: int, steps: int, **extra):
     return resolve(plan.build_config(f"{ARM_B}:tiny", overrides))
 
 
-def step_throughput(configs, steps: int, rounds: int) -> tuple[float, float]:
-    """(solo, vmapped) tokens/s over all seeds, best of interleaved rounds."""
-    ref = configs[0]
+MODES = ("vmap", "unrolled")
+
+
+def step_throughput(configs, steps: int, rounds: int) -> dict[str, float]:
+    """Tokens/s over all seeds (best of interleaved rounds) and compile seconds: solo and each batching mode."""
+    ref, seeds = configs[0], len(configs)
     tx = make_optimizer(ref.optim, num_train_steps(ref))
     inits = [init_state(c, tx) for c in configs]
     graphdef = inits[0][0]
-    solo_step = make_train_step(graphdef, tx, ref)
-    vmapped_step = make_vmapped_step(graphdef, tx, ref)
     rng = np.random.default_rng(0)
-    shape = (len(configs), ref.train.batch_size, ref.model.context + 1)
+    shape = (seeds, ref.train.batch_size, ref.model.context + 1)
     batch = {"tokens": rng.integers(0, ref.model.vocab_size, shape, dtype=np.int32),
              "domains": rng.integers(0, 3, shape, dtype=np.int32)}
-    solo_batches = [{k: v[i] for k, v in batch.items()} for i in range(len(configs))]
-    solo_states = [s for _, s in inits]
-    stacked = stack([jax.tree.map(jnp.copy, s) for s in solo_states])
+    solo_batches = [{k: v[i] for k, v in batch.items()} for i in range(seeds)]
+    fresh = [s for _, s in inits]
 
-    def run_solo(n):
-        nonlocal solo_states
+    # Compiled ahead (timed), then run: arm -> (compiled step, its state(s)). A throw-away
+    # compile first, so that no arm's compile time includes the process's first-compile costs.
+    make_train_step(graphdef, tx, ref).lower(fresh[0], solo_batches[0]).compile()
+    arms, compile_s = {}, {}
+    t0 = time.perf_counter()
+    solo = make_train_step(graphdef, tx, ref).lower(fresh[0], solo_batches[0]).compile()
+    compile_s["solo"] = time.perf_counter() - t0
+    arms["solo"] = (solo, [jax.tree.map(jnp.copy, s) for s in fresh])
+    for mode in MODES:
+        stacked = stack([jax.tree.map(jnp.copy, s) for s in fresh])
+        t0 = time.perf_counter()
+        step = make_seed_step(graphdef, tx, ref, seeds, mode).lower(stacked, batch).compile()
+        compile_s[mode] = time.perf_counter() - t0
+        arms[mode] = (step, stacked)
+
+    def run(arm: str, n: int) -> None:
+        step, state = arms[arm]
         for _ in range(n):
-            solo_states = [solo_step(s, b)[0] for s, b in zip(solo_states, solo_batches)]
-        jax.block_until_ready(solo_states)
+            if arm == "solo":
+                state = [step(s, b)[0] for s, b in zip(state, solo_batches)]
+            else:
+                state = step(state, batch)[0]
+        jax.block_until_ready(state)
+        arms[arm] = (step, state)
 
-    def run_vmapped(n):
-        nonlocal stacked
-        for _ in range(n):
-            stacked = vmapped_step(stacked, batch)[0]
-        jax.block_until_ready(stacked)
-
-    run_solo(1)      # compile
-    run_vmapped(1)
-    best = {"solo": float("inf"), "vmapped": float("inf")}
+    for arm in arms:
+        run(arm, 1)  # warm-up
+    best = {arm: float("inf") for arm in arms}
     for _ in range(rounds):
-        for name, fn in (("solo", run_solo), ("vmapped", run_vmapped)):
+        for arm in arms:
             t0 = time.perf_counter()
-            fn(steps)
-            best[name] = min(best[name], time.perf_counter() - t0)
-    tokens = len(configs) * steps * ref.train.batch_size * ref.model.context
-    return tokens / best["solo"], tokens / best["vmapped"]
+            run(arm, steps)
+            best[arm] = min(best[arm], time.perf_counter() - t0)
+    tokens = seeds * steps * ref.train.batch_size * ref.model.context
+    out = {f"step_{arm}_tokens_per_s": tokens / t for arm, t in best.items()}
+    out.update({f"compile_{arm}_s": t for arm, t in compile_s.items()})
+    return out
 
 
 SEED_SWEEP = """from configs.arm_b import get_config
@@ -161,12 +183,29 @@ def sweep_overhead(workdir: pathlib.Path) -> dict[str, float]:
             "sweep_overhead_s": via_sweep - direct, "finished_sweep_restart_s": restart}
 
 
+def sweep_speedup(tmp: pathlib.Path, seeds: int, steps: int, rounds: int, data_dir: str) -> dict[str, float]:
+    """Best-of-rounds wall seconds of the two sweeps; rounds alternate which arm goes first."""
+    walls: dict[str, list[float]] = {"sequential": [], "batched": []}
+    for r in range(rounds):
+        order = (False, True) if r % 2 == 0 else (True, False)
+        for batched in order:
+            wall = sweep_wall(tmp / f"round{r}", seeds, steps, vmap=batched, data_dir=data_dir)
+            walls["batched" if batched else "sequential"].append(wall)
+            print(f"  round {r + 1}: {'batched' if batched else 'sequential'} sweep {wall:.1f}s "
+                  f"(load {os.getloadavg()[0]:.2f})", flush=True)
+    seq, bat = min(walls["sequential"]), min(walls["batched"])
+    return {"sequential_sweep_s": seq, "vmapped_sweep_s": bat, "speedup": seq / bat,
+            "round_speedups": [a / b for a, b in zip(walls["sequential"], walls["batched"])]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=4)
     parser.add_argument("--steps", type=int, default=0,
                         help="train steps per run (default: the tiny config's own budget, 12)")
-    parser.add_argument("--step-rounds", type=int, default=3, help="interleaved rounds of --steps steps (in-process)")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of the two sweeps (best round per arm kept)")
+    parser.add_argument("--step-rounds", type=int, default=6, help="interleaved rounds of the in-process step timing")
+    parser.add_argument("--round-steps", type=int, default=10, help="train steps per arm and round (in-process)")
     parser.add_argument("--no-overhead", action="store_true", help="skip the sweep-overhead runs")
     args = parser.parse_args()
     if args.steps <= 0:
@@ -174,22 +213,28 @@ def main() -> None:
 
     configs = [tiny_config(s, args.steps) for s in range(1, args.seeds + 1)]
     data_dir = str(pipeline.ensure_prepared(configs[0].data))
-    result = {"backend": jax.default_backend(), "size": "tiny", "seeds": args.seeds, "steps": args.steps}
+    mode = choose_batching("auto", jax.default_backend(), args.steps)  # what the sweep's batched job uses
+    result = {"backend": jax.default_backend(), "size": "tiny", "seeds": args.seeds, "steps": args.steps,
+              "seed_batching": mode, "load_before": os.getloadavg()[0]}
+    print(f"load average before: {result['load_before']:.2f} (2 cores shared with other processes)", flush=True)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="launch_bench_"))
     try:
-        sequential = sweep_wall(tmp, args.seeds, args.steps, vmap=False, data_dir=data_dir)
-        vmapped = sweep_wall(tmp, args.seeds, args.steps, vmap=True, data_dir=data_dir)
+        result.update(sweep_speedup(tmp, args.seeds, args.steps, args.rounds, data_dir))
         tokens = args.seeds * args.steps * configs[0].train.batch_size * configs[0].model.context
-        print(f"sweep of {args.seeds} seeds x {args.steps} steps: one after another {sequential:.1f}s "
-              f"({tokens / sequential:,.0f} train tokens/s), vmapped {vmapped:.1f}s ({tokens / vmapped:,.0f} "
-              f"train tokens/s): {sequential / vmapped:.2f}x", flush=True)
-        result.update(sequential_sweep_s=sequential, vmapped_sweep_s=vmapped, speedup=sequential / vmapped)
+        seq, bat = result["sequential_sweep_s"], result["vmapped_sweep_s"]
+        print(f"sweep of {args.seeds} seeds x {args.steps} steps (best of {args.rounds}): one after another "
+              f"{seq:.1f}s ({tokens / seq:,.0f} train tokens/s), batched ({mode}) {bat:.1f}s "
+              f"({tokens / bat:,.0f} train tokens/s): {seq / bat:.2f}x", flush=True)
 
-        solo_tps, vmap_tps = step_throughput(configs, max(20, args.steps), args.step_rounds)
-        print(f"steady-state train step: solo one after another {solo_tps:,.0f} tokens/s, vmapped "
-              f"{vmap_tps:,.0f} tokens/s: {vmap_tps / solo_tps:.2f}x", flush=True)
-        result.update(step_solo_tokens_per_s=solo_tps, step_vmapped_tokens_per_s=vmap_tps,
-                      step_speedup=vmap_tps / solo_tps)
+        steps = step_throughput(configs, args.round_steps, args.step_rounds)
+        result.update(steps)
+        solo = steps["step_solo_tokens_per_s"]
+        for m in MODES:
+            result[f"step_speedup_{m}"] = steps[f"step_{m}_tokens_per_s"] / solo
+            print(f"steady-state train step, {m}: {steps[f'step_{m}_tokens_per_s']:,.0f} tokens/s vs solo one after "
+                  f"another {solo:,.0f}: {result[f'step_speedup_{m}']:.2f}x; compile {steps[f'compile_{m}_s']:.1f}s "
+                  f"vs solo {steps['compile_solo_s']:.1f}s", flush=True)
+        result["step_speedup"] = result[f"step_speedup_{mode}"]
         if not args.no_overhead:
             overhead = sweep_overhead(tmp / "overhead")
             print(f"command -> first training step: main.py {overhead['first_step_direct_s']:.1f}s, "
@@ -199,6 +244,8 @@ def main() -> None:
             result.update(overhead)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    result["load_after"] = os.getloadavg()[0]
+    print(f"load average after: {result['load_after']:.2f}", flush=True)
     print(json.dumps(result))
 
 
