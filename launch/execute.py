@@ -8,6 +8,7 @@ that main.py completed gets its ``DONE`` marker; the others are retried (up to
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import pathlib
 import sys
@@ -112,7 +113,7 @@ def settle(job: Job, states: Mapping[str, RunState], *, retries: int, attempt: d
             continue
         st.error = attempt.get("error") or "the run stopped before its last step without an error (a signal?)"
         st.state = "pending" if retry else "failed"
-    return Job(tuple(unfinished)) if retry else None
+    return dataclasses.replace(job, runs=tuple(unfinished)) if retry else None
 
 
 def run_in_process(job: Job, log: Callable[[str], None]) -> bool:
@@ -124,7 +125,7 @@ def run_in_process(job: Job, log: Callable[[str], None]) -> bool:
     if job.vmapped:
         from launch.vmap_seeds import train_seeds
         configs = [build_config(s.config_file, s.overrides) for s in job.runs]
-        return train_seeds(configs, [s.workdir for s in job.runs], log=log)
+        return train_seeds(configs, [s.workdir for s in job.runs], log=log, batching=job.seed_batching)
     from moe.run import run
     spec = job.runs[0]
     return bool(run(build_config(spec.config_file, spec.overrides), spec.workdir, log=log))

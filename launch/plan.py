@@ -274,6 +274,7 @@ class Job:
     """What one worker process runs: a solo run, or seeds of one config trained in one vmapped jit."""
 
     runs: tuple[RunSpec, ...]
+    seed_batching: str = "auto"  # how a vmapped group shares its jit (launch.vmap_seeds)
 
     @property
     def name(self) -> str:
@@ -295,6 +296,7 @@ class Job:
         return [python, "-m", "launch.vmap_seeds", f"--config={self.runs[0].config_file}",
                 *[f"--workdir={r.workdir}" for r in self.runs],
                 f"--seeds={','.join(str(r.seed) for r in self.runs)}",
+                f"--seed_batching={self.seed_batching}",
                 *override_flags(self.shared_overrides())]
 
 
@@ -308,13 +310,14 @@ def seed_group_key(spec: RunSpec) -> tuple:
 
 
 def make_jobs(specs: Sequence[RunSpec], max_seeds: int = 1, resume_steps: Mapping[str, int] | None = None,
-              groupable: Callable[[RunSpec], bool] | None = None) -> list[Job]:
+              groupable: Callable[[RunSpec], bool] | None = None, seed_batching: str = "auto") -> list[Job]:
     """Packs runs into jobs: groups of at most ``max_seeds`` seeds of one config, else solo runs.
 
     A vmapped group restarts all its seeds from one common step, so runs are
     only grouped with runs whose newest checkpoint is at the same step
     (``resume_steps``: name -> step, 0 for a fresh run). Runs for which
     ``groupable`` is false always run solo. Order follows ``specs``.
+    ``seed_batching`` is the groups' ``launch.vmap_seeds --seed_batching``.
     """
     if max_seeds <= 1:
         return [Job((s,)) for s in specs]
@@ -326,6 +329,6 @@ def make_jobs(specs: Sequence[RunSpec], max_seeds: int = 1, resume_steps: Mappin
     jobs = []
     for members in groups.values():
         for i in range(0, len(members), max_seeds):
-            jobs.append(Job(tuple(members[i:i + max_seeds])))
+            jobs.append(Job(tuple(members[i:i + max_seeds]), seed_batching))
     order = {s.name: i for i, s in enumerate(specs)}
     return sorted(jobs, key=lambda j: order[j.runs[0].name])

@@ -214,4 +214,4 @@ class SlurmExecutor:
             st.error = error or "the job ended without finishing the run"
             st.state = "pending" if retry else "failed"
             self.echo(f"{'retrying' if retry else 'failed'} {spec.name}: {st.error}")
-        return Job(tuple(unfinished)) if retry else None
+        return dataclasses.replace(job, runs=tuple(unfinished)) if retry else None

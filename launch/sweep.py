@@ -45,6 +45,9 @@ _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print the planned runs and each 
                              "exit non-zero if any exceeds config.device_memory_gib. Trains nothing.")
 _VMAP_SEEDS = flags.DEFINE_integer("vmap_seeds", 0, "Train up to this many seeds of one config in one process and "
                                    "one vmapped jit (small configs: --dry_run checks S x memory). 0/1: off.")
+_SEED_BATCHING = flags.DEFINE_enum("seed_batching", "auto", ["auto", "vmap", "unrolled"],
+                                   "How a --vmap_seeds group shares its jit (launch.vmap_seeds): auto picks the "
+                                   "mode measured fastest for the backend and run length.")
 _ONLY = flags.DEFINE_list("only", [], "Only the runs whose names match these shell patterns, e.g. 'b-lam0.05-*'.")
 _ANALYSIS = flags.DEFINE_bool("analysis", True, "Write analysis tables and the verdict when the sweep is done.")
 _VERBOSE = flags.DEFINE_bool("verbose", False, "Echo every worker's output (prefixed with its run name).")
@@ -101,7 +104,7 @@ def validate_runs(specs) -> None:
             raise SweepError(f"run {spec.name}: {e}") from None
 
 
-def plan_jobs(runs, max_seeds: int):
+def plan_jobs(runs, max_seeds: int, seed_batching: str = "auto"):
     """Jobs for the runs: seeds of one config in vmapped groups of <= max_seeds, the rest solo.
 
     Whether S seeds fit the device is --dry_run's question (it compiles); the
@@ -111,7 +114,7 @@ def plan_jobs(runs, max_seeds: int):
     from launch.plan import make_jobs
 
     resume = {s.name: (rundir.checkpoint_steps(s.workdir) or [0])[-1] for s in runs}
-    return make_jobs(runs, max_seeds, resume, groupable=vmappable)
+    return make_jobs(runs, max_seeds, resume, groupable=vmappable, seed_batching=seed_batching)
 
 
 def vmappable(spec) -> bool:
@@ -204,7 +207,7 @@ def sweep(argv_command: Sequence[str]) -> int:
         pending = [s for s in specs if states[s.name].state != "done"]
         if pending:
             validate_runs(pending)
-        jobs = plan_jobs(pending, _VMAP_SEEDS.value)
+        jobs = plan_jobs(pending, _VMAP_SEEDS.value, _SEED_BATCHING.value)
         print(f"sweep {config_file}: {len(specs)} runs, {len(specs) - len(pending)} done, {len(pending)} to run "
               f"in {len(jobs)} job(s) with the {_EXECUTOR.value} executor; root {root}", flush=True)
         if _EXECUTOR.value != "local":  # local workers print their command when they start
@@ -246,7 +249,7 @@ def dry_run(specs) -> int:
 
     prepare_jax_env()
     validate_runs(specs)
-    jobs = plan_jobs(specs, _VMAP_SEEDS.value)
+    jobs = plan_jobs(specs, _VMAP_SEEDS.value, _SEED_BATCHING.value)
     estimator = memory.MemoryEstimator()
     estimates = []
     for job in jobs:  # read-only: a dry run writes nothing, not even a missing DONE

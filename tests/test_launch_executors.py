@@ -170,8 +170,8 @@ def test_settle_marks_only_complete_members_of_a_group(tmp_path):
     for st in states.values():
         st.attempts = 1
     write_complete_run(specs[0].workdir, steps=4)
-    retry = execute.settle(Job(tuple(specs)), states, retries=1, attempt={"wall_s": 1.0, "error": "boom"})
+    retry = execute.settle(Job(tuple(specs), "vmap"), states, retries=1, attempt={"wall_s": 1.0, "error": "boom"})
     assert states["s1"].state == "done" and rundir.is_done(specs[0].workdir)
-    assert states["s2"].state == "pending" and retry == Job((specs[1],))
+    assert states["s2"].state == "pending" and retry == Job((specs[1],), "vmap")  # keeps its batching
     assert rundir.read_attempts(specs[0].workdir)[0]["error"] is None
     assert rundir.read_attempts(specs[1].workdir)[0]["error"] == "boom"

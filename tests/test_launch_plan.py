@@ -176,10 +176,10 @@ def test_make_jobs_groups_seeds_of_one_config_only(tmp_path):
 
 
 def test_vmapped_job_command(tmp_path):
-    job = plan.make_jobs(_specs(tmp_path, [(0.05, [1, 2])]), 2)[0]
+    job = plan.make_jobs(_specs(tmp_path, [(0.05, [1, 2])]), 2, seed_batching="unrolled")[0]
     assert job.command("py") == ["py", "-m", "launch.vmap_seeds", f"--config={ARM_B}:tiny",
                                  f"--workdir={tmp_path / 'b-lam0.05-s1'}", f"--workdir={tmp_path / 'b-lam0.05-s2'}",
-                                 "--seeds=1,2", "--config.loss.lambda_loc=0.05"]
+                                 "--seeds=1,2", "--seed_batching=unrolled", "--config.loss.lambda_loc=0.05"]
     solo = plan.Job((job.runs[0],))
     assert solo.command("py")[1] == str(plan.MAIN_PY) and "--config.run_name=b-lam0.05-s1" in solo.command("py")
 
