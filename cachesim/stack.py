@@ -44,8 +44,9 @@ warm-up tokens) LRU needs one round, LFU and Belady two.
 
 Layout: a stack is an (E, lanes) array with lanes = (trace-layer row × chunk)
 batched by hand on the minor axis, so each step is E short vector operations
-across lanes (measured ~6x faster on XLA:CPU than the lanes-major layout
-`jax.vmap` gives, with reductions over a minor E axis).
+across lanes. Measured on XLA:CPU: ~6x faster than a lanes-major (lanes, E)
+array reduced over its minor axis, and 2.7-3.4x faster than `jax.vmap` of the
+per-lane request over the same (E, lanes) array.
 """
 
 from __future__ import annotations
