@@ -75,8 +75,8 @@ from moe.data import pipeline  # noqa: E402
 from moe.evaluate import domain_summary, evaluate_windows, make_eval_step  # noqa: E402
 from moe.model import build_model, param_counts  # noqa: E402
 from moe.run import check_same_config, config_record, resolve, summary_metrics, write_json  # noqa: E402
-from moe.train import (Preemption, Progress, check_finite, init_state, make_optimizer, router_state,  # noqa: E402
-                       train_step_fn, truncate_log)
+from moe.train import (LoopHooks, Progress, check_finite, init_state, log_record, make_optimizer,  # noqa: E402
+                       router_state, run_steps, train_step_fn, truncate_log)
 
 # Config fields that may differ between the seeds of one group.
 PER_SEED_FIELDS = ("seed", "run_name")
@@ -266,12 +266,6 @@ def init_or_restore(group: SeedGroup, tx, log: Callable[[str], None]) -> tuple[A
     return graphdef, stack(states), start
 
 
-def log_record(step: int, metrics: dict[str, Any], tok_s: float, tokens_per_step: int) -> dict[str, Any]:
-    """One log.jsonl line, keyed as ``moe.train.train`` writes it."""
-    return {"step": step, **{k: v for k, v in metrics.items() if k != "usage_entropy"},
-            "usage_entropy": metrics["usage_entropy"], "tok_s": tok_s, "tokens": step * tokens_per_step}
-
-
 # ---------------------------------------------------------------- train, evaluate
 
 
@@ -284,14 +278,13 @@ class GroupResult:
 
 def train_group(group: SeedGroup, stacked, start: int, step_fn: Callable, *,
                 log: Callable[[str], None], stop_after: int | None = None) -> GroupResult:
-    """The loop of ``moe.train.train`` over S stacked seeds: log, checkpoint, stop on SIGTERM.
+    """``moe.train.run_steps`` over S stacked seeds: one log record and one checkpoint per seed.
 
     The host syncs only at log and checkpoint steps (the device runs ahead otherwise).
     """
     ref, seeds = group.ref, len(group.configs)
     total_steps = num_train_steps(ref)
     tokens_per_step = ref.train.batch_size * ref.model.context
-    progress = Progress(total_steps, tokens_per_step)
 
     def checked(step: int, metrics) -> list[dict[str, Any]]:
         host = jax.device_get(metrics)
@@ -303,39 +296,33 @@ def train_group(group: SeedGroup, stacked, start: int, step_fn: Callable, *,
                 raise type(e)(f"{name}: {e}") from None
         return per_seed
 
-    def save(step: int) -> None:
-        for i, seed_state in enumerate(split_seeds(stacked, seeds)):
-            checkpoint.save(group.managers[i], step, seed_state, group.iters[i].get_state(), router_state(seed_state))
-
-    step, last = start, [{} for _ in range(seeds)]
-    compile_t0 = time.perf_counter()
-    with Preemption() as preempt, contextlib.ExitStack() as files:
+    with contextlib.ExitStack() as files:
         logs = [files.enter_context(p.open("a")) for p in group.log_paths]
-        while step < total_steps:
-            stacked, metrics = step_fn(stacked, stack_batches([next(it) for it in group.iters]))
-            step += 1
-            if step == start + 1:
-                jax.block_until_ready(metrics)
-                log(f"compiled and ran the first step in {time.perf_counter() - compile_t0:.1f}s")
-                progress.start(step)
-            is_last = step == total_steps
-            stopping = preempt.requested or (stop_after is not None and step - start >= stop_after)
-            if step % ref.train.log_every == 0 or is_last:
-                last = checked(step, metrics)
-                rate = progress.rate(step)
-                for f, m in zip(logs, last):
-                    f.write(json.dumps(log_record(step, m, rate, tokens_per_step)) + "\n")
-                    f.flush()
-                losses = " ".join(f"{m['loss']:.4f}" for m in last)
-                log(f"step {step}/{total_steps} | loss per seed {losses} | {seeds} x {rate:,.0f} tok/s | "
-                    f"ETA {progress.eta(step)}")
-            if step % ref.train.ckpt_every == 0 or is_last or stopping:
-                checked(step, metrics)  # never checkpoint a diverged state
-                save(step)
-            if stopping and not is_last:
-                log(f"stopped at step {step}; checkpoints saved, rerun the same command to resume")
-                return GroupResult(stacked, False, last)
-    return GroupResult(stacked, True, last)
+
+        def log_step(step: int, metrics, progress: Progress) -> list[dict[str, Any]]:
+            per_seed = checked(step, metrics)
+            rate = progress.rate(step)
+            for f, m in zip(logs, per_seed):
+                f.write(json.dumps(log_record(step, m, rate, tokens_per_step)) + "\n")
+                f.flush()
+            losses = " ".join(f"{m['loss']:.4f}" for m in per_seed)
+            log(f"step {step}/{total_steps} | loss per seed {losses} | {seeds} x {rate:,.0f} tok/s | "
+                f"ETA {progress.eta(step)}")
+            return per_seed
+
+        def save(step: int, stacked) -> None:
+            for i, seed_state in enumerate(split_seeds(stacked, seeds)):
+                checkpoint.save(group.managers[i], step, seed_state, group.iters[i].get_state(),
+                                router_state(seed_state))
+
+        hooks = LoopHooks(next_batch=lambda: stack_batches([next(it) for it in group.iters]),
+                          check=checked, log_step=log_step, save=save)
+        result = run_steps(stacked, step_fn, hooks, start=start, total_steps=total_steps,
+                           log_every=ref.train.log_every, ckpt_every=ref.train.ckpt_every,
+                           tokens_per_step=tokens_per_step, log=log, stop_after=stop_after)
+    if not result.completed:
+        log(f"stopped at step {result.step}; checkpoints saved, rerun the same command to resume")
+    return GroupResult(result.state, result.completed, result.last_metrics or [{} for _ in range(seeds)])
 
 
 def evaluate_seeds(group: SeedGroup, graphdef, params_per_seed: Sequence[Any], log: Callable[[str], None]

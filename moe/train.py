@@ -347,6 +347,78 @@ def _host_metrics(metrics: dict) -> dict[str, Any]:
     return out
 
 
+def log_record(step: int, metrics: dict[str, Any], tok_s: float, tokens_per_step: int) -> dict[str, Any]:
+    """One log.jsonl line: the step, the host metrics (usage_entropy last), tokens/s and tokens seen."""
+    return {"step": step, **{k: v for k, v in metrics.items() if k != "usage_entropy"},
+            "usage_entropy": metrics["usage_entropy"], "tok_s": tok_s, "tokens": step * tokens_per_step}
+
+
+@dataclasses.dataclass
+class LoopHooks:
+    """The effects a caller of :func:`run_steps` supplies; run_steps decides when each one runs.
+
+    A solo run and a group of stacked seeds differ only here: how a batch is
+    made, how metrics are checked and logged (one record, or one per seed),
+    and how the state is saved (one checkpoint manager, or one per seed).
+    """
+
+    next_batch: Callable[[], Any]                  # the next batch, ready for the step function
+    check: Callable[[int, Any], None]              # NaN guard on a step's device metrics (raises NonFiniteLossError)
+    log_step: Callable[[int, Any, Progress], Any]  # at log steps: guard, write records, print; returns host metrics
+    save: Callable[[int, Any], None]               # checkpoints (step, state)
+    # Also guard every step, one step behind, so the host sync overlaps the next step.
+    check_every_step: bool = False
+
+
+@dataclasses.dataclass
+class LoopResult:
+    state: Any
+    step: int                # the last step run
+    completed: bool          # False when stopped (signal or stop_after) before the last step
+    last_metrics: Any        # what log_step returned last; None when no log step ran
+
+
+def run_steps(state, step_fn: Callable[[Any, Any], tuple[Any, Any]], hooks: LoopHooks, *, start: int,
+              total_steps: int, log_every: int, ckpt_every: int, tokens_per_step: int,
+              log: Callable[[str], None], stop_after: int | None = None, synced: bool = False) -> LoopResult:
+    """Runs steps start+1 .. total_steps, logging every ``log_every`` and saving every ``ckpt_every`` steps.
+
+    Also saves at the last step and when stopping early: on SIGTERM (``synced``:
+    the multi-process agreement of :class:`Preemption`) or after ``stop_after``
+    steps in this call. The host syncs only at the first step, log and checkpoint
+    steps (and the one-behind guard), so the device runs ahead otherwise. Every
+    checkpoint is guarded: a diverged state is never saved.
+    """
+    progress = Progress(total_steps, tokens_per_step)
+    step, pending, last = start, None, None
+    compile_t0 = time.perf_counter()
+    with Preemption(synced=synced) as preempt:
+        while step < total_steps:
+            state, metrics = step_fn(state, hooks.next_batch())
+            step += 1
+            if step == start + 1:
+                jax.block_until_ready(metrics)
+                log(f"compiled and ran the first step in {time.perf_counter() - compile_t0:.1f}s")
+                progress.start(step)
+            if hooks.check_every_step:
+                # Check the previous step's loss while this one runs (keeps the device busy).
+                if pending is not None:
+                    hooks.check(*pending)
+                pending = (step, metrics)
+            is_last = step == total_steps
+            stopping = preempt.stop_at(step) or (stop_after is not None and step - start >= stop_after)
+            if step % log_every == 0 or is_last:
+                last = hooks.log_step(step, metrics, progress)
+            if step % ckpt_every == 0 or is_last or stopping:
+                hooks.check(step, metrics)  # never checkpoint a diverged state
+                hooks.save(step, state)
+            if stopping and not is_last:
+                return LoopResult(state, step, False, last)
+    if pending is not None:
+        hooks.check(*pending)
+    return LoopResult(state, step, True, last)
+
+
 def train(config: ml_collections.ConfigDict, workdir: pathlib.Path, train_iter, *,
           log: Callable[[str], None] = print, stop_after: int | None = None,
           init_params: Callable[[Any], Any] | None = None) -> TrainResult:
@@ -403,52 +475,33 @@ def train(config: ml_collections.ConfigDict, workdir: pathlib.Path, train_iter, 
             + (f" in {jax.process_count()} processes" if jax.process_count() > 1 else ""))
     step_fn = make_train_step(graphdef, tx, config, mesh)
     tokens_per_step = config.train.batch_size * config.model.context
-    progress = Progress(total_steps, tokens_per_step)
 
-    def save(step: int) -> None:
-        checkpoint.save(mgr, step, state, train_iter.get_state(), router_state(state))
-
-    step, pending, last = start, None, {}
-    compile_t0 = time.perf_counter()
     log_cm = log_path.open("a") if lead else contextlib.nullcontext(None)
-    with Preemption(synced=jax.process_count() > 1) as preempt, log_cm as log_file:
-        while step < total_steps:
-            batch = to_device(next(train_iter))
-            state, metrics = step_fn(state, batch)
-            step += 1
-            if step == start + 1:
-                jax.block_until_ready(metrics)
-                log(f"compiled and ran the first step in {time.perf_counter() - compile_t0:.1f}s")
-                progress.start(step)
-            # Check the previous step's loss while this one runs (keeps the device busy).
-            if pending is not None:
-                check_finite(*pending)
-            pending = (step, metrics)
-            is_last = step == total_steps
-            stopping = preempt.stop_at(step) or (stop_after is not None and step - start >= stop_after)
-            if step % config.train.log_every == 0 or is_last:
-                check_finite(step, metrics)
-                last = _host_metrics(metrics)
-                if log_file is not None:
-                    record = {"step": step, **{k: v for k, v in last.items() if k != "usage_entropy"},
-                              "usage_entropy": last["usage_entropy"], "tok_s": progress.rate(step),
-                              "tokens": step * tokens_per_step}
-                    log_file.write(json.dumps(record) + "\n")
-                    log_file.flush()
-                log(f"step {step}/{total_steps} | loss {last['loss']:.4f} | lm {last['lm']:.4f} | "
-                    f"bal {last['bal']:.3f} | loc {last['loc']:.3f} | dom {last['dom']:.3f} | "
-                    f"{progress.rate(step):,.0f} tok/s | ETA {progress.eta(step)}")
-            if step % config.train.ckpt_every == 0 or is_last or stopping:
-                check_finite(step, metrics)  # never checkpoint a diverged state
-                save(step)
-            if stopping and not is_last:
-                log(f"stopped at step {step}; checkpoint saved, rerun the same command to resume")
-                mgr.close()
-                return TrainResult(graphdef, state, False, last)
-    if pending is not None:
-        check_finite(*pending)
+    with log_cm as log_file:
+        def log_step(step: int, metrics: dict, progress: Progress) -> dict[str, Any]:
+            check_finite(step, metrics)
+            last = _host_metrics(metrics)
+            if log_file is not None:
+                log_file.write(json.dumps(log_record(step, last, progress.rate(step), tokens_per_step)) + "\n")
+                log_file.flush()
+            log(f"step {step}/{total_steps} | loss {last['loss']:.4f} | lm {last['lm']:.4f} | "
+                f"bal {last['bal']:.3f} | loc {last['loc']:.3f} | dom {last['dom']:.3f} | "
+                f"{progress.rate(step):,.0f} tok/s | ETA {progress.eta(step)}")
+            return last
+
+        def save(step: int, state) -> None:
+            checkpoint.save(mgr, step, state, train_iter.get_state(), router_state(state))
+
+        hooks = LoopHooks(next_batch=lambda: to_device(next(train_iter)), check=check_finite,
+                          log_step=log_step, save=save, check_every_step=True)
+        result = run_steps(state, step_fn, hooks, start=start, total_steps=total_steps,
+                           log_every=config.train.log_every, ckpt_every=config.train.ckpt_every,
+                           tokens_per_step=tokens_per_step, log=log, stop_after=stop_after,
+                           synced=jax.process_count() > 1)
+    if not result.completed:
+        log(f"stopped at step {result.step}; checkpoint saved, rerun the same command to resume")
     mgr.close()
-    return TrainResult(graphdef, state, True, last)
+    return TrainResult(graphdef, result.state, result.completed, result.last_metrics or {})
 
 
 def _silent(_msg: str) -> None:
