@@ -283,14 +283,19 @@ def _simulate_rows(traces: Sequence[Trace], rows: list[tuple[int, int]],
             experts[r, :traces[i].num_tokens] = traces[i].experts[layer]
         length = num_tokens // num_chunks
         starts = np.maximum(np.arange(num_chunks) * length - warmup, 0)
+        requests, following = np.empty_like(experts), np.empty_like(experts)
+        guesses = np.empty((len(variants), len(rows), num_chunks, num_experts), np.int32)
+
+        def prepare(r: int) -> None:  # each row fills its own slices
+            requests[r], following[r], row_guesses = replay_inputs(
+                experts[r], starts, variants, num_experts, num_tokens)
+            guesses[:, r] = row_guesses
+
         # numpy's sorts release the GIL: rows in parallel threads.
         with concurrent.futures.ThreadPoolExecutor(os.cpu_count()) as pool:
-            per_row = list(pool.map(lambda r: replay_inputs(experts[r], starts, variants,
-                                                            num_experts, num_tokens),
-                                    range(len(rows))))
-        history = tuple(np.stack(part) for part in list(zip(*per_row))[:2])
-        replay_args = tuple((np.stack([guesses[v] for _, _, guesses in per_row]),
-                             _capacities(specs, members[variant], row_traces))
+            list(pool.map(prepare, range(len(rows))))
+        history = (requests, following)
+        replay_args = tuple((guesses[v], _capacities(specs, members[variant], row_traces))
                             for v, variant in enumerate(variants))
     if static:
         warmups = sorted({specs[s].warmup for s in static})
