@@ -22,6 +22,7 @@ import concurrent.futures
 import functools
 import os
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -70,12 +71,29 @@ def _static_misses(warm_counts, full_counts, warm_index, capacities, valid_exper
     return full_counts.sum(-1, keepdims=True) - served
 
 
-def _sorted_requests(flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Flat request indices ordered by (expert id, time), and their ids: one
-    stable sort by id (int16 keys sort by radix sort, in linear time)."""
+class _SortedRequests(NamedTuple):
+    """One layer's requests sorted by (expert id, time); see `_sort_requests`."""
+
+    order: np.ndarray       # flat request indices t·k + j in sorted order
+    ids: np.ndarray         # their expert ids
+    first: np.ndarray       # per sorted position: the expert's first request
+    following: np.ndarray   # per flat request: the next token after it asking for the expert
+
+
+def _sort_requests(flat: np.ndarray, k: int, horizon: int) -> _SortedRequests:
+    """One stable sort by expert id (int16 keys sort by radix sort, in linear
+    time). Requests of an expert are then consecutive and in time order (ids
+    are distinct within a token, so neighbours lie in different tokens): its
+    previous, first and next requests are a look at the neighbours."""
     keys = flat.astype(np.int16) if flat.max(initial=0) < 2**15 else flat
     order = np.argsort(keys, kind="stable").astype(np.int32)
-    return order, flat[order]
+    ids = flat[order]
+    first = np.ones(flat.shape, bool)
+    first[1:] = ids[1:] != ids[:-1]
+    following = np.empty(flat.shape, np.int32)
+    has_next = np.append(~first[1:], False)
+    following[order] = np.where(has_next, np.roll(order, -1) // k, horizon)
+    return _SortedRequests(order, ids, first, following)
 
 
 def request_history(experts: np.ndarray, horizon: int
@@ -83,22 +101,14 @@ def request_history(experts: np.ndarray, horizon: int
     """Per request (t, j) of one layer's (T, k) ids: the index t'·k + j' of the
     previous request of the same expert (-1 if none), the number of earlier
     requests of it, and the next token strictly after t requesting it
-    (`horizon` if none). Negative ids (padding) are ignored.
-
-    After the sort by expert id, requests of an expert are consecutive and in
-    time order (ids are distinct within a token, so neighbours lie in
-    different tokens), which makes all three a look at the neighbours."""
+    (`horizon` if none). Negative ids (padding) are ignored."""
     num_tokens, k = experts.shape
     flat = experts.reshape(-1)
-    order, sorted_ids = _sorted_requests(flat)
-    same_as_previous = np.zeros(flat.shape, bool)
-    same_as_previous[1:] = sorted_ids[1:] == sorted_ids[:-1]
-    group_start = np.maximum.accumulate(np.where(same_as_previous, 0, np.arange(flat.size)))
-    previous, count, following = (np.empty(flat.shape, np.int32) for _ in range(3))
-    previous[order] = np.where(same_as_previous, np.roll(order, 1), -1)
+    order, _, first, following = _sort_requests(flat, k, horizon)
+    group_start = np.maximum.accumulate(np.where(first, np.arange(flat.size), 0))
+    previous, count = np.empty(flat.shape, np.int32), np.empty(flat.shape, np.int32)
+    previous[order] = np.where(first, -1, np.roll(order, 1))
     count[order] = np.arange(flat.size) - group_start
-    same_as_next = np.append(same_as_previous[1:], False)
-    following[order] = np.where(same_as_next, np.roll(order, -1) // k, horizon)
     padding = flat < 0
     previous[padding], count[padding], following[padding] = -1, 0, horizon
     return tuple(a.reshape(num_tokens, k) for a in (previous, count, following))
@@ -111,22 +121,17 @@ def replay_inputs(experts: np.ndarray, starts: np.ndarray, variants: Sequence[in
 
     Returns the requests (`cachesim.stack.encode_requests`: ids flagged at
     each expert's first request), the next token strictly after each request
-    asking for the same expert (`horizon` if none), and per variant a guess of the priority stack
-    at each of the token indices `starts`: every expert's true priority then,
-    highest (top) first — exact for LRU with request recency and for any
-    policy at time 0 (the empty cache); the replay verifies the rest.
-    Guesses are (len(starts), E) int32.
+    asking for the same expert (`horizon` if none), and per variant a guess
+    of the priority stack at each of the token indices `starts`: every
+    expert's true priority then, highest (top) first — exact for LRU with
+    request recency and for any policy at time 0 (the empty cache); the
+    replay verifies the rest. Guesses are (len(starts), E) int32.
     """
     num_tokens, k = experts.shape
     flat = experts.reshape(-1)
-    order, sorted_ids = _sorted_requests(flat)
-    same_as_next = np.zeros(flat.shape, bool)
-    same_as_next[:-1] = sorted_ids[1:] == sorted_ids[:-1]
-    following = np.empty(flat.shape, np.int32)
-    following[order] = np.where(same_as_next, np.roll(order, -1) // k, horizon)
+    order, sorted_ids, first_sorted, following = _sort_requests(flat, k, horizon)
     first = np.empty(flat.shape, bool)
-    first[order] = ~np.roll(same_as_next, 1)
-    first[order[0]] = True
+    first[order] = first_sorted
 
     n = np.int64(flat.size)
     keyed = sorted_ids.astype(np.int64) * n + order  # increasing along the sort
