@@ -31,7 +31,8 @@ from configs.base import ConfigError, num_train_steps
 from moe import checkpoint
 from moe.lora import ADAPTERS, FINETUNE_ONLY, count_params, merge_lora, merged_model_config
 from moe.model import build_model, param_counts
-from moe.train import init_state, make_optimizer, split_trainable, trainable_filter
+from moe.train import (data_parallel_mesh, init_state, make_optimizer, replicated_sharding, split_trainable,
+                       trainable_filter)
 
 # Model fields that must match between the base run and the fine-tuning config
 # (everything that shapes a parameter or changes what a weight means).
@@ -151,14 +152,27 @@ def _latest_step(run_dir: str) -> int | None:
     return step
 
 
-def load_base_params(init_from: str, base: ml_collections.ConfigDict
+def local_placement() -> jax.sharding.Sharding:
+    """This process's first device: where the base weights are restored, in any topology."""
+    return jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+
+
+def load_base_params(init_from: str, base: ml_collections.ConfigDict,
+                     sharding: jax.sharding.Sharding | None = None
                      ) -> tuple[int, ml_collections.ConfigDict, nnx.State]:
     """(step, plain model config, params) of the base run's newest checkpoint.
 
     A base run that was itself fine-tuned (arm M) has its adapters merged first.
+    The weights are restored onto ``sharding`` (default: this process's first
+    device, for local work such as the transfer study), never onto the saving
+    run's devices: with several processes the saver's topology (one process,
+    its device 0) is not this run's, and Orbax refuses a target without
+    shardings.
     """
     tx = make_optimizer(base.optim, num_train_steps(base))
-    abstract = jax.eval_shape(lambda: init_state(base, tx)[1])
+    placement = local_placement() if sharding is None else sharding
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=placement),
+                            jax.eval_shape(lambda: init_state(base, tx)[1]))
     mgr = _read_only_manager(init_from)
     step = mgr.latest_step()
     if step is None:
@@ -225,7 +239,12 @@ def base_params_loader(config: ml_collections.ConfigDict, base: ml_collections.C
     """train()'s ``init_params``: loads the base run only when there is no checkpoint to resume."""
 
     def load(fresh: nnx.State) -> nnx.State:
-        step, _, params = load_base_params(config.init_from, base)
+        # Straight onto train()'s placement of the state (replicated over the data-parallel
+        # mesh): a weight restored onto one process's device could not join the mesh
+        # (CPU and most backends have no cross-host device_put).
+        mesh = data_parallel_mesh()
+        step, _, params = load_base_params(config.init_from, base,
+                                           None if mesh is None else replicated_sharding(mesh))
         log(f"fine-tuning from {config.init_from} (checkpoint step {step})")
         return initial_params(fresh, params)
 
