@@ -32,7 +32,7 @@ from moe.data import pipeline
 from moe.dispatch import select_dispatch
 from moe.evaluate import domain_summary, evaluate_windows, make_eval_step
 from moe.model import build_model, param_counts
-from moe.train import host_local, init_state, is_lead_process, make_optimizer, make_train_step, train
+from moe.train import host_local, init_state, is_lead_process, make_optimizer, make_train_step, silent, train
 
 
 def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -207,7 +207,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | os.PathLike, *, log: C
     config = resolve(config)
     lead = is_lead_process()
     if not lead:
-        log = _silent
+        log = silent
     workdir = pathlib.Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     check_same_config(workdir, config)
@@ -249,10 +249,6 @@ def run(config: ml_collections.ConfigDict, workdir: str | os.PathLike, *, log: C
         log(line)
     log(f"done: mean PPL {np.mean([v['val_ppl'] for v in final_eval.values()]):.2f}; artifacts in {workdir}")
     return True
-
-
-def _silent(_msg: str) -> None:
-    pass
 
 
 def prepare_data_once(data_cfg, lead: bool) -> pathlib.Path:

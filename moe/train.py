@@ -441,7 +441,7 @@ def train(config: ml_collections.ConfigDict, workdir: pathlib.Path, train_iter, 
     graphdef, state = init_state(config, tx)
     lead = is_lead_process()  # multi-process: only process 0 logs and writes log.jsonl
     if not lead:
-        log = _silent
+        log = silent
     mgr = checkpoint.manager(workdir, keep=config.train.keep_checkpoints)  # every process: Orbax coordinates
     log_path = workdir / "log.jsonl"
 
@@ -504,8 +504,8 @@ def train(config: ml_collections.ConfigDict, workdir: pathlib.Path, train_iter, 
     return TrainResult(graphdef, result.state, result.completed, result.last_metrics or {})
 
 
-def _silent(_msg: str) -> None:
-    pass
+def silent(_msg: str) -> None:
+    """A log function that drops messages (processes other than 0 in a multi-process run)."""
 
 
 def check_finite(step: int, metrics: dict) -> None:
