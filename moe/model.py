@@ -10,7 +10,9 @@ pass.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import functools
+
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -39,6 +41,20 @@ class RouterOutput(NamedTuple):
     # (..., B, T, E) float32 p of the frozen base router on the same input; only
     # when the model keeps one (arm M's rank-matching loss), else None.
     base_probs: jax.Array | None = None
+
+
+class Routing(NamedTuple):
+    """The router's decision for one MoE layer, before any override (float32)."""
+
+    logits: jax.Array                   # (..., E) router logits
+    probs: jax.Array                    # (..., E) softmax over all experts
+    topk: jax.Array                     # (..., k) int32, top-1 first
+    gates: jax.Array                    # (..., k) renormalised p of the top-k
+    base_probs: jax.Array | None = None  # the frozen base router's p (arm M), else None
+
+
+# A routing override: the router's decision in, the (topk, gates) actually used out.
+RouteFn = Callable[[Routing], tuple[jax.Array, jax.Array]]
 
 
 def route(logits: jax.Array, k: int) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -132,15 +148,38 @@ class MoELayer(nnx.Module):
             w_down = lora_adapted(w_down, self.lora_down_a[...], self.lora_down_b[...], self.lora_scale)
         return ExpertWeights(self.w_gate[...], w_up, w_down)
 
-    def __call__(self, x) -> tuple[jax.Array, RouterOutput]:
-        b, t, d = x.shape
+    def route(self, x) -> Routing:
+        """The router's decision for x (..., d): logits, p, top-k and gates (float32)."""
         x32 = x.astype(jnp.float32)
-        probs, topk, gates = route(self.router(x32), self.k)
+        logits = self.router(x32)
+        probs, topk, gates = route(logits, self.k)
         base_probs = None if self.base_router is None else jax.nn.softmax(self.base_router(x32), axis=-1)
-        experts = ExpertWeights(*(w.astype(self.dtype) for w in self.expert_weights()))
-        y, dropped = self.dispatch(x.reshape(b * t, d).astype(self.dtype), topk.reshape(b * t, -1),
-                                   gates.reshape(b * t, -1), experts, capacity_factor=self.capacity_factor)
-        return y.reshape(b, t, d).astype(x.dtype), RouterOutput(probs, topk, gates, dropped, base_probs)
+        return Routing(logits, probs, topk, gates, base_probs)
+
+    def mix(self, x, topk, gates, weights: ExpertWeights | None = None) -> tuple[jax.Array, jax.Array]:
+        """The experts' gated mixture for given choices: x (..., d), topk/gates (..., k) -> (y, dropped).
+
+        ``weights`` defaults to the layer's own (LoRA applied); a caller that holds
+        the expert weights elsewhere (an offloaded decode) passes them in.
+        """
+        lead, d = x.shape[:-1], x.shape[-1]
+        weights = self.expert_weights() if weights is None else weights
+        weights = ExpertWeights(*(w.astype(self.dtype) for w in weights))
+        y, dropped = self.dispatch(x.reshape(-1, d).astype(self.dtype), topk.reshape(-1, topk.shape[-1]),
+                                   gates.reshape(-1, gates.shape[-1]), weights, capacity_factor=self.capacity_factor)
+        return y.reshape(*lead, d).astype(x.dtype), dropped
+
+    def __call__(self, x, route_fn: RouteFn | None = None) -> tuple[jax.Array, RouterOutput]:
+        """Routes and mixes x (B, T, d). ``route_fn(routing) -> (topk, gates)`` overrides the choice.
+
+        The override is the seam for routing that depends on state outside the
+        layer (an expert cache): the router still runs here, the caller only
+        decides which experts are used and with what gates.
+        """
+        routing = self.route(x)
+        topk, gates = (routing.topk, routing.gates) if route_fn is None else route_fn(routing)
+        y, dropped = self.mix(x, topk, gates)
+        return y, RouterOutput(routing.probs, topk, gates, dropped, routing.base_probs)
 
 
 class Block(nnx.Module):
@@ -150,9 +189,9 @@ class Block(nnx.Module):
         self.moe_norm = RMSNorm(cfg.d_model)
         self.moe = MoELayer(cfg, dtype, rngs=rngs)
 
-    def __call__(self, x):
+    def __call__(self, x, route_fn: RouteFn | None = None):
         x = x + self.attn(self.attn_norm(x))
-        y, router = self.moe(self.moe_norm(x))
+        y, router = self.moe(self.moe_norm(x), route_fn)
         return x + y, router
 
 
@@ -173,11 +212,21 @@ class MoETransformer(nnx.Module):
         policy = REMAT_POLICIES[cfg.remat]
         self._block_fn = _block_forward if cfg.remat == "none" else nnx.remat(_block_forward, policy=policy)
 
-    def __call__(self, tokens) -> tuple[jax.Array, RouterOutput]:
+    def __call__(self, tokens, route_fn: Callable[[int, Routing], tuple[jax.Array, jax.Array]] | None = None
+                 ) -> tuple[jax.Array, RouterOutput]:
+        """``route_fn(layer, routing) -> (topk, gates)`` overrides each MoE layer's choice (evaluation only).
+
+        With an override the blocks run without remat: it is an inference path, and
+        the override may keep per-layer state in Python (traced values must not
+        cross a checkpoint boundary).
+        """
         x = self.embed(tokens)
         routers = []
-        for block in self.blocks:
-            x, router = self._block_fn(block, x)
+        for index, block in enumerate(self.blocks):
+            if route_fn is None:
+                x, router = self._block_fn(block, x)
+            else:
+                x, router = block(x, functools.partial(route_fn, index))
             routers.append(router)
         stacked = RouterOutput(*(None if parts[0] is None else jnp.stack(parts) for parts in zip(*routers)))
         return self.final_norm(x), stacked
