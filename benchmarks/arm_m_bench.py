@@ -39,7 +39,8 @@ from configs import arm_m  # noqa: E402
 from configs.base import num_train_steps  # noqa: E402
 from moe.data import pipeline  # noqa: E402
 from moe.finetune import read_base_config  # noqa: E402
-from moe.run import resolve, run  # noqa: E402
+from moe.config import resolve  # noqa: E402
+from moe.run import run  # noqa: E402
 from moe.train import init_state, make_optimizer, make_train_step  # noqa: E402
 
 

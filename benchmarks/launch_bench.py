@@ -51,10 +51,11 @@ import numpy as np  # noqa: E402
 
 from configs.base import num_train_steps  # noqa: E402
 from launch import plan  # noqa: E402
-from launch.vmap_seeds import choose_batching, make_seed_step, stack  # noqa: E402
+from moe import rundir  # noqa: E402
+from moe.seeds import choose_batching, make_seed_step, stack  # noqa: E402
 from moe.data import pipeline  # noqa: E402
-from moe.run import resolve  # noqa: E402
-from moe.train import init_state, make_optimizer, make_train_step  # noqa: E402
+from moe.config import resolve  # noqa: E402
+from moe.train import init_state, make_optimizer, make_train_step, train_step_fn  # noqa: E402
 
 ARM_B = str(REPO / "configs" / "arm_b.py")
 
@@ -92,7 +93,7 @@ def step_throughput(configs, steps: int, rounds: int) -> dict[str, float]:
     for mode in MODES:
         stacked = stack([jax.tree.map(jnp.copy, s) for s in fresh])
         t0 = time.perf_counter()
-        step = make_seed_step(graphdef, tx, ref, seeds, mode).lower(stacked, batch).compile()
+        step = make_seed_step(train_step_fn(graphdef, tx, ref), seeds, mode).lower(stacked, batch).compile()
         compile_s[mode] = time.perf_counter() - t0
         arms[mode] = (step, stacked)
 
@@ -148,20 +149,14 @@ def sweep_wall(workdir: pathlib.Path, seeds: int, steps: int, vmap: bool, data_d
 # ---------------------------------------------------------------- sweep overhead
 
 
-FIRST_STEP = "compiled and ran the first step"
-
-
-def seconds_to_first_step(command: list[str], env: dict[str, str]) -> float:
-    """Launch -> the worker's 'compiled and ran the first step' line (the run then finishes)."""
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    first = None
-    for line in proc.stdout:
-        if first is None and FIRST_STEP in line:
-            first = time.perf_counter() - t0
-    if proc.wait() != 0 or first is None:
-        raise RuntimeError(f"{' '.join(command)} failed (exit {proc.returncode})")
-    return first
+def seconds_to_first_step(command: list[str], env: dict[str, str], workdir: pathlib.Path) -> float:
+    """Launch -> the first training step, as the run's progress.json records it (the run then finishes)."""
+    t0 = time.time()
+    proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
+    record = rundir.read_progress(workdir) or {}
+    if proc.returncode != 0 or "first_step_at" not in record:
+        raise RuntimeError(f"{' '.join(command)} failed (exit {proc.returncode}): {proc.stdout[-500:]}")
+    return record["first_step_at"] - t0
 
 
 def sweep_overhead(workdir: pathlib.Path) -> dict[str, float]:
@@ -169,11 +164,11 @@ def sweep_overhead(workdir: pathlib.Path) -> dict[str, float]:
     flags = ["--config.train.tokens=1024", "--config.eval.cache_metrics=False", "--config.eval.windows=1"]
     spec, = plan.expand(f"{ARM_B}:tiny", workdir / "direct", {"train.tokens": 1024, "eval.cache_metrics": False,
                                                               "eval.windows": 1}, only=["b-lam0.01-s1"])
-    direct = seconds_to_first_step(plan.main_command(spec), env)
+    direct = seconds_to_first_step(plan.main_command(spec), env, spec.workdir)
     root = workdir / "sweep"
     sweep_cmd = [sys.executable, "-m", "launch.sweep", f"--config={ARM_B}:tiny", f"--root={root}",
                  "--only=b-lam0.01-s1", "--noanalysis", "--status_every=0", "--verbose", *flags]
-    via_sweep = seconds_to_first_step(sweep_cmd, env)
+    via_sweep = seconds_to_first_step(sweep_cmd, env, root / "b-lam0.01-s1")
     t0 = time.perf_counter()
     proc = subprocess.run(sweep_cmd, cwd=REPO, env=env, capture_output=True, text=True)
     restart = time.perf_counter() - t0

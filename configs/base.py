@@ -5,8 +5,8 @@ listing the paper's grid for that arm. ``arg`` is a short comma-separated
 string: a bare size name (``smoke``, ``tiny``, ``137m``, ``340m``) and/or
 ``key=value`` pairs for the few options users vary from the command line,
 e.g. ``configs/arm_b.py:smoke,lam=0.05,seed=2``. Everything else is set with
-``--config.x=y`` overrides; :func:`validate` rejects bad values before any
-compile.
+``--config.x=y`` overrides; ``moe.config.validate`` rejects bad values before
+any compile. Configs are pure data: nothing here imports the model.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from __future__ import annotations
 import math
 
 import ml_collections
+
+from configs.data import data_config
 
 # name -> (d_model, n_layers, d_ff, context, default batch size, train tokens)
 # The two paper sizes match SPEC §2 exactly (the parameter counts are tested).
@@ -25,8 +27,6 @@ SIZES: dict[str, dict] = {
     # Unit/integration tests: as small as the architecture allows.
     "tiny": dict(d_model=64, n_layers=2, d_ff=128, context=32, batch_size=4, tokens=4 * 32 * 12),
 }
-
-ARMS = ("A", "B", "C", "D", "M")
 
 # Short option names accepted in ``arg`` -> dotted config field.
 ARG_ALIASES = {
@@ -75,9 +75,6 @@ def _set_dotted(config: ml_collections.ConfigDict, dotted: str, raw: str) -> Non
 
 def base_config(arm: str, arg: str | None, arm_defaults: dict | None = None) -> ml_collections.ConfigDict:
     """The paper's 137m settings, then the arm's defaults, then ``arg``'s options."""
-    # Imported lazily so that `configs` stays importable without the data stack.
-    from moe.data.config import data_config
-
     opts = parse_arg(arg)
     size = opts.pop("size", "137m")
     if size not in SIZES:
@@ -87,7 +84,9 @@ def base_config(arm: str, arg: str | None, arm_defaults: dict | None = None) -> 
     c = ml_collections.ConfigDict()
     c.arm = arm
     c.seed = 1
-    c.run_name = ""  # "" -> derived from arm, weights and seed (see moe.run.run_name)
+    c.run_name = ""  # "" -> derived from arm, weights and seed (moe.rundir.run_name)
+    # A finished run to start from (its newest checkpoint's weights); "" trains from scratch.
+    c.init_from = ""
 
     c.model = ml_collections.ConfigDict(dict(
         size=size,
@@ -104,8 +103,11 @@ def base_config(arm: str, arg: str | None, arm_defaults: dict | None = None) -> 
         dispatch="auto",
         capacity_factor=1.25,  # only for dispatch="capacity"
         remat="full",          # a named policy from moe.model.REMAT_POLICIES
-        compute_dtype="bfloat16",
-        param_dtype="float32",
+        compute_dtype="bfloat16",  # parameters and optimizer state are always float32 (SPEC §2)
+        # Fine-tuning options (arm M), off by default so the parameter tree is SPEC §2's:
+        lora_rank=0,          # rank-r LoRA adapters on each expert's up/down projections; 0 = none
+        lora_alpha=0.0,       # LoRA scale = alpha / rank (0 = alpha equal to the rank)
+        base_router=False,    # keep a frozen copy of the router (the rank-matching loss's reference)
     ))
     c.loss = ml_collections.ConfigDict(dict(
         alpha_balance=0.01,
@@ -131,6 +133,7 @@ def base_config(arm: str, arg: str | None, arm_defaults: dict | None = None) -> 
         log_every=50 if size in ("137m", "340m") else 10,
         ckpt_every=2000 if size in ("137m", "340m") else 100,
         keep_checkpoints=3,
+        trainable="",  # regex over parameter paths the optimiser updates; "" = all (moe.train.trainable_filter)
     ))
     c.eval = ml_collections.ConfigDict(dict(
         windows=488 if size in ("137m", "340m") else (16 if size == "smoke" else 4),
@@ -156,53 +159,10 @@ def base_config(arm: str, arg: str | None, arm_defaults: dict | None = None) -> 
     return c
 
 
-def validate(c: ml_collections.ConfigDict) -> None:
-    """Rejects configurations that cannot run, with one line naming the fix."""
-    m, lo, o, t = c.model, c.loss, c.optim, c.train
-    if c.arm not in ARMS:
-        raise ConfigError(f"unknown arm {c.arm!r}; choose one of {ARMS}")
-    if m.size not in SIZES:
-        raise ConfigError(f"unknown size {m.size!r}; choose one of {', '.join(SIZES)}")
-    for name in ("vocab_size", "d_model", "n_layers", "d_ff", "context", "head_dim", "num_experts", "top_k"):
-        if int(m[name]) <= 0:
-            raise ConfigError(f"model.{name} must be a positive integer, got {m[name]}")
-    if m.top_k > m.num_experts:
-        raise ConfigError(f"model.top_k={m.top_k} exceeds model.num_experts={m.num_experts}; set top_k <= num_experts")
-    if m.d_model % m.head_dim:
-        raise ConfigError(f"model.d_model={m.d_model} is not a multiple of head_dim={m.head_dim}")
-    if m.head_dim % 2:
-        raise ConfigError(f"model.head_dim={m.head_dim} must be even for RoPE")
-    from moe.dispatch import DISPATCHERS
-    from moe.model import REMAT_POLICIES
-    if m.dispatch != "auto" and m.dispatch not in DISPATCHERS:
-        raise ConfigError(f"unknown model.dispatch {m.dispatch!r}; choose auto or one of {', '.join(DISPATCHERS)}")
-    if m.remat not in REMAT_POLICIES:
-        raise ConfigError(f"unknown model.remat {m.remat!r}; choose one of {', '.join(REMAT_POLICIES)}")
-    if m.capacity_factor <= 0:
-        raise ConfigError(f"model.capacity_factor must be > 0, got {m.capacity_factor}")
-    for dt in ("compute_dtype", "param_dtype"):
-        if m[dt] not in ("float32", "bfloat16", "float16"):
-            raise ConfigError(f"model.{dt}={m[dt]!r} is not one of float32, bfloat16, float16")
-    for name in ("alpha_balance", "lambda_loc", "mu_dom"):
-        if not math.isfinite(lo[name]) or lo[name] < 0:
-            raise ConfigError(f"loss.{name} must be a finite number >= 0, got {lo[name]}")
-    if lo.mu_dom > 0 and m.num_experts < 4:
-        raise ConfigError("loss.mu_dom > 0 needs num_experts >= 4 for the domain slice layout")
-    if lo.ce_chunk <= 0:
-        raise ConfigError(f"loss.ce_chunk must be > 0, got {lo.ce_chunk}")
-    if not (0 < o.peak_lr < 1):
-        raise ConfigError(f"optim.peak_lr must be in (0, 1), got {o.peak_lr}")
-    if not (0 <= o.warmup_frac < 1):
-        raise ConfigError(f"optim.warmup_frac must be in [0, 1), got {o.warmup_frac}")
-    if o.weight_decay < 0 or o.clip_norm <= 0:
-        raise ConfigError("optim.weight_decay must be >= 0 and optim.clip_norm > 0")
-    if t.batch_size <= 0 or t.tokens < t.batch_size * m.context:
-        raise ConfigError(
-            f"train.tokens={t.tokens} is less than one batch ({t.batch_size}x{m.context}); raise train.tokens")
-    if t.log_every <= 0 or t.ckpt_every <= 0 or t.keep_checkpoints <= 0:
-        raise ConfigError("train.log_every, train.ckpt_every and train.keep_checkpoints must be > 0")
-    if c.eval.windows <= 0 or c.eval.batch_size <= 0:
-        raise ConfigError("eval.windows and eval.batch_size must be > 0")
+def finetunes(c: ml_collections.ConfigDict) -> bool:
+    """Whether the config starts from another run's weights: an ``init_from``, or a frozen base
+    router (whose rank-matching loss compares with that run's router; arm M)."""
+    return bool(c.init_from) or bool(c.model.base_router)
 
 
 def num_train_steps(c: ml_collections.ConfigDict) -> int:

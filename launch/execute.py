@@ -11,12 +11,13 @@ import contextlib
 import dataclasses
 import os
 import pathlib
+import re
 import sys
 import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping
 
-from launch import rundir
+from moe import rundir
 from launch.plan import Job, build_config, main_command
 from launch.status import RunState
 
@@ -41,22 +42,23 @@ def prepare_jax_env() -> None:
         jax.config.update("jax_compilation_cache_dir", os.path.join(cache, "jax"))
 
 
+def first_step_at(job: Job, pid: int) -> float | None:
+    """When process ``pid`` ran the job's first training step (its progress.json says), else None."""
+    record = rundir.read_progress(job.runs[0].workdir)
+    if record is None or record.get("pid") != pid:
+        return None  # nothing yet, or a record an earlier attempt left
+    return record.get("first_step_at")
+
+
 @contextlib.contextmanager
-def run_logs(job: Job, echo: Callable[[str], None] | None = None,
-             on_first_step: Callable[[], None] | None = None) -> Iterator[Callable[[str], None]]:
+def run_logs(job: Job, echo: Callable[[str], None] | None = None) -> Iterator[Callable[[str], None]]:
     """A ``log(msg)`` that appends to every run's launch.log of the job (and echoes, prefixed)."""
     files = []
     for spec in job.runs:
         spec.workdir.mkdir(parents=True, exist_ok=True)
         files.append((spec.workdir / rundir.LAUNCH_LOG).open("a"))
-    seen_first = False
 
     def log(msg: str) -> None:
-        nonlocal seen_first
-        if not seen_first and msg.startswith("compiled and ran the first step"):
-            seen_first = True
-            if on_first_step is not None:
-                on_first_step()
         for f in files:
             f.write(msg + "\n")
             f.flush()
@@ -68,6 +70,18 @@ def run_logs(job: Job, echo: Callable[[str], None] | None = None,
     finally:
         for f in files:
             f.close()
+
+
+_ERROR_LINE = re.compile(r"^(error: |\w+(\.\w+)*(Error|Exception|Interrupt)\b)")
+
+
+def error_from_log(text: str, max_chars: int = 400) -> str:
+    """The most telling line of a failed attempt's output: the last ``error: ...`` or exception line."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    for line in reversed(lines):
+        if _ERROR_LINE.match(line):
+            return line[:max_chars]
+    return (lines[-1] if lines else "no output")[:max_chars]
 
 
 class SweepInterrupted(Exception):
@@ -119,16 +133,12 @@ def settle(job: Job, states: Mapping[str, RunState], *, retries: int, attempt: d
 def run_in_process(job: Job, log: Callable[[str], None]) -> bool:
     """Trains/resumes and evaluates the job's runs in this process; True when they all finished.
 
-    Solo runs go through ``moe.run.run`` exactly as main.py does; vmapped groups
-    through :func:`launch.vmap_seeds.train_seeds`.
+    Solo runs and vmapped seed groups go through ``moe.run.run_group``, the driver main.py uses.
     """
-    if job.vmapped:
-        from launch.vmap_seeds import train_seeds
-        configs = [build_config(s.config_file, s.overrides) for s in job.runs]
-        return train_seeds(configs, [s.workdir for s in job.runs], log=log, batching=job.seed_batching)
-    from moe.run import run
-    spec = job.runs[0]
-    return bool(run(build_config(spec.config_file, spec.overrides), spec.workdir, log=log))
+    from moe.run import run_group
+    configs = [build_config(s.config_file, s.overrides) for s in job.runs]
+    return run_group(configs, [s.workdir for s in job.runs], log=log,
+                     batching=job.seed_batching if job.vmapped else "solo")
 
 
 def run_inline(jobs: list[Job], states: Mapping[str, RunState], *, retries: int, writer,
@@ -143,13 +153,9 @@ def run_inline(jobs: list[Job], states: Mapping[str, RunState], *, retries: int,
             states[s.name].attempts += 1
         writer.update(force=True)
 
-        def first_step(_job=job) -> None:
-            for s in _job.runs:
-                states[s.name].first_step_s = time.time() - sweep_t0
-
         started, error, finished = time.time(), None, False
-        locks = [rundir.try_lock_run(s.workdir) for s in job.runs]
-        with run_logs(job, echo, first_step) as log:
+        locks = [rundir.try_lock(s.workdir) for s in job.runs]
+        with run_logs(job, echo) as log:
             try:
                 log(f"=== attempt {states[job.runs[0].name].attempts} (inline) at {rundir.now_iso()}")
                 if None in locks:
@@ -165,6 +171,10 @@ def run_inline(jobs: list[Job], states: Mapping[str, RunState], *, retries: int,
                 for fd in locks:
                     if fd is not None:
                         os.close(fd)
+        at = first_step_at(job, os.getpid())
+        if at is not None and at >= started:
+            for s in job.runs:
+                states[s.name].first_step_s = at - sweep_t0
         if error is None and not finished:
             # SIGTERM (moe.train checkpointed and returned) or Ctrl-C: stop the sweep, resumable.
             settle(job, states, retries=retries, interrupted=True,

@@ -27,13 +27,12 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import IO
 
-from launch import rundir
-from launch.execute import SweepInterrupted, attempt_record, settle
+from moe import rundir
+from launch.execute import SweepInterrupted, attempt_record, error_from_log, first_step_at, settle
 from launch.plan import Job
 from launch.resources import Slot, slot_env
 from launch.status import RunState
 
-FIRST_STEP_MARK = b"compiled and ran the first step"
 _PR_SET_PDEATHSIG = 1
 _TAIL_BYTES = 64 * 1024
 # Seconds a worker gets to checkpoint after SIGTERM before it is killed.
@@ -103,7 +102,7 @@ class LocalExecutor:
         """Run-dir locks for the job's worker, or None if a previous worker still holds one."""
         fds = []
         for spec in job.runs:
-            fd = rundir.try_lock_run(spec.workdir)
+            fd = rundir.try_lock(spec.workdir)
             if fd is None:
                 for f in fds:
                     os.close(f)
@@ -150,10 +149,12 @@ class LocalExecutor:
             f.flush()
         active.tail += chunk
         del active.tail[:-_TAIL_BYTES]
-        if not active.saw_first_step and FIRST_STEP_MARK in active.tail:
-            active.saw_first_step = True
-            for spec in active.job.runs:
-                states[spec.name].first_step_s = time.time() - sweep_t0
+        if not active.saw_first_step:
+            at = first_step_at(active.job, active.proc.pid)
+            if at is not None:
+                active.saw_first_step = True
+                for spec in active.job.runs:
+                    states[spec.name].first_step_s = at - sweep_t0
         if self.verbose:
             for line in chunk.decode("utf-8", "replace").splitlines():
                 self.echo(f"[{active.job.name}] {line}")
@@ -168,7 +169,7 @@ class LocalExecutor:
             f.close()
         error = None
         if rc != 0:
-            error = rundir.error_from_log(active.tail.decode("utf-8", "replace"))
+            error = error_from_log(active.tail.decode("utf-8", "replace"))
             if rc < 0:
                 error = f"killed by signal {-rc}; last output: {error}"
         attempt = attempt_record(active.job, executor="local", started=active.started, ended=time.time(), rc=rc,

@@ -23,8 +23,9 @@ from typing import Any
 
 import submitit
 
-from launch import rundir
-from launch.execute import attempt_record, mark_run_done, prepare_jax_env, run_in_process, run_logs
+from moe import rundir
+from launch.execute import (attempt_record, error_from_log, mark_run_done, prepare_jax_env, run_in_process,
+                            run_logs)
 from launch.plan import Job
 from launch.status import RunState
 
@@ -109,7 +110,7 @@ def make_executor(folder: pathlib.Path, options: SlurmOptions, name: str) -> sub
 def failure_message(exc: BaseException) -> str:
     """The last line of the remote traceback submitit re-raises (the exception itself)."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return rundir.error_from_log("\n".join(lines)) if lines else type(exc).__name__
+    return error_from_log("\n".join(lines)) if lines else type(exc).__name__
 
 
 class SlurmExecutor:
@@ -129,7 +130,7 @@ class SlurmExecutor:
 
     def _save_ids(self, ids: Mapping[str, str]) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
-        rundir.write_json_atomic(self.folder / JOBS_FILE, dict(ids))
+        rundir.write_json(self.folder / JOBS_FILE, dict(ids))
 
     def _reattach(self, job: Job, ids: Mapping[str, str]):
         """The cluster job already running this launcher job (SLURM only), else None."""

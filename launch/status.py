@@ -19,7 +19,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from launch import rundir
+from moe import rundir
 from launch.plan import RunSpec
 
 STATES = ("done", "running", "failed", "pending")
@@ -153,7 +153,7 @@ def format_table(status: dict[str, Any]) -> str:
 
 
 def write_status(root: pathlib.Path, status: dict[str, Any]) -> None:
-    rundir.write_json_atomic(root / STATUS_FILE, status)
+    rundir.write_json(root / STATUS_FILE, status)
 
 
 class StatusWriter:

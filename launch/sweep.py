@@ -76,7 +76,7 @@ class SweepError(ValueError):
 
 def initial_states(specs):
     """RunState per run from the run dirs: DONE -> done (a complete run without DONE gets it now)."""
-    from launch import rundir
+    from moe import rundir
     from launch.plan import main_command
     from launch.status import RunState
 
@@ -94,7 +94,7 @@ def initial_states(specs):
 
 def validate_runs(specs) -> None:
     """Every run's config passes configs.base.validate, before any process starts."""
-    from configs.base import validate
+    from moe.config import validate
     from launch.plan import build_config
 
     for spec in specs:
@@ -110,7 +110,7 @@ def plan_jobs(runs, max_seeds: int, seed_batching: str = "auto"):
     Whether S seeds fit the device is --dry_run's question (it compiles); the
     sweep itself does not compile in the launcher.
     """
-    from launch import rundir
+    from moe import rundir
     from launch.plan import make_jobs
 
     resume = {s.name: (rundir.checkpoint_steps(s.workdir) or [0])[-1] for s in runs}
@@ -118,9 +118,10 @@ def plan_jobs(runs, max_seeds: int, seed_batching: str = "auto"):
 
 
 def vmappable(spec) -> bool:
-    """Arm M fine-tunes another run's weights (moe.finetune): it trains solo."""
+    """A run that starts from another run's weights (arm M, moe.finetune) trains solo."""
+    from configs.base import finetunes
     from launch.plan import build_config
-    return build_config(spec.config_file, spec.overrides).arm != "M"
+    return not finetunes(build_config(spec.config_file, spec.overrides))
 
 
 # ---------------------------------------------------------------- analysis

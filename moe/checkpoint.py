@@ -21,8 +21,13 @@ import pathlib
 from typing import Any
 
 import jax
+import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
+from flax import nnx
+
+from moe import rundir
+from moe.model import abstract_model
 
 ITEMS = ("state", "data", "router")
 
@@ -32,6 +37,7 @@ class CheckpointError(RuntimeError):
 
 
 def manager(workdir: str | pathlib.Path, *, keep: int) -> ocp.CheckpointManager:
+    """The run's checkpoint manager, for training: creates checkpoints/, keeps the newest ``keep`` steps."""
     options = ocp.CheckpointManagerOptions(
         max_to_keep=keep,
         create=True,
@@ -40,8 +46,56 @@ def manager(workdir: str | pathlib.Path, *, keep: int) -> ocp.CheckpointManager:
         enable_async_checkpointing=False,
         cleanup_tmp_directories=True,
     )
-    return ocp.CheckpointManager(pathlib.Path(workdir).absolute() / "checkpoints", options=options,
-                                 item_names=ITEMS)
+    return ocp.CheckpointManager(rundir.checkpoint_dir(workdir), options=options, item_names=ITEMS)
+
+
+def reader(workdir: str | pathlib.Path) -> ocp.CheckpointManager:
+    """A read-only manager, for using a run's checkpoints without ever changing them."""
+    options = ocp.CheckpointManagerOptions(read_only=True, create=False, save_interval_steps=0)
+    return ocp.CheckpointManager(rundir.checkpoint_dir(workdir), options=options, item_names=ITEMS)
+
+
+def latest_step(workdir: str | pathlib.Path) -> int | None:
+    """The newest finished checkpoint step of a run, or None (no checkpoints/ or none in it)."""
+    if not rundir.has_checkpoints(workdir):
+        return None
+    mgr = reader(workdir)
+    try:
+        return mgr.latest_step()
+    finally:
+        mgr.close()
+
+
+def restore_params(workdir: str | pathlib.Path, model_cfg: ml_collections.ConfigDict, *,
+                   sharding: jax.sharding.Sharding | None = None) -> tuple[int, Any, nnx.State]:
+    """(step, graphdef, params) of the run's newest checkpoint: the parameters only.
+
+    For evaluation, fine-tuning and the frontier: Orbax restores just the
+    ``params`` subtree of the state item, so no optimizer is built and its
+    state (twice the parameters' size) is never read. The weights land on
+    ``sharding`` (default: this process's first device), whatever topology
+    saved them. CheckpointError when there is no checkpoint or it does not fit
+    ``model_cfg``.
+    """
+    sharding = sharding or jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    graphdef, shapes = abstract_model(model_cfg)
+    target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), shapes)
+    step = latest_step(workdir)
+    if step is None:
+        raise CheckpointError(f"{workdir} has no checkpoint under {rundir.CHECKPOINTS}/; train the run with "
+                              "main.py first (or point at a run that saved one)")
+    restore_args = jax.tree.map(lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding), target)
+    mgr = reader(workdir)
+    try:
+        restored = mgr.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
+            {"params": target}, restore_args={"params": restore_args}, partial_restore=True)))
+    except Exception as e:  # noqa: BLE001 — re-raised with the fix named
+        raise CheckpointError(f"cannot restore the parameters of {workdir} checkpoint step {step}: "
+                              f"{type(e).__name__}: {e}; its config.json must describe the run that wrote "
+                              "the checkpoint") from e
+    finally:
+        mgr.close()
+    return int(step), graphdef, restored["state"]["params"]
 
 
 def save(mgr: ocp.CheckpointManager, step: int, state: Any, data_state: dict, router_state: dict) -> None:
@@ -75,8 +129,7 @@ def read_router_states(workdir: str | pathlib.Path) -> dict[int, dict[str, np.nd
 
     Reads only the small router item — no model, no optimizer state.
     """
-    mgr = ocp.CheckpointManager(pathlib.Path(workdir).absolute() / "checkpoints",
-                                options=ocp.CheckpointManagerOptions(read_only=True), item_names=ITEMS)
+    mgr = reader(workdir)
     out = {}
     for step in mgr.all_steps():
         item = mgr.restore(step, args=ocp.args.Composite(router=ocp.args.StandardRestore()))["router"]

@@ -8,6 +8,7 @@ so the PPL and the trace come from the same pass (SPEC §6).
 from __future__ import annotations
 
 import math
+import time
 from typing import Any, Callable
 
 import jax
@@ -63,3 +64,25 @@ def domain_summary(ce: np.ndarray) -> dict[str, float | int]:
     """{"val_loss", "val_ppl", "tokens"}: PPL = exp(mean CE) over every evaluated token."""
     mean = float(np.mean(ce, dtype=np.float64))
     return {"val_loss": mean, "val_ppl": math.exp(mean), "tokens": int(ce.size)}
+
+
+def evaluate_and_trace(config: ml_collections.ConfigDict, eval_step: Callable, params: Any,
+                       windows: dict[str, np.ndarray], log: Callable[[str], None]) -> tuple[dict, dict]:
+    """(final_eval, traces) of one run: each domain's windows evaluated, its router trace recorded.
+
+    ``eval_step`` from :func:`make_eval_step`; seeds of one config share it (one
+    compile). ``windows``: ``{domain: (N, T+1) tokens}``.
+    """
+    from cachesim.trace import make_trace
+
+    final_eval, traces = {}, {}
+    for domain, tokens in windows.items():
+        t0 = time.perf_counter()
+        out = evaluate_windows(eval_step, params, tokens, config.eval.batch_size)
+        final_eval[domain] = domain_summary(out["ce"])
+        traces[domain] = make_trace(out["experts"], config.model.num_experts, probs=out.get("probs"),
+                                    model=f"{config.model.size}/{config.run_name}",
+                                    source=f"{config.data.corpus}:{domain}", name=domain)
+        log(f"eval {domain}: loss {final_eval[domain]['val_loss']:.4f} ppl {final_eval[domain]['val_ppl']:.2f} "
+            f"({out['ce'].size:,} tokens, {time.perf_counter() - t0:.1f}s)")
+    return final_eval, traces

@@ -15,7 +15,6 @@ and the fine-tuned model.
 
 from __future__ import annotations
 
-import json
 import math
 import pathlib
 from typing import Any, Callable
@@ -24,15 +23,13 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import orbax.checkpoint as ocp
 from flax import nnx
 
 from configs.base import ConfigError, num_train_steps
-from moe import checkpoint
+from moe import checkpoint, rundir
 from moe.lora import ADAPTERS, FINETUNE_ONLY, count_params, merge_lora, merged_model_config
 from moe.model import build_model, param_counts
-from moe.train import (data_parallel_mesh, init_state, make_optimizer, replicated_sharding, split_trainable,
-                       trainable_filter)
+from moe.train import data_parallel_mesh, replicated_sharding, split_trainable, trainable_filter
 
 # Model fields that must match between the base run and the fine-tuning config
 # (everything that shapes a parameter or changes what a weight means).
@@ -47,29 +44,39 @@ class FinetuneError(ValueError):
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
-    """Arm M's own fields (the shared ones are checked by configs.base.validate)."""
-    m, lo, p = config.model, config.loss, config.predictor
-    if m.lora_rank < 0 or m.lora_alpha <= 0:
-        raise ConfigError(f"model.lora_rank must be >= 0 and model.lora_alpha > 0, got {m.lora_rank}, {m.lora_alpha}")
-    if not m.base_router:
-        raise ConfigError("arm M needs model.base_router=True (the frozen router its rank-matching loss compares to)")
-    for name in ("lambda_cs", "lambda_rm", "rm_margin"):
-        if not math.isfinite(lo[name]) or lo[name] < 0:
-            raise ConfigError(f"loss.{name} must be a finite number >= 0, got {lo[name]}")
-    if not 0 <= lo.cs_gamma <= 1:
-        raise ConfigError(f"loss.cs_gamma must be in [0, 1], got {lo.cs_gamma}")
-    if not 0 <= lo.cs_capacity <= m.num_experts:
-        raise ConfigError(f"loss.cs_capacity must be in (0, {m.num_experts}] experts, or 0 for E/4; "
-                          f"got {lo.cs_capacity}")
-    if not 0 < p.prompt_frac < 1:
-        raise ConfigError(f"predictor.prompt_frac must be in (0, 1), got {p.prompt_frac}")
-    if not 0 < p.capacity_frac <= 1:
-        raise ConfigError(f"predictor.capacity_frac must be in (0, 1], got {p.capacity_frac}")
-    for name in ("train_windows", "hidden", "steps", "batch_size"):
-        if p[name] <= 0:
-            raise ConfigError(f"predictor.{name} must be > 0, got {p[name]}")
-    if p.eval_windows < 0:
-        raise ConfigError(f"predictor.eval_windows must be >= 0 (0 = eval.windows), got {p.eval_windows}")
+    """The fine-tuning options: LoRA, the MELINOE loss terms and the predictor (no-ops when absent).
+
+    Keyed on the options themselves, never on the arm's name: any config that
+    sets them is checked (``moe.config.validate`` calls this for every config).
+    """
+    m = config.model
+    if m.lora_rank < 0 or m.lora_alpha < 0:
+        raise ConfigError(f"model.lora_rank must be >= 0 and model.lora_alpha >= 0 (0: alpha = rank), got "
+                          f"{m.lora_rank}, {m.lora_alpha}")
+    lo = config.loss
+    if "lambda_rm" in lo:  # the MELINOE terms (SPEC §3), which configs/arm_m.py adds
+        for name in ("lambda_cs", "lambda_rm", "rm_margin"):
+            if not math.isfinite(lo[name]) or lo[name] < 0:
+                raise ConfigError(f"loss.{name} must be a finite number >= 0, got {lo[name]}")
+        if lo.lambda_rm > 0 and not m.base_router:
+            raise ConfigError("loss.lambda_rm > 0 needs model.base_router=True (the frozen router its "
+                              "rank-matching loss compares to)")
+        if not 0 <= lo.cs_gamma <= 1:
+            raise ConfigError(f"loss.cs_gamma must be in [0, 1], got {lo.cs_gamma}")
+        if not 0 <= lo.cs_capacity <= m.num_experts:
+            raise ConfigError(f"loss.cs_capacity must be in (0, {m.num_experts}] experts, or 0 for E/4; "
+                              f"got {lo.cs_capacity}")
+    if "predictor" in config and config.predictor.enabled:
+        p = config.predictor
+        if not 0 < p.prompt_frac < 1:
+            raise ConfigError(f"predictor.prompt_frac must be in (0, 1), got {p.prompt_frac}")
+        if not 0 < p.capacity_frac <= 1:
+            raise ConfigError(f"predictor.capacity_frac must be in (0, 1], got {p.capacity_frac}")
+        for name in ("train_windows", "hidden", "steps", "batch_size"):
+            if p[name] <= 0:
+                raise ConfigError(f"predictor.{name} must be > 0, got {p[name]}")
+        if p.eval_windows < 0:
+            raise ConfigError(f"predictor.eval_windows must be >= 0 (0 = eval.windows), got {p.eval_windows}")
 
 
 def cache_capacity(config: ml_collections.ConfigDict) -> float:
@@ -106,12 +113,16 @@ def read_base_config(init_from: str) -> ml_collections.ConfigDict:
     """The resolved config a base run was trained with (its config.json)."""
     if not init_from:
         raise FinetuneError("arm M fine-tunes a finished run: pass --config.init_from=<its run directory>")
-    path = pathlib.Path(init_from) / "config.json"
-    if not path.is_file():
-        raise FinetuneError(f"init_from={init_from} has no config.json; point it at a run directory written by main.py")
-    record = json.loads(path.read_text())
+    if not rundir.is_run_dir(init_from):
+        raise FinetuneError(f"init_from={init_from} has no {rundir.CONFIG}; point it at a run directory written "
+                            "by main.py")
+    try:
+        record = rundir.read_config(init_from)
+    except rundir.RunDirError as e:
+        raise FinetuneError(f"init_from={init_from}: {e}") from None
     if "config" not in record:
-        raise FinetuneError(f"{path} holds no resolved 'config' (a reference run?); fine-tune a run trained by main.py")
+        raise FinetuneError(f"{pathlib.Path(init_from) / rundir.CONFIG} holds no resolved 'config' (a reference "
+                            "run?); fine-tune a run trained by main.py")
     return ml_collections.ConfigDict(record["config"])
 
 
@@ -130,31 +141,10 @@ def check_init_from(config: ml_collections.ConfigDict) -> ml_collections.ConfigD
     """The base run's config, after checking it is compatible and has a checkpoint."""
     base = read_base_config(config.init_from)
     check_compatible(base, config)
-    if _latest_step(config.init_from) is None:
-        raise FinetuneError(f"init_from={config.init_from} has no checkpoint under checkpoints/; "
+    if checkpoint.latest_step(config.init_from) is None:
+        raise FinetuneError(f"init_from={config.init_from} has no checkpoint under {rundir.CHECKPOINTS}/; "
                             "train the base run first (or point at a run that saved one)")
     return base
-
-
-def _read_only_manager(run_dir: str | pathlib.Path) -> ocp.CheckpointManager:
-    return ocp.CheckpointManager(pathlib.Path(run_dir).absolute() / "checkpoints",
-                                 options=ocp.CheckpointManagerOptions(read_only=True, create=False,
-                                                                      save_interval_steps=0),
-                                 item_names=checkpoint.ITEMS)
-
-
-def _latest_step(run_dir: str) -> int | None:
-    if not (pathlib.Path(run_dir) / "checkpoints").is_dir():
-        return None
-    mgr = _read_only_manager(run_dir)
-    step = mgr.latest_step()
-    mgr.close()
-    return step
-
-
-def local_placement() -> jax.sharding.Sharding:
-    """This process's first device: where the base weights are restored, in any topology."""
-    return jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
 
 
 def load_base_params(init_from: str, base: ml_collections.ConfigDict,
@@ -169,22 +159,11 @@ def load_base_params(init_from: str, base: ml_collections.ConfigDict,
     its device 0) is not this run's, and Orbax refuses a target without
     shardings.
     """
-    tx = make_optimizer(base.optim, num_train_steps(base))
-    placement = local_placement() if sharding is None else sharding
-    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=placement),
-                            jax.eval_shape(lambda: init_state(base, tx)[1]))
-    mgr = _read_only_manager(init_from)
-    step = mgr.latest_step()
-    if step is None:
-        raise FinetuneError(f"init_from={init_from} has no checkpoint; train the base run first")
     try:
-        state = mgr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))["state"]
-    except Exception as e:  # noqa: BLE001 — re-raised with the fix named
-        raise FinetuneError(f"cannot restore {init_from} checkpoint step {step}: {type(e).__name__}: {e}; "
-                            "its config.json must describe the run that wrote the checkpoint") from e
-    finally:
-        mgr.close()
-    model_cfg, params = merge_lora(base.model, state["params"])
+        step, _, params = checkpoint.restore_params(init_from, base.model, sharding=sharding)
+    except checkpoint.CheckpointError as e:
+        raise FinetuneError(f"init_from={init_from}: {e}") from None
+    model_cfg, params = merge_lora(base.model, params)
     return step, model_cfg, params
 
 

@@ -20,7 +20,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
 
-from moe.model import build_model, lora_adapted
+from moe import rundir
+from moe.model import abstract_model, lora_adapted, lora_scale
 
 # Projection -> its (A, B) adapter parameter names in a MoE layer.
 ADAPTERS = {"w_up": ("lora_up_a", "lora_up_b"), "w_down": ("lora_down_a", "lora_down_b")}
@@ -35,16 +36,8 @@ class ExportError(ValueError):
 def merged_model_config(model_cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """The plain model's config: the same architecture without adapters or base router."""
     cfg = ml_collections.ConfigDict(model_cfg.to_dict())
-    if "lora_rank" in cfg:
-        cfg.lora_rank = 0
-    if "base_router" in cfg:
-        cfg.base_router = False
+    cfg.lora_rank, cfg.lora_alpha, cfg.base_router = 0, 0.0, False
     return cfg
-
-
-def abstract_params(model_cfg: ml_collections.ConfigDict) -> nnx.State:
-    """Shapes and dtypes of a model's params, nothing allocated."""
-    return nnx.state(nnx.eval_shape(lambda: build_model(model_cfg, 0)), nnx.Param)
 
 
 def merge_lora(model_cfg: ml_collections.ConfigDict, params: nnx.State
@@ -53,8 +46,7 @@ def merge_lora(model_cfg: ml_collections.ConfigDict, params: nnx.State
 
     A model without adapters passes through unchanged (minus a base router, if any).
     """
-    rank = int(model_cfg.get("lora_rank", 0))
-    scale = float(model_cfg.get("lora_alpha", rank)) / rank if rank else 0.0
+    rank, scale = int(model_cfg.lora_rank), lora_scale(model_cfg)
     pure = nnx.to_pure_dict(params)
     for block in pure["blocks"].values():
         moe = block["moe"]
@@ -64,7 +56,7 @@ def merge_lora(model_cfg: ml_collections.ConfigDict, params: nnx.State
         for name in FINETUNE_ONLY:
             moe.pop(name, None)
     merged_cfg = merged_model_config(model_cfg)
-    merged = abstract_params(merged_cfg)
+    merged = abstract_model(merged_cfg)[1]
     nnx.replace_by_pure_dict(merged, pure)
     return merged_cfg, merged
 
@@ -77,9 +69,7 @@ def save_merged(out_dir: str | os.PathLike, model_cfg: ml_collections.ConfigDict
     out.mkdir(parents=True, exist_ok=True)
     with ocp.StandardCheckpointer() as ckpt:
         ckpt.save(out / "params", nnx.to_pure_dict(params))
-    tmp = out / ".model.json.tmp"
-    tmp.write_text(json.dumps(model_cfg.to_dict(), indent=1) + "\n")
-    os.replace(tmp, out / "model.json")
+    rundir.write_json(out / "model.json", model_cfg.to_dict())
 
 
 def load_merged(out_dir: str | os.PathLike) -> tuple[ml_collections.ConfigDict, nnx.State]:
@@ -89,7 +79,7 @@ def load_merged(out_dir: str | os.PathLike) -> tuple[ml_collections.ConfigDict, 
         raise ExportError(f"{out} is not a merged-model export (model.json and params/ expected); "
                           "write one with moe.lora.save_merged")
     model_cfg = ml_collections.ConfigDict(json.loads((out / "model.json").read_text()))
-    params = abstract_params(model_cfg)
+    params = abstract_model(model_cfg)[1]
     target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), nnx.to_pure_dict(params))
     with ocp.StandardCheckpointer() as ckpt:
         restored = ckpt.restore(out / "params", target)

@@ -29,6 +29,7 @@ REMAT_POLICIES = {
 }
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+COMPUTE_DTYPES = tuple(_DTYPES)
 
 
 class RouterOutput(NamedTuple):
@@ -90,6 +91,12 @@ def _fan_in_init():
     return nnx.initializers.variance_scaling(1.0, "fan_in", "truncated_normal")
 
 
+def lora_scale(cfg: ml_collections.ConfigDict) -> float:
+    """The LoRA update's scale alpha / rank (alpha 0 means alpha = rank); 0 without adapters."""
+    rank = int(cfg.lora_rank)
+    return (float(cfg.lora_alpha) or rank) / rank if rank else 0.0
+
+
 def lora_adapted(w: jax.Array, a: jax.Array, b: jax.Array, scale: float) -> jax.Array:
     """Per-expert LoRA update W + scale·A·B: w (E, i, o), a (E, i, r), b (E, r, o).
 
@@ -128,17 +135,17 @@ class MoELayer(nnx.Module):
         # Arm M (MELINOE fine-tuning, SPEC §3) only; both are off by default, so the
         # parameter tree and SPEC's parameter counts are unchanged. Rank-r LoRA on the
         # up/down projections: B starts at zero, so the adapted model starts as the base.
-        self.lora_rank = int(cfg.get("lora_rank", 0))
+        self.lora_rank = int(cfg.lora_rank)
         if self.lora_rank:
             r = self.lora_rank
-            self.lora_scale = float(cfg.get("lora_alpha", r)) / r
+            self.lora_scale = lora_scale(cfg)
             self.lora_up_a = nnx.Param(nnx.initializers.normal(d ** -0.5)(rngs.params(), (e, d, r), jnp.float32))
             self.lora_up_b = nnx.Param(jnp.zeros((e, r, f), jnp.float32))
             self.lora_down_a = nnx.Param(nnx.initializers.normal(f ** -0.5)(rngs.params(), (e, f, r), jnp.float32))
             self.lora_down_b = nnx.Param(jnp.zeros((e, r, d), jnp.float32))
         # A copy of the base model's router, kept frozen, that scores the rank-matching loss.
         self.base_router = (nnx.Linear(d, e, use_bias=False, kernel_init=_fan_in_init(), rngs=rngs)
-                            if cfg.get("base_router", False) else None)
+                            if cfg.base_router else None)
 
     def expert_weights(self) -> ExpertWeights:
         """The float32 expert weights the layer computes with (LoRA applied when present)."""
@@ -247,3 +254,8 @@ def param_counts(model: MoETransformer) -> dict[str, int]:
 
 def build_model(cfg: ml_collections.ConfigDict, seed: int) -> MoETransformer:
     return MoETransformer(cfg, rngs=nnx.Rngs(params=seed))
+
+
+def abstract_model(cfg: ml_collections.ConfigDict) -> tuple[nnx.GraphDef, nnx.State]:
+    """(graphdef, params as ShapeDtypeStructs) of a model config: shapes only, nothing allocated."""
+    return nnx.split(nnx.eval_shape(lambda: build_model(cfg, 0)), nnx.Param)

@@ -18,6 +18,7 @@ import os
 import pathlib
 import subprocess
 import time
+from collections.abc import Sequence
 from typing import Any, Callable
 
 import jax
@@ -26,41 +27,15 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from configs.base import num_train_steps, validate
-from moe import data as data_lib
+from configs.base import finetunes, num_train_steps
+from moe import checkpoint, rundir
+from moe import seeds as seeds_lib
 from moe.data import pipeline
-from moe.dispatch import select_dispatch
-from moe.evaluate import domain_summary, evaluate_windows, make_eval_step
+from moe.config import resolve
+from moe.evaluate import evaluate_and_trace, make_eval_step
 from moe.model import build_model, param_counts
-from moe.train import host_local, init_state, is_lead_process, make_optimizer, make_train_step, silent, train
-
-
-def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-    """Validates and fills the derived fields (auto dispatch, vocab, run name)."""
-    config = ml_collections.ConfigDict(config.to_dict())
-    validate(config)
-    if config.arm == "M":
-        from moe import finetune
-        finetune.validate(config)
-        if config.init_from:  # recorded as an absolute path, whatever the working directory
-            config.init_from = str(pathlib.Path(config.init_from).absolute())
-    config.model.dispatch = select_dispatch(config.model.dispatch)
-    vocab = pipeline.vocab_size(config.data)
-    if config.model.vocab_size != vocab:
-        config.model.vocab_size = vocab
-    if not config.run_name:
-        config.run_name = default_run_name(config)
-    return config
-
-
-def default_run_name(config: ml_collections.ConfigDict) -> str:
-    parts = [config.arm.lower()]
-    if config.loss.lambda_loc:
-        parts.append(f"lam{config.loss.lambda_loc:g}")
-    if config.loss.mu_dom:
-        parts.append(f"mu{config.loss.mu_dom:g}")
-    parts.append(f"s{config.seed}")
-    return "-".join(parts)
+from moe.train import (Member, host_local, init_state, is_lead_process, make_optimizer, make_train_step, silent,
+                       train_runs)
 
 
 def git_commit() -> str:
@@ -69,12 +44,6 @@ def git_commit() -> str:
                               cwd=pathlib.Path(__file__).parent, timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"
-
-
-def write_json(path: pathlib.Path, obj: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj, indent=1) + "\n")
-    os.replace(tmp, path)
 
 
 def config_record(config: ml_collections.ConfigDict, counts: dict[str, int]) -> dict[str, Any]:
@@ -145,32 +114,6 @@ def dry_run(config: ml_collections.ConfigDict) -> dict[str, Any]:
 # ---------------------------------------------------------------- the run
 
 
-def evaluate_and_trace(config, graphdef, params, workdir: pathlib.Path, log: Callable[[str], None], *,
-                       write: bool = True) -> tuple[dict, dict]:
-    """(final_eval, traces); with ``write``, final_eval.json + trace_<domain>.npz (+ cache metrics in metrics.json)."""
-    from cachesim.trace import make_trace, save_trace
-
-    eval_step = make_eval_step(graphdef, config, with_probs=config.eval.trace_probs)
-    final_eval, traces = {}, {}
-    for domain in data_lib.DOMAINS:
-        windows = pipeline.eval_windows(config.data, domain, n_windows=config.eval.windows,
-                                        seq_len=config.model.context)
-        t0 = time.perf_counter()
-        out = evaluate_windows(eval_step, params, windows["tokens"], config.eval.batch_size)
-        final_eval[domain] = domain_summary(out["ce"])
-        trace = make_trace(out["experts"], config.model.num_experts, probs=out.get("probs"),
-                           model=f"{config.model.size}/{config.run_name}", source=f"{config.data.corpus}:{domain}",
-                           name=domain)
-        if write:
-            save_trace(workdir / f"trace_{domain}.npz", trace)
-        traces[domain] = trace
-        log(f"eval {domain}: loss {final_eval[domain]['val_loss']:.4f} ppl {final_eval[domain]['val_ppl']:.2f} "
-            f"({out['ce'].size:,} tokens, {time.perf_counter() - t0:.1f}s)")
-    if write:
-        write_json(workdir / "final_eval.json", final_eval)
-    return final_eval, traces
-
-
 def summary_metrics(config, final_eval: dict, traces: dict, last_train: dict) -> dict[str, Any]:
     ppls = [v["val_ppl"] for v in final_eval.values()]
     tokens = [v["tokens"] for v in final_eval.values()]
@@ -204,51 +147,102 @@ def run(config: ml_collections.ConfigDict, workdir: str | os.PathLike, *, log: C
     Multi-process (``jax.distributed`` initialised): call it in every process with
     the same arguments; process 0 alone logs and writes the files.
     """
-    config = resolve(config)
+    return run_group([config], [workdir], batching="solo", log=log, stop_after=stop_after)
+
+
+def run_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence[str | os.PathLike], *,
+              batching: str = "auto", log: Callable[[str], None] = print, stop_after: int | None = None) -> bool:
+    """:func:`run` for one run (``batching="solo"``) or S seeds of one config trained in one jit.
+
+    ``batching`` for a group: ``vmap``, ``unrolled`` or ``auto`` (:mod:`moe.seeds`).
+    Every member writes an ordinary run directory, resumable alone by ``main.py``.
+    True when every member finished; ``stop_after`` stops (checkpointed) after
+    that many steps in this call.
+    """
+    if len(configs) != len(workdirs):
+        raise seeds_lib.SeedGroupError(f"{len(configs)} configs for {len(workdirs)} workdirs")
+    if batching != "solo":
+        seeds_lib.check_batching(batching)  # before any work
+    configs = [resolve(c) for c in configs]
+    ref = configs[0]
+    if batching != "solo":
+        seeds_lib.check_groupable(configs)
+        if finetunes(ref):
+            raise seeds_lib.SeedGroupError("arm M fine-tunes a base run (moe.finetune) and trains solo; "
+                                           "use --vmap_seeds=0")
     lead = is_lead_process()
     if not lead:
         log = silent
-    workdir = pathlib.Path(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
-    check_same_config(workdir, config)
+    workdirs = [pathlib.Path(w) for w in workdirs]
+    for c, w in zip(configs, workdirs):
+        w.mkdir(parents=True, exist_ok=True)
+        check_same_config(w, c)
 
     finetune, base = None, None
-    if config.arm == "M":  # fine-tunes a finished run: check it before preparing anything
+    if finetunes(ref):  # fine-tunes a finished run: check it before preparing anything
         from moe import finetune
-        base = finetune.check_init_from(config)
+        base = finetune.check_init_from(ref)
 
-    data_dir = prepare_data_once(config.data, lead)
-    log(f"data: {config.data.corpus} corpus at {data_dir}")
-    train_iter = pipeline.make_train_iterator(config.data, batch_size=config.train.batch_size,
-                                              seq_len=config.model.context, seed=config.seed)
-    counts = param_counts(nnx.eval_shape(lambda: build_model(config.model, config.seed)))
+    data_dir = prepare_data_once(ref.data, lead)
+    log(f"data: {ref.data.corpus} corpus at {data_dir}")
+    members = [Member(c, w, pipeline.make_train_iterator(c.data, batch_size=c.train.batch_size,
+                                                         seq_len=c.model.context, seed=c.seed))
+               for c, w in zip(configs, workdirs)]
+    counts = param_counts(nnx.eval_shape(lambda: build_model(ref.model, ref.seed)))
     if lead:
-        record = config_record(config, counts)
-        write_json(workdir / "config.json", finetune.run_record(record, config, base) if finetune else record)
-    log(f"run {config.run_name}: {counts['params_total']:,} params ({counts['params_active']:,} active), "
-        f"{num_train_steps(config)} steps of {config.train.batch_size}x{config.model.context} tokens, "
-        f"dispatch={config.model.dispatch}, remat={config.model.remat}, backend={jax.default_backend()}")
+        for c, w in zip(configs, workdirs):
+            record = config_record(c, counts)
+            rundir.write_json(w / rundir.CONFIG, finetune.run_record(record, c, base) if finetune else record)
+    steps = f"{num_train_steps(ref)} steps of {ref.train.batch_size}x{ref.model.context} tokens"
+    if batching == "solo":
+        log(f"run {ref.run_name}: {counts['params_total']:,} params ({counts['params_active']:,} active), "
+            f"{steps}, dispatch={ref.model.dispatch}, remat={ref.model.remat}, backend={jax.default_backend()}")
+    else:
+        start = checkpoint.latest_step(workdirs[0]) or 0
+        batching = seeds_lib.choose_batching(batching, jax.default_backend(), num_train_steps(ref) - start)
+        log(f"vmapped runs {', '.join(c.run_name for c in configs)}: {len(configs)} seeds x "
+            f"{counts['params_total']:,} params, {steps} each, backend={jax.default_backend()}")
 
-    init_params = finetune.base_params_loader(config, base, log) if finetune else None
-    result = train(config, workdir, train_iter, log=log, stop_after=stop_after, init_params=init_params)
+    init_params = finetune.base_params_loader(ref, base, log) if finetune else None
+    result = train_runs(members, batching=batching, log=log, stop_after=stop_after, init_params=init_params)
     if not result.completed:
         return False
     # Multi-process: each process evaluates its own copy of the (replicated) weights on its
     # own device, the single-device computation; no process waits on another's files.
-    params = host_local(result.state["params"])
-    final_eval, traces = evaluate_and_trace(config, result.graphdef, params, workdir, log, write=lead)
-    if finetune and config.predictor.enabled:  # MELINOE's figure: transfers with/without prefetch
-        from moe.transfers import transfer_study
-        transfers = transfer_study(config, result.graphdef, params, base, log)
+    # One eval step (one compile) serves every seed of a group: the same function, the same numbers.
+    eval_step = make_eval_step(result.graphdef, ref, with_probs=ref.eval.trace_probs)
+    windows = {d: pipeline.eval_windows(ref.data, d, n_windows=ref.eval.windows, seq_len=ref.model.context)["tokens"]
+               for d in rundir.DOMAINS}
+    for c, w, state, last in zip(configs, workdirs, result.states, result.last_metrics):
         if lead:
-            write_json(workdir / "transfers.json", transfers)
-    metrics = summary_metrics(config, final_eval, traces, result.last_metrics)
-    if lead:
-        write_json(workdir / "metrics.json", metrics)
-    for line in collapse_warnings(metrics):
-        log(line)
-    log(f"done: mean PPL {np.mean([v['val_ppl'] for v in final_eval.values()]):.2f}; artifacts in {workdir}")
+            rundir.write_progress(w, phase="evaluating", step=num_train_steps(c), pid=os.getpid())
+        params = host_local(state["params"])
+        final_eval, traces = evaluate_and_trace(c, eval_step, params, windows, log)
+        if lead:
+            write_evaluation(w, final_eval, traces)
+        if finetune and c.predictor.enabled:  # MELINOE's figure: transfers with/without prefetch
+            from moe.transfers import transfer_study
+            transfers = transfer_study(c, result.graphdef, params, base, log)
+            if lead:
+                rundir.write_json(w / rundir.TRANSFERS, transfers)
+        metrics = summary_metrics(c, final_eval, traces, last)
+        if lead:
+            rundir.write_json(w / rundir.METRICS, metrics)
+            rundir.write_progress(w, phase="done", step=num_train_steps(c), pid=os.getpid())
+        for line in collapse_warnings(metrics):
+            log(line)
+        done = f"done {c.run_name}" if len(configs) > 1 else "done"
+        log(f"{done}: mean PPL {np.mean([v['val_ppl'] for v in final_eval.values()]):.2f}; artifacts in {w}")
     return True
+
+
+def write_evaluation(workdir: pathlib.Path, final_eval: dict, traces: dict) -> None:
+    """trace_<domain>.npz, then final_eval.json."""
+    from cachesim.trace import save_trace
+
+    for domain, trace in traces.items():
+        save_trace(workdir / rundir.trace_file(domain), trace)
+    rundir.write_json(workdir / rundir.FINAL_EVAL, final_eval)
 
 
 def prepare_data_once(data_cfg, lead: bool) -> pathlib.Path:
@@ -267,10 +261,10 @@ def prepare_data_once(data_cfg, lead: bool) -> pathlib.Path:
 
 def check_same_config(workdir: pathlib.Path, config: ml_collections.ConfigDict) -> None:
     """Refuses to resume a workdir that was started with a different model/loss/data config."""
-    path = workdir / "config.json"
-    if not path.exists() or not (workdir / "checkpoints").exists():
+    path = workdir / rundir.CONFIG
+    if not path.exists() or not rundir.has_checkpoints(workdir):
         return
-    old = json.loads(path.read_text()).get("config", {})
+    old = rundir.read_json(path).get("config", {})
     new = config.to_dict()
     keys = ("model", "loss", "optim", "data", "seed", "arm", "init_from")
     diff = [k for k in keys if json.dumps(old.get(k), sort_keys=True) != json.dumps(new.get(k), sort_keys=True)]

@@ -10,11 +10,13 @@ import contextlib
 import dataclasses
 import json
 import math
+import os
 import pathlib
 import re
 import signal
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any, Callable
 
 import jax
@@ -28,7 +30,8 @@ from configs.base import ConfigError, num_train_steps
 from losses.lm import chunked_cross_entropy
 from losses.melinoe import melinoe_losses
 from losses.router import boundary_pair_mask, domain_slices, expert_usage_entropy, router_losses
-from moe import checkpoint
+from moe import checkpoint, rundir
+from moe import seeds as seeds_lib
 from moe.model import MoETransformer, RouterOutput, build_model
 
 EOT_ID = 50256
@@ -321,24 +324,6 @@ class Preemption:
             signal.signal(sig, handler)
 
 
-def truncate_log(path: pathlib.Path, last_step: int) -> None:
-    """Drops log records past a restored step, so a resumed run's log has no duplicates."""
-    if not path.exists():
-        return
-    kept = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= last_step]
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(line + "\n" for line in kept))
-    tmp.replace(path)
-
-
-@dataclasses.dataclass
-class TrainResult:
-    graphdef: Any
-    state: Any
-    completed: bool          # False when stopped by a signal before the last step
-    last_metrics: dict[str, float]
-
-
 def _host_metrics(metrics: dict) -> dict[str, Any]:
     out = {}
     for k, v in jax.device_get(metrics).items():
@@ -355,19 +340,15 @@ def log_record(step: int, metrics: dict[str, Any], tok_s: float, tokens_per_step
 
 @dataclasses.dataclass
 class LoopHooks:
-    """The effects a caller of :func:`run_steps` supplies; run_steps decides when each one runs.
-
-    A solo run and a group of stacked seeds differ only here: how a batch is
-    made, how metrics are checked and logged (one record, or one per seed),
-    and how the state is saved (one checkpoint manager, or one per seed).
-    """
+    """The effects a caller of :func:`run_steps` supplies; run_steps decides when each one runs."""
 
     next_batch: Callable[[], Any]                  # the next batch, ready for the step function
     check: Callable[[int, Any], None]              # NaN guard on a step's device metrics (raises NonFiniteLossError)
     log_step: Callable[[int, Any, Progress], Any]  # at log steps: guard, write records, print; returns host metrics
     save: Callable[[int, Any], None]               # checkpoints (step, state)
+    first_step: Callable[[int, float], None] = lambda step, seconds: None  # the first step ran (incl. compile)
     # Also guard every step, one step behind, so the host sync overlaps the next step.
-    check_every_step: bool = False
+    check_every_step: bool = True
 
 
 @dataclasses.dataclass
@@ -398,7 +379,9 @@ def run_steps(state, step_fn: Callable[[Any, Any], tuple[Any, Any]], hooks: Loop
             step += 1
             if step == start + 1:
                 jax.block_until_ready(metrics)
-                log(f"compiled and ran the first step in {time.perf_counter() - compile_t0:.1f}s")
+                seconds = time.perf_counter() - compile_t0
+                log(f"compiled and ran the first step in {seconds:.1f}s")
+                hooks.first_step(step, seconds)
                 progress.start(step)
             if hooks.check_every_step:
                 # Check the previous step's loss while this one runs (keeps the device busy).
@@ -419,89 +402,239 @@ def run_steps(state, step_fn: Callable[[Any, Any], tuple[Any, Any]], hooks: Loop
     return LoopResult(state, step, True, last)
 
 
+# ---------------------------------------------------------------- one driver for solo runs and seed groups
+
+
+@dataclasses.dataclass
+class Member:
+    """One run of a training call: its resolved config, its run directory, its data iterator."""
+
+    config: ml_collections.ConfigDict
+    workdir: pathlib.Path
+    train_iter: Any
+
+
+@dataclasses.dataclass
+class TrainResult:
+    graphdef: Any
+    states: list[Any]                  # per member: the train state after the last step run
+    completed: bool                    # False when stopped by a signal before the last step
+    last_metrics: list[dict[str, Any]]  # per member: the last logged host metrics
+
+    @property
+    def state(self) -> Any:
+        """The one member's state (a solo run)."""
+        (state,) = self.states
+        return state
+
+
+class _Solo:
+    """One member, data parallel over every device of every process when there are several."""
+
+    def __init__(self, config: ml_collections.ConfigDict):
+        self.mesh = data_parallel_mesh()
+        if self.mesh is not None and config.train.batch_size % self.mesh.size:
+            raise ValueError(f"train.batch_size={config.train.batch_size} is not divisible by the "
+                             f"{self.mesh.size} devices; choose a multiple of {self.mesh.size}")
+        # The checkpoint is restored straight onto this run's devices (replicated over the mesh),
+        # whatever the process/device count that saved it: a run may resume on another topology.
+        self.placement = (replicated_sharding(self.mesh) if self.mesh is not None
+                          else jax.sharding.SingleDeviceSharding(jax.devices()[0]))
+
+    def describe(self) -> str | None:
+        if self.mesh is None:
+            return None
+        return f"data parallel over {self.mesh.size} devices" + (
+            f" in {jax.process_count()} processes" if jax.process_count() > 1 else "")
+
+    def step_fn(self, graphdef, tx, config):
+        return make_train_step(graphdef, tx, config, self.mesh)
+
+    def combine(self, states: list) -> Any:
+        (state,) = states
+        return state if self.mesh is None else jax.device_put(state, self.placement)
+
+    def split(self, state) -> list:
+        return [state]
+
+    def batch(self, batches: list) -> Any:
+        (batch,) = batches  # one device: jit takes numpy as is
+        return batch if self.mesh is None else global_batch(batch, rows_sharding(self.mesh))
+
+    def host_metrics(self, metrics) -> list[dict[str, Any]]:
+        return [_host_metrics(metrics)]
+
+
+class _Stacked:
+    """S members stacked on a leading axis (``moe.seeds``), in one process on one device."""
+
+    def __init__(self, seeds: int, batching: str):
+        if jax.process_count() > 1:
+            raise seeds_lib.SeedGroupError("seeds of a group train in one process; run multi-process jobs solo "
+                                           "(--vmap_seeds=0)")
+        self.seeds, self.batching = seeds, batching
+        self.placement = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+
+    def describe(self) -> str:
+        return f"seed batching: {self.batching}"
+
+    def step_fn(self, graphdef, tx, config):
+        return seeds_lib.make_seed_step(train_step_fn(graphdef, tx, config), self.seeds, self.batching)
+
+    def combine(self, states: list) -> Any:
+        return seeds_lib.stack(states)
+
+    def split(self, state) -> list:
+        return seeds_lib.split_seeds(state, self.seeds)
+
+    def batch(self, batches: list) -> Any:
+        return seeds_lib.stack_batches(batches)
+
+    def host_metrics(self, metrics) -> list[dict[str, Any]]:
+        host = jax.device_get(metrics)
+        return [seeds_lib.seed_metrics(host, i) for i in range(self.seeds)]
+
+
+def _restore(members: list[Member], managers: list, states: list, placement) -> tuple[int, list, list]:
+    """(start step, states, data states or None) from every member's newest checkpoint; all at one step."""
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=placement), states[0])
+    restored = [checkpoint.restore_latest(mgr, abstract) for mgr in managers]
+    steps = [r[0] if r else 0 for r in restored]
+    if len(set(steps)) > 1:
+        raise seeds_lib.SeedGroupError(
+            "the seeds of a vmapped group have checkpoints at different steps ("
+            + ", ".join(f"{m.config.run_name}: {s}" for m, s in zip(members, steps))
+            + "); resume them separately (--vmap_seeds=0) or from fresh workdirs")
+    if not steps[0]:
+        return 0, states, [None] * len(members)
+    return steps[0], [r[1] for r in restored], [r[2] for r in restored]
+
+
+def train_runs(members: Sequence[Member], *, batching: str = "solo", log: Callable[[str], None] = print,
+               stop_after: int | None = None, init_params: Callable[[Any], Any] | None = None) -> TrainResult:
+    """Trains every member to ``num_train_steps``, resuming from their newest checkpoints.
+
+    ``batching``: ``"solo"`` for one member (data parallel over every device,
+    in one process or several), or ``"vmap"`` / ``"unrolled"`` for S seeds of
+    one config stacked in one jit (:mod:`moe.seeds`). Either way each member
+    gets its own log.jsonl, checkpoints and progress.json, from this one loop.
+
+    ``stop_after`` ends the loop after that many steps in this call (for tests
+    of resumption); the state is checkpointed as on SIGTERM. ``init_params``
+    (solo only) maps the freshly initialised params to the params to start from
+    when the workdir holds no checkpoint yet (fine-tuning: the base run's
+    weights); a resumed run ignores it.
+
+    Several devices, in one process or several (``jax.distributed``): every
+    process runs this loop and saves checkpoints (Orbax coordinates the
+    writers); only process 0 logs and writes log.jsonl and progress.json.
+    SIGTERM on any process stops all of them at one agreed step.
+    """
+    members = list(members)
+    ref = members[0].config
+    layout = _Solo(ref) if batching == "solo" else _Stacked(len(members), batching)
+    if batching == "solo" and len(members) != 1:
+        raise ValueError(f"solo training takes one run, got {len(members)}; stack seeds with vmap or unrolled")
+    total_steps = num_train_steps(ref)
+    tx = make_optimizer(ref.optim, total_steps)
+    inits = [init_state(m.config, tx) for m in members]
+    graphdef, states = inits[0][0], [state for _, state in inits]
+    lead = is_lead_process()  # multi-process: only process 0 logs and writes files
+    if not lead:
+        log = silent
+    managers = [checkpoint.manager(m.workdir, keep=m.config.train.keep_checkpoints) for m in members]
+    names = [m.config.run_name for m in members]
+    try:
+        start, states, data_states = _restore(members, managers, states, layout.placement)
+        for m, data_state in zip(members, data_states):
+            if data_state is not None:
+                m.train_iter.set_state(data_state)
+            if lead:
+                if start:
+                    rundir.truncate_log(m.workdir, start)
+                else:  # a log without any checkpoint belongs to a run that never saved
+                    rundir.log_path(m.workdir).unlink(missing_ok=True)
+        if start:
+            log(f"resumed {len(members)} seeds from their checkpoints at step {start}" if len(members) > 1
+                else f"resumed from checkpoint at step {start}")
+        elif init_params is not None:
+            (state,) = states
+            state["params"] = init_params(state["params"])
+        if layout.describe():
+            log(layout.describe())
+        state = layout.combine(states)
+        step_fn = layout.step_fn(graphdef, tx, ref)
+        tokens_per_step = ref.train.batch_size * ref.model.context
+
+        first: dict[str, float] = {}  # when the first step ran: kept in every later record
+
+        def progress(**record) -> None:
+            if lead:
+                for m in members:
+                    rundir.write_progress(m.workdir, total_steps=total_steps, pid=os.getpid(), **first, **record)
+
+        def first_step(step: int, seconds: float) -> None:
+            first.update(first_step_at=time.time(), first_step_s=seconds)
+            progress(phase="training", step=step)
+
+        def check(step: int, metrics) -> list[dict[str, Any]]:
+            host = layout.host_metrics(metrics)
+            for name, m in zip(names, host):
+                try:
+                    check_finite(step, m)
+                except NonFiniteLossError as e:
+                    progress(phase="failed", step=step, error=str(e))
+                    raise NonFiniteLossError(f"{name}: {e}" if len(names) > 1 else str(e)) from None
+            return host
+
+        with contextlib.ExitStack() as files:
+            logs = [files.enter_context(rundir.log_path(m.workdir).open("a")) for m in members] if lead else []
+
+            def log_step(step: int, metrics, timing: Progress) -> list[dict[str, Any]]:
+                host = check(step, metrics)
+                rate = timing.rate(step)
+                for f, m in zip(logs, host):
+                    f.write(json.dumps(log_record(step, m, rate, tokens_per_step)) + "\n")
+                    f.flush()
+                if len(host) == 1:
+                    (m,) = host
+                    log(f"step {step}/{total_steps} | loss {m['loss']:.4f} | lm {m['lm']:.4f} | "
+                        f"bal {m['bal']:.3f} | loc {m['loc']:.3f} | dom {m['dom']:.3f} | "
+                        f"{rate:,.0f} tok/s | ETA {timing.eta(step)}")
+                else:
+                    losses = " ".join(f"{m['loss']:.4f}" for m in host)
+                    log(f"step {step}/{total_steps} | loss per seed {losses} | {len(host)} x {rate:,.0f} tok/s | "
+                        f"ETA {timing.eta(step)}")
+                progress(phase="training", step=step, tok_s=rate, eta=timing.eta(step))
+                return host
+
+            def save(step: int, state) -> None:
+                for m, mgr, member_state in zip(members, managers, layout.split(state)):
+                    checkpoint.save(mgr, step, member_state, m.train_iter.get_state(), router_state(member_state))
+
+            hooks = LoopHooks(next_batch=lambda: layout.batch([next(m.train_iter) for m in members]),
+                              check=check, log_step=log_step, save=save, first_step=first_step)
+            progress(phase="training", step=start)
+            result = run_steps(state, step_fn, hooks, start=start, total_steps=total_steps,
+                               log_every=ref.train.log_every, ckpt_every=ref.train.ckpt_every,
+                               tokens_per_step=tokens_per_step, log=log, stop_after=stop_after,
+                               synced=jax.process_count() > 1)
+    finally:
+        for mgr in managers:
+            mgr.close()
+    if not result.completed:
+        progress(phase="stopped", step=result.step)
+        log(f"stopped at step {result.step}; checkpoint saved, rerun the same command to resume")
+    last = result.last_metrics or [{} for _ in members]
+    return TrainResult(graphdef, layout.split(result.state), result.completed, last)
+
+
 def train(config: ml_collections.ConfigDict, workdir: pathlib.Path, train_iter, *,
           log: Callable[[str], None] = print, stop_after: int | None = None,
           init_params: Callable[[Any], Any] | None = None) -> TrainResult:
-    """Trains to ``num_train_steps(config)``, resuming from the newest checkpoint in workdir.
-
-    ``stop_after`` ends the loop after that many steps in this process (for tests
-    of resumption); the state is checkpointed as on SIGTERM. ``init_params``
-    maps the freshly initialised params to the params to start from when the
-    workdir holds no checkpoint yet (fine-tuning: the base run's weights); a
-    resumed run ignores it.
-
-    Several devices, in one process or several (``jax.distributed``): data
-    parallel over all of them, each process feeding its devices' rows of the
-    same global batch (:func:`global_batch`). Every process runs this loop and
-    saves checkpoints (Orbax coordinates the writers); only process 0 logs and
-    writes log.jsonl. SIGTERM on any process stops all of them at one agreed step.
-    """
-    total_steps = num_train_steps(config)
-    tx = make_optimizer(config.optim, total_steps)
-    graphdef, state = init_state(config, tx)
-    lead = is_lead_process()  # multi-process: only process 0 logs and writes log.jsonl
-    if not lead:
-        log = silent
-    mgr = checkpoint.manager(workdir, keep=config.train.keep_checkpoints)  # every process: Orbax coordinates
-    log_path = workdir / "log.jsonl"
-
-    mesh = data_parallel_mesh()
-    if mesh is not None and config.train.batch_size % mesh.size:
-        raise ValueError(f"train.batch_size={config.train.batch_size} is not divisible by the "
-                         f"{mesh.size} devices; choose a multiple of {mesh.size}")
-    # The checkpoint is restored straight onto this run's devices (replicated over the mesh),
-    # whatever the process/device count that saved it: a run may resume on another topology.
-    placement = replicated_sharding(mesh) if mesh is not None else jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    restored = checkpoint.restore_latest(
-        mgr, jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=placement), state))
-    start = 0
-    if restored is not None:
-        start, state, data_state = restored
-        train_iter.set_state(data_state)
-        if lead:
-            truncate_log(log_path, start)
-        log(f"resumed from checkpoint at step {start}")
-    else:
-        if lead and log_path.exists():
-            log_path.unlink()  # a log without any checkpoint belongs to a run that never saved
-        if init_params is not None:
-            state["params"] = init_params(state["params"])
-
-    to_device: Callable[[dict], Any] = lambda batch: batch  # noqa: E731 — one device: jit takes numpy as is
-    if mesh is not None:
-        state = jax.device_put(state, placement)
-        to_device = lambda batch: global_batch(batch, rows_sharding(mesh))  # noqa: E731
-        log(f"data parallel over {mesh.size} devices"
-            + (f" in {jax.process_count()} processes" if jax.process_count() > 1 else ""))
-    step_fn = make_train_step(graphdef, tx, config, mesh)
-    tokens_per_step = config.train.batch_size * config.model.context
-
-    log_cm = log_path.open("a") if lead else contextlib.nullcontext(None)
-    with log_cm as log_file:
-        def log_step(step: int, metrics: dict, progress: Progress) -> dict[str, Any]:
-            check_finite(step, metrics)
-            last = _host_metrics(metrics)
-            if log_file is not None:
-                log_file.write(json.dumps(log_record(step, last, progress.rate(step), tokens_per_step)) + "\n")
-                log_file.flush()
-            log(f"step {step}/{total_steps} | loss {last['loss']:.4f} | lm {last['lm']:.4f} | "
-                f"bal {last['bal']:.3f} | loc {last['loc']:.3f} | dom {last['dom']:.3f} | "
-                f"{progress.rate(step):,.0f} tok/s | ETA {progress.eta(step)}")
-            return last
-
-        def save(step: int, state) -> None:
-            checkpoint.save(mgr, step, state, train_iter.get_state(), router_state(state))
-
-        hooks = LoopHooks(next_batch=lambda: to_device(next(train_iter)), check=check_finite,
-                          log_step=log_step, save=save, check_every_step=True)
-        result = run_steps(state, step_fn, hooks, start=start, total_steps=total_steps,
-                           log_every=config.train.log_every, ckpt_every=config.train.ckpt_every,
-                           tokens_per_step=tokens_per_step, log=log, stop_after=stop_after,
-                           synced=jax.process_count() > 1)
-    if not result.completed:
-        log(f"stopped at step {result.step}; checkpoint saved, rerun the same command to resume")
-    mgr.close()
-    return TrainResult(graphdef, result.state, result.completed, result.last_metrics or {})
+    """:func:`train_runs` for one run: trains to ``num_train_steps(config)``, resuming from workdir."""
+    return train_runs([Member(config, pathlib.Path(workdir), train_iter)], log=log, stop_after=stop_after,
+                      init_params=init_params)
 
 
 def silent(_msg: str) -> None:

@@ -12,20 +12,14 @@ from configs import arm_a, arm_m
 from configs.base import num_train_steps
 from moe import checkpoint
 from moe.model import build_model, param_counts
-from moe.run import config_record, resolve, write_json
+from moe.config import resolve
+from moe.rundir import write_json
+from moe.run import config_record
 from moe.train import init_state, make_optimizer, router_state
+from model_fixtures import tiny_model_cfg
 
 PROPERTY_SETTINGS = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 BASE_STEP = 7  # the fake base run's checkpoint step
-
-
-def tiny_model_cfg(**overrides) -> ml_collections.ConfigDict:
-    """A small model config (dense dispatch, float32) for direct model tests."""
-    cfg = dict(vocab_size=97, d_model=64, n_layers=2, d_ff=96, context=16, head_dim=32, num_experts=8, top_k=2,
-               rope_base=10000.0, dispatch="dense", capacity_factor=1.25, remat="none", compute_dtype="float32",
-               param_dtype="float32", size="tiny")
-    cfg.update(overrides)
-    return ml_collections.ConfigDict(cfg)
 
 
 def base_config() -> ml_collections.ConfigDict:

@@ -42,8 +42,9 @@ def write_complete_run(workdir: pathlib.Path, steps: int, loss: float = 3.0) -> 
 FAKE_MAIN = textwrap.dedent('''
     """Fake `python main.py`: behaves per the --config.run_name it gets (see launch_fixtures)."""
     import json, os, pathlib, sys, time
-    sys.path.insert(0, {tests!r})
+    sys.path[:0] = [{tests!r}, {repo!r}]
     from launch_fixtures import write_complete_run
+    from moe import rundir
     args = dict(a[2:].split("=", 1) for a in sys.argv[2:] if a.startswith("--") and "=" in a)
     workdir = pathlib.Path(args["workdir"])
     name = args.get("config.run_name", workdir.name)
@@ -54,7 +55,7 @@ FAKE_MAIN = textwrap.dedent('''
     (workdir / "fake_env.json").write_text(json.dumps({{
         "cuda": os.environ.get("CUDA_VISIBLE_DEVICES"), "xla": os.environ.get("XLA_FLAGS", ""),
         "cpus": sorted(os.sched_getaffinity(0)), "argv": sys.argv[1:]}}))
-    print("compiled and ran the first step in 0.0s", flush=True)
+    rundir.write_progress(workdir, phase="training", step=1, pid=os.getpid(), first_step_at=time.time())
     if name.startswith("bad"):
         print("error: the fake run " + name + " always fails", file=sys.stderr)
         sys.exit(2)
@@ -71,7 +72,7 @@ FAKE_MAIN = textwrap.dedent('''
 def fake_python(tmp_path) -> str:
     """An executable that, given ``main.py --workdir=... --config.run_name=NAME``, acts per NAME."""
     path = tmp_path / "fake_python"
-    script = FAKE_MAIN.format(tests=str(pathlib.Path(__file__).parent))
+    script = FAKE_MAIN.format(tests=str(pathlib.Path(__file__).parent), repo=str(pathlib.Path(__file__).parents[1]))
     path.write_text(f"#!{sys.executable}\n{script}")
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
     return str(path)

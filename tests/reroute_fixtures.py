@@ -20,8 +20,11 @@ from configs import arm_a, arm_b
 from configs.base import num_train_steps
 from moe import checkpoint
 from moe.model import param_counts
-from moe.run import config_record, resolve, write_json
+from moe.config import resolve
+from moe.rundir import write_json
+from moe.run import config_record
 from moe.train import init_state, make_optimizer, router_state
+from model_fixtures import tiny_model_cfg
 
 
 class PyLRU:
@@ -113,11 +116,8 @@ def py_route(probs: np.ndarray, cache: PyLRU, setting: Setting, k: int, primes: 
 
 def tiny_model_config(**model_overrides) -> ml_collections.ConfigDict:
     """A run config small enough to compile in seconds: 2 layers, 8 experts, vocab 61, float32."""
-    model = dict(size="tiny", vocab_size=61, d_model=32, n_layers=2, d_ff=48, context=8, head_dim=16, num_experts=8,
-                 top_k=2, rope_base=10000.0, dispatch="dense", capacity_factor=1.25, remat="none",
-                 compute_dtype="float32", param_dtype="float32")
-    model.update(model_overrides)
-    return ml_collections.ConfigDict({"model": model, "loss": {"ce_chunk": 256}})
+    model = tiny_model_cfg(vocab_size=61, d_model=32, d_ff=48, context=8, head_dim=16, **model_overrides)
+    return ml_collections.ConfigDict({"model": model.to_dict(), "loss": {"ce_chunk": 256}})
 
 
 def mixture(moe, h: jax.Array, routes: list[PyRoute]) -> jax.Array:

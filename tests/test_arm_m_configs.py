@@ -6,7 +6,8 @@ import jax
 import pytest
 
 from configs import arm_m
-from configs.base import SIZES, ConfigError, num_train_steps, validate
+from configs.base import SIZES, ConfigError, num_train_steps
+from moe.config import validate
 from moe import finetune
 
 

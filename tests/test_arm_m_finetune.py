@@ -20,7 +20,8 @@ from moe import checkpoint, finetune
 from moe.data import pipeline
 from moe.lora import count_params
 from moe.model import build_model
-from moe.run import resolve, run
+from moe.config import resolve
+from moe.run import run
 from moe.train import (compute_loss, init_state, make_optimizer, make_train_step, split_trainable, train,
                        trainable_filter)
 from tests.conftest import REPO

@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from configs.base import SIZES, ConfigError, num_train_steps, parse_arg, validate
+from configs.base import SIZES, ConfigError, num_train_steps, parse_arg
+from moe.config import validate
 from tests.conftest import REPO
 
 ARMS = {"arm_a": "A", "arm_b": "B", "arm_c": "C", "arm_d": "D"}

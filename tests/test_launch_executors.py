@@ -19,7 +19,8 @@ import pytest
 # spawn; the launcher's own process never initialises one, and the child execs at once.
 pytestmark = pytest.mark.filterwarnings("ignore:os.fork\\(\\) was called:RuntimeWarning")
 
-from launch import execute, rundir, status
+from launch import execute, status
+from moe import rundir
 from launch.local import LocalExecutor
 from launch.plan import Job, RunSpec
 from launch.resources import Slot
@@ -105,8 +106,8 @@ def test_local_sigterm_stops_workers_and_keeps_runs_pending(tmp_path, fake_pytho
 def test_local_waits_for_a_previous_worker_holding_the_run(tmp_path, fake_python):
     specs = make_specs(tmp_path, "ok-a", "ok-b")
     states, writer = setup(tmp_path, specs)
-    held = rundir.try_lock_run(specs[0].workdir)  # an old worker of a killed sweep, still checkpointing
-    assert held is not None and rundir.try_lock_run(specs[0].workdir) is None
+    held = rundir.try_lock(specs[0].workdir)  # an old worker of a killed sweep, still checkpointing
+    assert held is not None and rundir.try_lock(specs[0].workdir) is None
     lines, seen = [], {}
 
     def release_after_b():  # the executor owns signal handlers, so it runs in the main thread
@@ -124,7 +125,7 @@ def test_local_waits_for_a_previous_worker_holding_the_run(tmp_path, fake_python
     assert seen == {"ok-a": "pending", "ok-b": "done"}  # ok-a waited for the old worker, ok-b went ahead
     assert "waiting: a previous worker still holds ok-a" in lines
     assert states["ok-a"].state == "done" and states["ok-a"].attempts == 1
-    fd = rundir.try_lock_run(specs[0].workdir)  # the worker's inherited lock went away with it
+    fd = rundir.try_lock(specs[0].workdir)  # the worker's inherited lock went away with it
     assert fd is not None
     os.close(fd)
 
@@ -140,7 +141,8 @@ def test_inline_retries_settles_and_keeps_going(tmp_path, monkeypatch):
     def fake_run(job, log):
         name = job.runs[0].name
         calls.append(name)
-        log("compiled and ran the first step in 0.0s")
+        rundir.write_progress(job.runs[0].workdir, phase="training", step=1, pid=os.getpid(),
+                              first_step_at=time.time())
         if name == "bad-c" or (name == "flaky-b" and calls.count(name) == 1):
             raise ValueError(f"{name} broke")
         write_complete_run(job.runs[0].workdir, steps=4)

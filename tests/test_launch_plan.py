@@ -46,7 +46,7 @@ def test_command_line_override_applies_to_every_run_and_dedupes(tmp_path):
 
 
 def test_names_match_moe_run_default_run_name(tmp_path):
-    from moe.run import default_run_name
+    from moe.config import default_run_name
     for config_file in (f"{ARM_B}:smoke", str(plan.REPO / "configs" / "arm_d.py:smoke"),
                         str(plan.REPO / "configs" / "arm_a.py:smoke")):
         for spec in plan.expand(config_file, tmp_path):

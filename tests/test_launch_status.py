@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from launch import rundir, status
+from launch import execute, status
+from moe import rundir
 from launch.plan import RunSpec
 from launch_fixtures import write_complete_run
 
@@ -60,7 +61,7 @@ def test_checkpoint_steps_ignores_temporaries(tmp_path):
     ("", "no output"),
 ])
 def test_error_from_log(text, line):
-    assert rundir.error_from_log(text) == line
+    assert execute.error_from_log(text) == line
 
 
 # ---------------------------------------------------------------- status

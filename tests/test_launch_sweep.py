@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from launch import plan, rundir, status, sweep
+from launch import plan, status, sweep
+from moe import rundir
 from launch.plan import Job
 from launch_fixtures import ARM_B, REPO, SOLO_FLAGS, TINY_OVERRIDES, quiet, solo_run  # noqa: F401 (fixture)
 

@@ -8,14 +8,10 @@ import pytest
 from flax import nnx
 
 from moe.model import MoETransformer, build_model, param_counts, route
+from model_fixtures import tiny_model_cfg
 
 
-def model_cfg(**overrides):
-    cfg = dict(vocab_size=97, d_model=64, n_layers=2, d_ff=96, context=16, head_dim=32, num_experts=8, top_k=2,
-               rope_base=10000.0, dispatch="dense", capacity_factor=1.25, remat="none", compute_dtype="float32",
-               param_dtype="float32", size="tiny")
-    cfg.update(overrides)
-    return ml_collections.ConfigDict(cfg)
+model_cfg = tiny_model_cfg
 
 
 @pytest.mark.parametrize("d,layers,f,total,active", [

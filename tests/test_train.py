@@ -13,7 +13,7 @@ from configs import arm_b
 from configs.base import num_train_steps
 from moe import checkpoint
 from moe.data import pipeline
-from moe.run import resolve
+from moe.config import resolve
 from moe.train import NonFiniteLossError, one_cycle_schedule, train
 
 

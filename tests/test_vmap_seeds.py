@@ -1,4 +1,4 @@
-"""``launch.vmap_seeds`` in-process: each seed-batching mode reproduces the solo run, across a resume.
+"""Seed groups (``moe.seeds``, ``moe.run.run_group``) in-process: each seed-batching mode reproduces the solo run, across a resume.
 
 (``test_launch_sweep.py`` covers the same parity through ``launch.sweep --vmap_seeds`` in a subprocess.)
 """
@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from launch import plan
-from launch.vmap_seeds import VmapGroupError, choose_batching, split_seeds, stack, train_seeds
+from launch.vmap_seeds import VmapGroupError, train_seeds
+from moe.seeds import choose_batching, split_seeds, stack
 from launch_fixtures import ARM_B, TINY_OVERRIDES, TINY_STEPS, quiet, solo_run  # noqa: F401 (fixture)
 
 
@@ -22,7 +23,7 @@ def read_log(workdir):
 
 
 def test_auto_batching_unrolls_long_cpu_groups_only_and_unknown_modes_fail_with_the_choices():
-    from launch.vmap_seeds import UNROLLED_MIN_STEPS_CPU as N
+    from moe.seeds import UNROLLED_MIN_STEPS_CPU as N
     assert choose_batching("auto", "cpu", N - 1) == "vmap" and choose_batching("auto", "cpu", N) == "unrolled"
     assert choose_batching("auto", "gpu", 10 * N) == "vmap" and choose_batching("auto", "tpu", 10 * N) == "vmap"
     assert choose_batching("unrolled", "gpu", 1) == "unrolled" and choose_batching("vmap", "cpu", 10 * N) == "vmap"

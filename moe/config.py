@@ -1,0 +1,91 @@
+"""The whole config, checked and resolved: what a run is, before anything compiles.
+
+``configs/`` hold pure data (``get_config(arg)``); this module is where the
+model side reads them: :func:`validate` rejects what cannot run with one line
+naming the fix, and :func:`resolve` fills the derived fields (the measured
+``auto`` dispatcher, the tokenizer's vocabulary, the run name, an absolute
+``init_from``).
+"""
+
+from __future__ import annotations
+
+import math
+import pathlib
+
+import ml_collections
+
+from configs.base import SIZES, ConfigError
+from moe import rundir
+from moe.data import pipeline
+from moe.dispatch import DISPATCHERS, select_dispatch
+from moe.finetune import validate as finetune_validate
+from moe.model import COMPUTE_DTYPES, REMAT_POLICIES
+
+ARMS = rundir.ARMS
+
+
+def validate(c: ml_collections.ConfigDict) -> None:
+    """Rejects configurations that cannot run, with one line naming the fix."""
+    m, lo, o, t = c.model, c.loss, c.optim, c.train
+    if c.arm not in ARMS:
+        raise ConfigError(f"unknown arm {c.arm!r}; choose one of {ARMS}")
+    if m.size not in SIZES:
+        raise ConfigError(f"unknown size {m.size!r}; choose one of {', '.join(SIZES)}")
+    for name in ("vocab_size", "d_model", "n_layers", "d_ff", "context", "head_dim", "num_experts", "top_k"):
+        if int(m[name]) <= 0:
+            raise ConfigError(f"model.{name} must be a positive integer, got {m[name]}")
+    if m.top_k > m.num_experts:
+        raise ConfigError(f"model.top_k={m.top_k} exceeds model.num_experts={m.num_experts}; set top_k <= num_experts")
+    if m.d_model % m.head_dim:
+        raise ConfigError(f"model.d_model={m.d_model} is not a multiple of head_dim={m.head_dim}")
+    if m.head_dim % 2:
+        raise ConfigError(f"model.head_dim={m.head_dim} must be even for RoPE")
+    if m.dispatch != "auto" and m.dispatch not in DISPATCHERS:
+        raise ConfigError(f"unknown model.dispatch {m.dispatch!r}; choose auto or one of {', '.join(DISPATCHERS)}")
+    if m.remat not in REMAT_POLICIES:
+        raise ConfigError(f"unknown model.remat {m.remat!r}; choose one of {', '.join(REMAT_POLICIES)}")
+    if m.capacity_factor <= 0:
+        raise ConfigError(f"model.capacity_factor must be > 0, got {m.capacity_factor}")
+    if m.compute_dtype not in COMPUTE_DTYPES:
+        raise ConfigError(f"model.compute_dtype={m.compute_dtype!r} is not one of {', '.join(COMPUTE_DTYPES)}")
+
+    for name in ("alpha_balance", "lambda_loc", "mu_dom"):
+        if not math.isfinite(lo[name]) or lo[name] < 0:
+            raise ConfigError(f"loss.{name} must be a finite number >= 0, got {lo[name]}")
+    if lo.mu_dom > 0 and m.num_experts < 4:
+        raise ConfigError("loss.mu_dom > 0 needs num_experts >= 4 for the domain slice layout")
+    if lo.ce_chunk <= 0:
+        raise ConfigError(f"loss.ce_chunk must be > 0, got {lo.ce_chunk}")
+    if not (0 < o.peak_lr < 1):
+        raise ConfigError(f"optim.peak_lr must be in (0, 1), got {o.peak_lr}")
+    if not (0 <= o.warmup_frac < 1):
+        raise ConfigError(f"optim.warmup_frac must be in [0, 1), got {o.warmup_frac}")
+    if o.weight_decay < 0 or o.clip_norm <= 0:
+        raise ConfigError("optim.weight_decay must be >= 0 and optim.clip_norm > 0")
+    if t.batch_size <= 0 or t.tokens < t.batch_size * m.context:
+        raise ConfigError(
+            f"train.tokens={t.tokens} is less than one batch ({t.batch_size}x{m.context}); raise train.tokens")
+    if t.log_every <= 0 or t.ckpt_every <= 0 or t.keep_checkpoints <= 0:
+        raise ConfigError("train.log_every, train.ckpt_every and train.keep_checkpoints must be > 0")
+    if c.eval.windows <= 0 or c.eval.batch_size <= 0:
+        raise ConfigError("eval.windows and eval.batch_size must be > 0")
+    finetune_validate(c)
+
+
+def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """A validated copy with the derived fields filled (auto dispatch, vocab, run name, init_from)."""
+    config = ml_collections.ConfigDict(config.to_dict())
+    validate(config)
+    if config.init_from:  # recorded as an absolute path, whatever the working directory
+        config.init_from = str(pathlib.Path(config.init_from).absolute())
+    config.model.dispatch = select_dispatch(config.model.dispatch)
+    vocab = pipeline.vocab_size(config.data)
+    if config.model.vocab_size != vocab:
+        config.model.vocab_size = vocab
+    if not config.run_name:
+        config.run_name = default_run_name(config)
+    return config
+
+
+def default_run_name(config: ml_collections.ConfigDict) -> str:
+    return rundir.run_name(config.arm, config.loss.lambda_loc, config.loss.mu_dom, config.seed)
