@@ -1,6 +1,6 @@
 """Complementarity of locality training and inference-time rerouting, per model size.
 
-Reads the ``frontier.json`` files that ``python -m cachesim.frontier`` writes
+Reads the ``frontier.json`` files that ``python -m moe.cache_aware.frontier`` writes
 into run directories (schema documented in that module) and, for every arm-B
 configuration (λ, μ, token budget, size) and cache capacity, puts side by side:
 
@@ -33,7 +33,7 @@ from analysis.runs import AnalysisError, Run, read_json
 
 FRONTIER_FILE = "frontier.json"
 STACK_TAU = 0.5
-_REGENERATE = "regenerate it with python -m cachesim.frontier"
+_REGENERATE = "regenerate it with python -m moe.cache_aware.frontier"
 # The "all other interventions off" part of a point's setting (τ varies).
 _OFF = {"cache_prior": 0.0, "max_rank": None, "epsilon": 0.0, "prime": False}
 # (row key prefix, arm, τ) of the three compared points.

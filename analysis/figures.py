@@ -131,7 +131,7 @@ def _method(setting: Mapping[str, Any]) -> str:
 
 
 def read_frontier(run: Run) -> tuple[dict[str, tuple[list[float], list[float]]], str] | None:
-    """The run's frontier.json (cachesim.frontier, schema 1) as plot series; None when absent.
+    """The run's frontier.json (moe.cache_aware.frontier, schema 1) as plot series; None when absent.
 
     Returns ({series label: (miss reductions, PPL costs)}, reference): costs and
     reductions against the arm-A baseline when the file has one for every
@@ -145,8 +145,8 @@ def read_frontier(run: Run) -> tuple[dict[str, tuple[list[float], list[float]]],
     data = read_json(path)
     points = data.get("points") if isinstance(data, dict) else None
     if not isinstance(points, list) or not points:
-        raise AnalysisError(f"{path}: expected a 'points' list (cachesim.frontier schema 1); regenerate it with "
-                            "python -m cachesim.frontier")
+        raise AnalysisError(f"{path}: expected a 'points' list (moe.cache_aware.frontier schema 1); regenerate it with "
+                            "python -m moe.cache_aware.frontier")
     vs_a = all(p.get("miss_reduction_vs_arm_a") is not None and p.get("ppl_cost_vs_arm_a") is not None
                for p in points)
     suffix = "vs_arm_a" if vs_a else "vs_tau0"
@@ -162,7 +162,7 @@ def read_frontier(run: Run) -> tuple[dict[str, tuple[list[float], list[float]]],
             method = "plain" if p.get("plain") else _method(p["setting"])
         except (KeyError, TypeError, ValueError, AttributeError):
             raise AnalysisError(f"{path}: point {i} lacks miss_reduction_{suffix}, ppl_cost_{suffix} or setting; "
-                                "regenerate it with python -m cachesim.frontier") from None
+                                "regenerate it with python -m moe.cache_aware.frontier") from None
         if method == "plain":
             plain[where] = xy
             continue

@@ -14,7 +14,7 @@ rows instead (keys in complementarity.complementarity_rows, unrounded); with
 --out, json writes main.json plus complementarity.json when it is selected.
 
 The complementarity table needs ``frontier.json`` files (python -m
-cachesim.frontier): without any it is left out of the default output, and
+moe.cache_aware.frontier): without any it is left out of the default output, and
 asking for it with --tables prints a one-line note instead. Likewise the arm-M
 ``transfers`` table needs ``transfers.json`` files (written by arm-M runs), and
 the arm-M ``ablation`` table is in the default output only when at least two
@@ -43,7 +43,7 @@ from analysis.runs import Run, load_runs
 
 TABLE_NAMES = ("main", "per_domain", "runs", "scale", "complementarity", "transfers", "ablation")
 NO_FRONTIER_NOTE = ("note: complementarity table skipped: no run directory holds a frontier.json; "
-                    "write them with python -m cachesim.frontier --run RUN_DIR --tau 0,0.5")
+                    "write them with python -m moe.cache_aware.frontier --run RUN_DIR --tau 0,0.5")
 NO_TRANSFERS_NOTE = ("note: transfers table skipped: no arm-M run directory holds a transfers.json; "
                      "run arm M with config.predictor.enabled=True")
 # Tables that only exist when their inputs do (the default output leaves them out otherwise).
@@ -223,7 +223,7 @@ def complementarity_table(runs: Sequence[Run], frontiers: Mapping[str, Sequence[
                Column("rerouted_a_miss_reduction", "rerouted A: miss red. (τ=0.5)", miss))
     notes = ("From frontier.json (cache in the loop, per-domain streams, ε = 0, no cache prior, no max-rank, "
              "no priming). PPL cost = mean PPL / arm A's plain mean PPL − 1; miss red. = 1 − cache misses/token "
-             "(the file's policy and capacity) / arm A's, both as cachesim.frontier computed them against the arm-A run named in each file; "
+             "(the file's policy and capacity) / arm A's, both as moe.cache_aware.frontier computed them against the arm-A run named in each file; "
              "seed means, — where a seed has no arm-A baseline or no such point.",)
     if not rows:
         notes += ("No arm-B run directory holds a frontier.json; the table compares arm B against arm A.",)

@@ -10,7 +10,7 @@
    off (one setting; the ratio the issue asks to keep >= 0.5), and the coupled
    evaluation of the five-point τ sweep in one call (reported per setting).
 2. The frontier of both runs for τ in {0, 0.1, 0.3, 0.5, 0.7} at 25% capacity
-   (`cachesim.frontier`, which also writes each run's frontier.json), and the
+   (`moe.cache_aware.frontier`, which also writes each run's frontier.json), and the
    marginal PPL cost of τ 0 -> 0.5 on B versus on A.
 
 The last line is one JSON object.
@@ -30,10 +30,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import jax  # noqa: E402
 
-from cachesim import frontier as frontier_lib  # noqa: E402
+from moe.cache_aware import frontier as frontier_lib  # noqa: E402
 from cachesim.policies import capacity_from_fraction  # noqa: E402
-from cachesim.reroute import Setting  # noqa: E402
-from moe.cached_eval import CoupledEvaluator  # noqa: E402
+from moe.cache_aware.reroute import Setting  # noqa: E402
+from moe.cache_aware.coupled import CoupledEvaluator  # noqa: E402
 from moe.data import DOMAINS, pipeline  # noqa: E402
 from moe.evaluate import evaluate_windows, make_eval_step  # noqa: E402
 

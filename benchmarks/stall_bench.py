@@ -32,13 +32,13 @@ from pathlib import Path
 
 from cachesim.policies import CacheSpec
 from cachesim.simulate import simulate
-from cachesim.stall import compare_policies, prepare
-from cachesim.stall_engine import PrefetchConfig, run_timed
-from cachesim.stall_metrics import json_safe, summarize
-from cachesim.stall_prefetch import ADMISSIONS
-from cachesim.stall_residency import (Speculation, make_step_plan, residency_pass,
+from cachesim.timed import compare_policies, prepare
+from cachesim.timed.engine import PrefetchConfig, run_timed
+from cachesim.timed.metrics import json_safe, summarize
+from cachesim.timed.prefetch import ADMISSIONS
+from cachesim.timed.residency import (Speculation, make_step_plan, residency_pass,
                                       residency_passes, step_unions)
-from cachesim.stall_spec import load_hardware, load_model, parse_bytes
+from cachesim.timed.spec import load_hardware, load_model, parse_bytes
 from cachesim.trace import load_trace
 
 REPO = Path(__file__).resolve().parents[1]

@@ -27,10 +27,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cachesim.policies import CacheSpec
+from cachesim.policies import BELADY, LFU, LRU_TOKEN
 
-# Codes of the replayed policies (static pinning has no per-token state).
-LRU_REQUEST, LRU_TOKEN, LFU, BELADY = 0, 1, 2, 3
 _NOT_RESIDENT = int(np.iinfo(np.int32).max)
 
 
@@ -54,17 +52,6 @@ def init_cache_state(num_experts: int, batch_shape: tuple[int, ...] = ()) -> Cac
         resident=jnp.zeros(batch_shape + (num_experts,), jnp.bool_),
         key=jnp.zeros(batch_shape + (num_experts,), jnp.int32),
         size=jnp.zeros(batch_shape, jnp.int32))
-
-
-def policy_code(spec: CacheSpec) -> int:
-    """The replay code of a stateful spec (LRU_REQUEST, LRU_TOKEN, LFU, BELADY)."""
-    if spec.policy == "lru":
-        return LRU_REQUEST if spec.recency == "request" else LRU_TOKEN
-    if spec.policy == "lfu":
-        return LFU
-    if spec.policy == "belady":
-        return BELADY
-    raise ValueError("static pinning has no token-by-token state; see cachesim.simulate")
 
 
 def cache_token_step(state: CacheState, experts: jax.Array, next_use: jax.Array,
@@ -111,3 +98,36 @@ def cache_token_step(state: CacheState, experts: jax.Array, next_use: jax.Array,
         key = jnp.where(wanted, updated, key)
         misses.append(miss)
     return CacheState(resident, key, size), jnp.stack(misses)
+
+
+def replay(state: CacheState, experts: jax.Array, next_use: jax.Array, policy: jax.Array,
+           capacity: jax.Array, horizon: jax.Array, start: jax.Array | int = 0
+           ) -> tuple[CacheState, jax.Array, jax.Array]:
+    """:func:`cache_token_step` over T tokens in order: the one token-by-token loop (a ``lax.scan``).
+
+    Every user that replays a fixed request stream through one cache — per-
+    sequence prefetched caches, the timed model's residency — runs this; vmap
+    it for more caches. Code that *chooses* experts from the cache state
+    (cache-aware routing) scans its own rule around ``cache_token_step``.
+
+    Args:
+      state: the cache before the first token.
+      experts, next_use: (T, k) request ids (-1 = none) and, for Belady, each
+        request's next token index strictly after its own (else ``horizon``).
+      policy, capacity, horizon: as for ``cache_token_step``.
+      start: the index of the first token (the LRU clock continues from it).
+
+    Returns:
+      (the cache after the last token, (T, k) bool demand-miss flags, (T, E)
+      bool resident masks before each token).
+    """
+    def body(carry, inputs):
+        cache, t = carry
+        token_experts, token_next = inputs
+        before = cache.resident
+        cache, miss = cache_token_step(cache, token_experts, token_next, t, policy, capacity, horizon)
+        return (cache, t + 1), (miss, before)
+
+    (state, _), (misses, resident) = jax.lax.scan(body, (state, jnp.asarray(start, jnp.int32)),
+                                                  (experts, next_use))
+    return state, misses, resident

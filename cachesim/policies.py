@@ -23,6 +23,9 @@ import math
 from fractions import Fraction
 
 POLICIES = ("lru", "lfu", "static", "belady")
+# Codes of the replayed policies, shared by every fast path (`cachesim.online`,
+# `cachesim.stack`); static pinning has no per-token state.
+LRU_REQUEST, LRU_TOKEN, LFU, BELADY = 0, 1, 2, 3
 RECENCY_MODES = ("request", "token")
 ROUNDING_MODES = ("ceil", "round", "floor")
 
@@ -120,3 +123,14 @@ class CacheSpec:
         if self.policy == "static":
             return f"static_w{self.warmup}"
         return self.policy
+
+
+def policy_code(spec: CacheSpec) -> int:
+    """The replay code of a stateful spec (LRU_REQUEST, LRU_TOKEN, LFU, BELADY)."""
+    if spec.policy == "lru":
+        return LRU_REQUEST if spec.recency == "request" else LRU_TOKEN
+    if spec.policy == "lfu":
+        return LFU
+    if spec.policy == "belady":
+        return BELADY
+    raise ValueError("static pinning has no token-by-token state; see cachesim.simulate")

@@ -29,8 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from cachesim import stack
-from cachesim.online import BELADY, LFU, LRU_REQUEST, LRU_TOKEN, policy_code
-from cachesim.policies import CacheSpec, warmup_tokens
+from cachesim.policies import BELADY, LFU, LRU_REQUEST, LRU_TOKEN, CacheSpec, policy_code, warmup_tokens
 from cachesim.trace import Trace
 
 # Expert axes are padded to a multiple of this, so nearby E share one compile.
@@ -50,25 +49,56 @@ class SimulationError(ValueError):
     """A simulation request cannot be served; the message names the fix."""
 
 
+def _pinned(counts, capacities, valid_experts):
+    """The static rule (SPEC §7): pin the top-c experts by count, ties (and unseen experts) to the lowest id.
+
+    counts: (rows, specs, E); capacities: (rows, specs); valid_experts: (rows,)
+    the true E of each row (padded experts are never pinned). Returns the
+    pinned masks (rows, specs, E).
+    """
+    ids = jnp.arange(counts.shape[-1])
+    # rank[e] = experts ordered before e: higher count, or equal count and lower id.
+    before = (counts[..., None, :] > counts[..., :, None]) | (
+        (counts[..., None, :] == counts[..., :, None]) & (ids[None, :] < ids[:, None]))
+    rank = before.sum(-1)
+    valid = ids[None, :] < valid_experts[:, None]  # (rows, E)
+    return (rank < capacities[..., None]) & valid[:, None, :]
+
+
 @jax.jit
 def _static_misses(warm_counts, full_counts, warm_index, capacities, valid_experts):
     """Demand misses (rows, specs) of static pinning.
 
     warm_counts: (rows, W, E) request counts in each distinct warm-up prefix;
     full_counts: (rows, E) counts over the whole trace; warm_index: (specs,)
-    the prefix of each spec; capacities: (rows, specs); valid_experts: (rows,)
-    the true E of each row (padded experts are never pinned).
+    the prefix of each spec; capacities: (rows, specs); valid_experts: (rows,).
     """
-    ids = jnp.arange(full_counts.shape[-1])
-    counts = warm_counts[:, warm_index, :]  # (rows, specs, E)
-    # rank[e] = experts ordered before e: higher count, or equal count and lower id.
-    before = (counts[..., None, :] > counts[..., :, None]) | (
-        (counts[..., None, :] == counts[..., :, None]) & (ids[None, :] < ids[:, None]))
-    rank = before.sum(-1)
-    valid = ids[None, :] < valid_experts[:, None]  # (rows, E)
-    pinned = (rank < capacities[..., None]) & valid[:, None, :]
+    pinned = _pinned(warm_counts[:, warm_index, :], capacities, valid_experts)
     served = jnp.sum(jnp.where(pinned, full_counts[:, None, :], 0), axis=-1)
     return full_counts.sum(-1, keepdims=True) - served
+
+
+_pinned_jit = jax.jit(_pinned)
+
+
+def expert_counts(experts: np.ndarray, num_experts: int) -> np.ndarray:
+    """(L, E) request counts of each layer's (T, k) ids; negative ids (padding) are not requests."""
+    experts = np.asarray(experts)
+    return np.stack([np.bincount(layer[layer >= 0].ravel(), minlength=num_experts)[:num_experts]
+                     for layer in experts]).astype(np.int32)
+
+
+def pinned_sets(counts: np.ndarray, capacity: int) -> np.ndarray:
+    """(L, E) bool: the experts static pinning holds, per layer, given (L, E) request counts.
+
+    The same rule the grid simulator scores; the timed model and out-of-sample
+    pinning (counts from another trace) read their pinned sets from here.
+    """
+    counts = np.asarray(counts, np.int32)
+    layers, num_experts = counts.shape
+    capacities = np.full((layers, 1), min(int(capacity), num_experts), np.int32)
+    valid = np.full((layers,), num_experts, np.int32)
+    return np.asarray(_pinned_jit(counts[:, None, :], capacities, valid))[:, 0]
 
 
 class _SortedRequests(NamedTuple):

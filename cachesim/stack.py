@@ -58,7 +58,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cachesim.online import BELADY, LFU, LRU_REQUEST
+from cachesim.policies import BELADY, LFU, LRU_REQUEST
 
 _INT32_MAX = np.iinfo(np.int32).max
 _INT32_MIN = np.iinfo(np.int32).min

@@ -11,23 +11,8 @@ recall, unused prefetched bytes, lead slack, union bytes per committed token,
 the stall-conversion efficiency eta = (S_0 - S) / prefetched GB per token, and
 tokens/s = 1 / (compute + S + overhead) per committed token.
 
-Pipeline (each stage its own module):
-  `stall_spec`      hardware tiers and model byte sizes (JSON presets)
-  `stall_residency` step plan (speculation), request unions, cache residency
-                    (cachesim semantics; python or vmapped JAX backend), placement
-  `stall_engine`    the event-driven timing pass (+ `stall_io` queue,
-                    `stall_prefetch` sources and admission policies)
-  `stall_metrics`   metric set and JSON Lines export
-
-What is vectorised: the residency pass (JAX backend: one scan over steps,
-vmapped over layers and over cache specs, e.g. a VRAM-budget sweep), and
-within a comparison it is computed once and shared by every admission policy
-and prefetch budget, because prefetching never changes residency. (On a
-2-core CPU the plain-Python residency backend is the faster one for E = 128;
-it is the default.) The timing pass is inherently sequential (queue state
-couples every layer to the next) and runs as exact plain-Python event
-simulation, one run per (policy, budget); layers that meet an idle queue are
-memoised.
+The library is `cachesim.timed` (its package docstring has the pipeline);
+this module is its command line.
 
 CLI:
   python -m cachesim.stall --trace T.npz --model qwen3-235b-a22b
@@ -45,79 +30,13 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from cachesim.policies import CacheSpec
-from cachesim.stall_engine import (PrefetchConfig, TimedResult, Workload, build_workload,
-                                   default_capacity, run_timed)
-from cachesim.stall_metrics import json_safe, run_header, summarize, write_jsonl
-from cachesim.stall_prefetch import ADMISSIONS, SOURCES
-from cachesim.stall_residency import PLACEMENTS, Speculation
-from cachesim.stall_spec import (Hardware, ModelShape, StallConfigError, load_hardware,
-                                 load_model, parse_bytes)
-from cachesim.trace import Trace, load_trace
-
-__all__ = ["PrefetchConfig", "Speculation", "TimedResult", "Workload", "build_workload",
-           "compare_policies", "default_capacity", "run_timed", "summarize"]
-
-
-def compare_policies(work: Workload, admissions: Sequence[str], budgets: Sequence[float], *,
-                     source: str = "prev_token", queue_slots: int = 32,
-                     max_candidates: int | None = None) -> list[dict[str, Any]]:
-    """Runs every admission policy at every byte budget on one workload.
-
-    The residency of `work` is shared; the no-prefetch run is simulated once as
-    the baseline S_0 of eta, and reported once (budgets do not apply to it).
-    """
-    baseline = run_timed(work, PrefetchConfig(admission="none", source=source,
-                                              queue_slots=queue_slots))
-    base = summarize(baseline)
-    rows = []
-    if "none" in admissions:
-        rows.append(base)
-    for admission in admissions:
-        if admission == "none":
-            continue
-        for budget in budgets:
-            result = run_timed(work, PrefetchConfig(admission=admission, source=source,
-                                                    budget_bytes=budget, queue_slots=queue_slots,
-                                                    max_candidates=max_candidates))
-            rows.append(summarize(result, base["stall_per_token_s"]))
-    return rows
-
-
-def cache_spec(policy: str, capacity: str | int | float, rounding: str = "ceil",
-               warmup: float = 1.0) -> CacheSpec:
-    """A `CacheSpec` from CLI words: policy lru | lru_token | lfu | static | belady;
-    capacity an int count or a fraction of E written with a decimal point."""
-    recency = "request"
-    if policy == "lru_token":
-        policy, recency = "lru", "token"
-    text = str(capacity)
-    try:
-        if isinstance(capacity, float) or "." in text:
-            return CacheSpec(policy, fraction=float(text), rounding=rounding, recency=recency,
-                             warmup=warmup)
-        return CacheSpec(policy, capacity=int(text), recency=recency, warmup=warmup)
-    except ValueError as exc:
-        raise StallConfigError(f"bad cache option: {exc}") from None
-
-
-def prepare(trace: Trace, model: ModelShape, hardware: Hardware, *, cache: str = "lru",
-            capacity: str | None = None, rounding: str = "ceil", static_warmup: float = 1.0,
-            queue_slots: int = 32, speculation: Speculation = Speculation(),
-            placement: str = "frequency", placement_warmup: float = 1.0,
-            max_tokens: int | None = None, backend: str = "python") -> Workload:
-    """Fits `model`'s sizes to the trace's shape and builds the shared workload.
-
-    Without `capacity`, the cache holds what fits in the compute tier beside the
-    dense weights and `queue_slots` staging slots.
-    """
-    model = model.for_trace_shape(trace.num_layers, trace.num_experts, trace.k)
-    if capacity is None:
-        capacity = str(default_capacity(model, hardware, queue_slots))
-    spec = cache_spec(cache, capacity, rounding, static_warmup)
-    return build_workload(trace, model, hardware, spec, speculation=speculation,
-                          placement=placement, placement_warmup=placement_warmup,
-                          max_tokens=max_tokens, backend=backend)
+from cachesim.timed.compare import compare_policies, prepare
+from cachesim.timed.engine import PrefetchConfig, run_timed
+from cachesim.timed.metrics import json_safe, run_header, summarize, write_jsonl
+from cachesim.timed.prefetch import ADMISSIONS, SOURCES
+from cachesim.timed.residency import PLACEMENTS, Speculation
+from cachesim.timed.spec import StallConfigError, load_hardware, load_model, parse_bytes
+from cachesim.trace import load_trace
 
 
 # ---------------------------------------------------------------- CLI
@@ -191,8 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--width", type=int, default=1, help="speculative positions per step")
     parser.add_argument("--accept", default="fixed:1", help="fixed:N or bernoulli:ALPHA[:SEED]")
     parser.add_argument("--tokens", type=int, default=None, help="simulate a prefix of N tokens")
-    parser.add_argument("--backend", default="python", choices=("python", "jax"),
-                        help="residency pass backend")
+    parser.add_argument("--backend", default=None, choices=("python", "jax"),
+                        help="deprecated and ignored: the residency pass is the simulator's own replay")
     parser.add_argument("--format", default="table", choices=("table", "json"))
     parser.add_argument("--jsonl", default=None, help="write the event trace of the (single) "
                         "policy and budget as JSON Lines")
@@ -200,6 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _run_cli(args: argparse.Namespace) -> list[dict[str, Any]]:
+    if args.backend is not None:
+        print("warning: --backend is deprecated and ignored (one residency implementation)", file=sys.stderr)
     hardware = load_hardware(args.hardware)
     base_model = load_model(args.model, args.quant)
     admissions = _split(args.policies, ADMISSIONS, "policies")
@@ -211,7 +132,7 @@ def _run_cli(args: argparse.Namespace) -> list[dict[str, Any]]:
                        rounding=args.rounding, static_warmup=args.static_warmup,
                        queue_slots=args.queue, speculation=speculation,
                        placement=args.placement, placement_warmup=args.placement_warmup,
-                       max_tokens=args.tokens, backend=args.backend)
+                       max_tokens=args.tokens)
         expert = work.model.mean_expert_bytes
         budget_text = args.budget or f"{work.num_layers}x"
         budgets = [parse_bytes(b, expert) for b in budget_text.split(",") if b.strip()]

@@ -58,12 +58,16 @@ class Routing(NamedTuple):
 RouteFn = Callable[[Routing], tuple[jax.Array, jax.Array]]
 
 
+def renormalise(chosen_p: jax.Array) -> jax.Array:
+    """The gates of the chosen experts: their p renormalised to sum to 1 (SPEC §2)."""
+    return chosen_p / jnp.sum(chosen_p, axis=-1, keepdims=True)
+
+
 def route(logits: jax.Array, k: int) -> tuple[jax.Array, jax.Array, jax.Array]:
     """softmax over all E, top-k by p (top-1 first), gates = chosen p renormalised."""
     probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
     top_p, topk = jax.lax.top_k(probs, k)
-    gates = top_p / jnp.sum(top_p, axis=-1, keepdims=True)
-    return probs, topk.astype(jnp.int32), gates
+    return probs, topk.astype(jnp.int32), renormalise(top_p)
 
 
 class RMSNorm(nnx.Module):

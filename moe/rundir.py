@@ -27,6 +27,7 @@ directories without importing jax.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import fcntl
 import json
@@ -135,6 +136,48 @@ def now_iso() -> str:
 
 
 # ---------------------------------------------------------------- what a run holds
+
+
+# Reference runs carry no size; their parameter count identifies the 137m model.
+REFERENCE_137M_PARAMS = 137_319_168
+
+
+@dataclasses.dataclass(frozen=True)
+class RunRecord:
+    """A run directory and its config.json record (the reference runs' format, or ours)."""
+
+    path: pathlib.Path
+    record: dict[str, Any]
+
+    @property
+    def name(self) -> str:
+        return str(self.record.get("run_name") or self.path.name)
+
+    @property
+    def arm(self) -> str:
+        return str(self.record.get("arm", "?"))
+
+    @property
+    def size(self) -> str:
+        return run_size(self.record)
+
+    @property
+    def config(self) -> dict[str, Any] | None:
+        """The full resolved config (runs trained by this codebase), else None (reference runs)."""
+        config = self.record.get("config")
+        return config if isinstance(config, dict) else None
+
+
+def run_size(record: dict[str, Any]) -> str:
+    """The model size name; reference runs are identified by their parameter count."""
+    if "size" in record:
+        return str(record["size"])
+    return "137m" if record.get("params") == REFERENCE_137M_PARAMS else "unknown"
+
+
+def read_run(workdir: PathLike) -> RunRecord:
+    """The run's config.json record; RunDirError when ``workdir`` is not a run directory."""
+    return RunRecord(pathlib.Path(workdir), read_config(workdir))
 
 
 def is_run_dir(path: PathLike) -> bool:

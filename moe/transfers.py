@@ -29,7 +29,7 @@ from moe.finetune import FinetuneError, load_base_params
 from moe.model import build_model
 from moe.predictor import (RoutedSequences, expert_counts, fit_predictor, make_route_fn, predict_scores,
                            prior_scores, recall_and_coverage, route_sequences, top_c)
-from moe.prefetch import prefetch_mask, sequence_demand_loads
+from cachesim.prefetched import prefetch_mask, sequence_demand_loads
 
 # Replay policies of the study (MELINOE reports LFU and LRU).
 STUDY_POLICIES = ("lfu", "lru")

@@ -1,7 +1,7 @@
 """Plain-Python references for the cache-aware routing tests.
 
 Written to read like SPEC §7, with lists and sets; the JAX code in
-`cachesim.reroute` and `moe.cached_eval` must agree with them exactly.
+`moe.cache_aware.reroute` and `moe.cache_aware.coupled` must agree with them exactly.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from cachesim.reroute import Setting
+from moe.cache_aware.reroute import Setting
 from configs import arm_a, arm_b
 from configs.base import num_train_steps
 from moe import checkpoint

@@ -10,9 +10,9 @@ from __future__ import annotations
 import numpy as np
 
 from cachesim.policies import CacheSpec
-from cachesim.stall_engine import Workload, build_workload
-from cachesim.stall_residency import Speculation
-from cachesim.stall_spec import Hardware, ModelShape, Tier
+from cachesim.timed.engine import Workload, build_workload
+from cachesim.timed.residency import Speculation
+from cachesim.timed.spec import Hardware, ModelShape, Tier
 from cachesim.trace import make_trace
 
 EXPERT_BYTES = 1000
@@ -37,7 +37,7 @@ def model_for(num_layers: int, num_experts: int, k: int, attn: float = 1.0,
 
 
 def workload(experts, num_experts: int, cache: CacheSpec, hardware: Hardware | None = None,
-             *, probs=None, speculation: Speculation = Speculation(), backend: str = "python",
+             *, probs=None, speculation: Speculation = Speculation(),
              **model_kwargs) -> Workload:
     """A workload of an explicit (L, T, k) id list; every expert streams from tier 1."""
     experts = np.asarray(experts, np.int16)
@@ -46,4 +46,4 @@ def workload(experts, num_experts: int, cache: CacheSpec, hardware: Hardware | N
     num_layers, _, k = experts.shape
     return build_workload(trace, model_for(num_layers, num_experts, k, **model_kwargs),
                           hardware or machine(), cache, speculation=speculation,
-                          placement="slowest", backend=backend)
+                          placement="slowest")

@@ -32,7 +32,7 @@ def study(tmp_path_factory):
 
 
 def _point(tau, miss_a, cost_a, plain=False, epsilon=0.0):
-    """A frontier.json point in cachesim.frontier's schema (only the fields analysis reads)."""
+    """A frontier.json point in moe.cache_aware.frontier's schema (only the fields analysis reads)."""
     return {"stream": "domains", "label": f"tau={tau}", "plain": plain, "capacity_fraction": 0.25, "capacity": 4,
             "setting": {"tau": tau, "cache_prior": 0.0, "max_rank": None, "epsilon": epsilon, "prime": False},
             "miss_reduction_vs_tau0": 0.0, "ppl_cost_vs_tau0": 0.0,

@@ -11,7 +11,7 @@ from analysis.runs import AnalysisError
 
 
 def _point(tau, cost, miss, *, stream="domains", fraction=0.25, **off):
-    """A frontier.json point in cachesim.frontier's schema 1 (the fields the table reads, plus a label)."""
+    """A frontier.json point in moe.cache_aware.frontier's schema 1 (the fields the table reads, plus a label)."""
     setting = {"tau": tau, "cache_prior": 0.0, "max_rank": None, "epsilon": 0.0, "prime": False, **off}
     return {"stream": stream, "label": f"tau={tau}", "setting": setting, "plain": tau == 0 and not any(off.values()),
             "capacity_fraction": fraction, "capacity": 4, "ppl_cost_vs_arm_a": cost, "miss_reduction_vs_arm_a": miss}

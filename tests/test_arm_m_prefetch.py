@@ -14,7 +14,7 @@ from cachesim.policies import CacheSpec
 from cachesim.reference import count_misses
 from cachesim.simulate import simulate
 from cachesim.trace import make_trace
-from moe.prefetch import PrefetchError, prefetch_mask, sequence_demand_loads
+from cachesim.prefetched import PrefetchError, prefetch_mask, sequence_demand_loads
 
 
 def replay_with_prefetch(tokens, capacity: int, policy: str, recency: str, prefetched) -> int:

@@ -10,7 +10,7 @@ import pytest
 
 from cachesim.policies import CacheSpec
 from moe.predictor import RoutedSequences, expert_counts, top_c
-from moe.prefetch import prefetch_mask, sequence_demand_loads
+from cachesim.prefetched import prefetch_mask, sequence_demand_loads
 from moe.transfers import model_transfers
 
 LAYERS, SEQUENCES, TOKENS, K, EXPERTS, PROMPT = 2, 6, 10, 2, 8, 3

@@ -1,11 +1,11 @@
-"""cachesim.frontier: the grid, the comparisons, the arm-A search, the CLI and frontier.json."""
+"""moe.cache_aware.frontier: the grid, the comparisons, the arm-A search, the CLI and frontier.json."""
 
 import json
 
 import pytest
 
-from cachesim import frontier as fr
-from cachesim.reroute import Setting
+from moe.cache_aware import frontier as fr
+from moe.cache_aware.reroute import Setting
 from tests.reroute_fixtures import make_run_dir
 
 

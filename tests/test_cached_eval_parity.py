@@ -1,4 +1,4 @@
-"""moe.cached_eval: all-off == plain evaluation; rerouting == a token-by-token decoder; carrying the cache."""
+"""moe.cache_aware.coupled: all-off == plain evaluation; rerouting == a token-by-token decoder; carrying the cache."""
 
 import jax
 import numpy as np
@@ -6,10 +6,10 @@ import pytest
 from flax import nnx
 
 from cachesim.policies import CacheSpec
-from cachesim.reroute import RerouteError, Setting, exclusive_experts
+from moe.cache_aware.reroute import RerouteError, Setting, exclusive_experts
 from cachesim.simulate import simulate
 from cachesim.trace import make_trace
-from moe.cached_eval import CoupledEvaluator, domain_stats
+from moe.cache_aware.coupled import CoupledEvaluator, domain_stats
 from moe.evaluate import evaluate_windows, make_eval_step
 from moe.model import build_model
 from tests.reroute_fixtures import step_by_step_reference, tiny_model_config

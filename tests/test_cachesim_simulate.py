@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cachesim import online, reference as ref, simulate as sim, stack
+from cachesim import online, policies, reference as ref, simulate as sim, stack
 from cachesim.policies import CacheSpec
 from cachesim.trace import make_trace
 from tests.cachesim_fixtures import random_trace, small_traces
@@ -118,7 +118,7 @@ def test_chunked_replay_rereplays_chunks_whose_guess_was_wrong(short_chunks):
     for spec in _specs([1, 3, 5], warmup=1.0):
         if spec.policy == "static":
             continue
-        variant = online.policy_code(spec)
+        variant = policies.policy_code(spec)
         rows = [layer for layer in range(trace.num_layers)]
         starts = np.arange(8) * 8
         inputs = [sim.replay_inputs(trace.experts[layer].astype(np.int32), starts, [variant],
@@ -190,7 +190,7 @@ def _online_misses(trace, spec):
     misses = np.zeros(trace.num_layers, np.int64)
     for t in range(trace.num_tokens):
         state, miss = _online_step(state, experts[:, t], next_use[:, t], jnp.int32(t),
-                                   online.policy_code(spec), spec.capacity, horizon)
+                                   policies.policy_code(spec), spec.capacity, horizon)
         misses += np.asarray(miss).sum(-1)
     return misses
 
@@ -210,12 +210,12 @@ def test_online_step_matches_reference(k, num_tokens, seed, capacity, policy):
 def test_online_state_exposes_resident_experts():
     state = online.init_cache_state(4)
     state, miss = online.cache_token_step(state, jnp.array([2, 0]), jnp.zeros(2, jnp.int32),
-                                          0, online.LRU_REQUEST, 1, 10)
+                                          0, policies.LRU_REQUEST, 1, 10)
     # Capacity 1: 0 evicts 2 within the token; both missed.
     assert np.asarray(miss).tolist() == [True, True]
     assert np.asarray(state.resident).tolist() == [True, False, False, False]
     with pytest.raises(ValueError, match="static"):
-        online.policy_code(CacheSpec("static", capacity=1))
+        policies.policy_code(CacheSpec("static", capacity=1))
 
 
 def test_reference_trace_prefix_parity(reference_dir):

@@ -1,4 +1,4 @@
-"""cachesim.reroute: each SPEC §7 rule on hand-built cases, and parity with a plain-Python reference."""
+"""moe.cache_aware.reroute: each SPEC §7 rule on hand-built cases, and parity with a plain-Python reference."""
 
 import functools
 
@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cachesim import reroute
+from moe.cache_aware import reroute
 from cachesim.reference import replay_lfu, replay_lru
-from cachesim.reroute import Features, RerouteError, Setting, make_params
+from moe.cache_aware.reroute import Features, RerouteError, Setting, make_params
 from cachesim.online import init_cache_state
 from tests.reroute_fixtures import PyLRU, py_route
 

@@ -5,12 +5,12 @@ import json
 import numpy as np
 import pytest
 
-from cachesim import stall
+from cachesim import stall, timed
 from cachesim.policies import CacheSpec
 from cachesim.simulate import simulate
-from cachesim.stall_engine import PrefetchConfig, default_capacity, run_timed
-from cachesim.stall_metrics import run_header, summarize, write_jsonl
-from cachesim.stall_spec import (QUANT_BITS, StallConfigError, compute_times, load_hardware,
+from cachesim.timed.engine import PrefetchConfig, default_capacity, run_timed
+from cachesim.timed.metrics import run_header, summarize, write_jsonl
+from cachesim.timed.spec import (QUANT_BITS, StallConfigError, compute_times, load_hardware,
                                  load_model, model_presets, parameter_counts, parse_bytes)
 from cachesim.trace import load_trace, make_trace, save_trace
 
@@ -205,11 +205,11 @@ def test_reference_runs_give_a_stall_report(reference_dir):
     """Real traces: no-prefetch demand misses equal cachesim's, and prefetching
     with the oracle never stalls more than none."""
     trace = load_trace(reference_dir / "runs" / "b-main-s1" / "trace_code.npz")
-    work = stall.prepare(trace, load_model("moe-137m"), load_hardware("rtx3070-ddr4-nvme"),
+    work = timed.prepare(trace, load_model("moe-137m"), load_hardware("rtx3070-ddr4-nvme"),
                          capacity="0.25", placement="slowest", max_tokens=300)
     prefix = make_trace(trace.experts[:, :300], trace.num_experts)
     misses = simulate([prefix], [CacheSpec("lru", fraction=0.25)])[0][:, 0].sum()
     assert work.residency.miss.sum() == misses
-    rows = stall.compare_policies(work, ["none", "oracle"], [float("inf")], source="oracle")
+    rows = timed.compare_policies(work, ["none", "oracle"], [float("inf")], source="oracle")
     assert rows[1]["stall_per_token_s"] <= rows[0]["stall_per_token_s"]
     assert rows[0]["misses_per_token"] == misses / 300

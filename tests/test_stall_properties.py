@@ -7,9 +7,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cachesim.policies import CacheSpec
-from cachesim.stall_engine import PrefetchConfig, run_timed
-from cachesim.stall_metrics import summarize
-from cachesim.stall_prefetch import ADMISSIONS, SOURCES
+from cachesim.timed.engine import PrefetchConfig, run_timed
+from cachesim.timed.metrics import summarize
+from cachesim.timed.prefetch import ADMISSIONS, SOURCES
 
 from stall_fixtures import machine, workload
 

@@ -4,12 +4,12 @@ import numpy as np
 import pytest
 
 from cachesim import reference
-from cachesim.policies import CacheSpec
+from cachesim.policies import CacheSpec, warmup_tokens
 from cachesim.simulate import simulate
-from cachesim.stall_engine import PrefetchConfig, run_timed
-from cachesim.stall_residency import (Speculation, home_tiers, make_step_plan, residency_pass,
+from cachesim.timed.engine import PrefetchConfig, run_timed
+from cachesim.timed.residency import (Speculation, home_tiers, make_step_plan, residency_pass,
                                       residency_passes, step_unions)
-from cachesim.stall_spec import Hardware, StallConfigError, Tier
+from cachesim.timed.spec import Hardware, StallConfigError, Tier
 from cachesim.trace import make_trace
 
 from stall_fixtures import machine, model_for, workload
@@ -30,7 +30,7 @@ def random_experts(seed: int, layers: int = 3, tokens: int = 60, experts: int = 
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: f"{s.label}-{s.capacity or s.fraction}")
-def test_python_residency_matches_reference_replay(spec):
+def test_residency_matches_reference_replay(spec):
     experts = random_experts(1)
     plan = make_step_plan(experts.shape[1], Speculation())
     unions, lengths = step_unions(experts, plan)
@@ -46,14 +46,24 @@ def test_python_residency_matches_reference_replay(spec):
 
 
 @pytest.mark.parametrize("width", [1, 3])
-def test_jax_backend_equals_python_backend(width):
-    """All specs in one vmapped JAX pass equal the plain loops, spec by spec."""
+def test_one_pass_over_all_specs_equals_spec_by_spec_passes_and_the_reference(width):
+    """All specs in one vmapped pass equal one pass per spec, and the plain-Python reference."""
     experts = random_experts(2, tokens=40)
     plan = make_step_plan(experts.shape[1], Speculation(width=width, fixed=2))
     unions, lengths = step_unions(experts, plan)
-    fast = residency_passes(unions, lengths, 8, SPECS, experts, backend="jax")
+    fast = residency_passes(unions, lengths, 8, SPECS, experts)
     for spec, b in zip(SPECS, fast):
-        a = residency_pass(unions, lengths, 8, spec, experts, backend="python")
+        a = residency_pass(unions, lengths, 8, spec, experts)
+        for layer in range(experts.shape[0]):  # a step's union plays a token in the reference
+            steps = [row[:n] for row, n in zip(unions[:, layer].tolist(), lengths[:, layer].tolist())]
+            if spec.policy == "static":  # pinned from the committed trace's warm-up, not the unions
+                pinned = reference.pinned_experts(experts[layer].tolist(), spec.capacity_for(8), 8,
+                                                  warmup_tokens(spec.warmup, experts.shape[1]))
+                want = [[e not in pinned for e in step] for step in steps]
+            else:
+                want = reference.replay(steps, spec, 8)
+            got = [row[:n] for row, n in zip(b.miss[:, layer].tolist(), lengths[:, layer].tolist())]
+            assert got == want, spec.label
         assert (a.capacity, a.label) == (b.capacity, b.label)
         np.testing.assert_array_equal(a.miss, b.miss, err_msg=spec.label)
         np.testing.assert_array_equal(a.resident_before, b.resident_before, err_msg=spec.label)
@@ -126,6 +136,6 @@ def test_frequency_placement_puts_hot_experts_in_the_faster_tier():
 
 def test_shape_mismatch_is_a_clear_error():
     trace = make_trace(np.zeros((2, 3, 1), np.int16), 4)
-    from cachesim.stall_engine import build_workload
+    from cachesim.timed.engine import build_workload
     with pytest.raises(StallConfigError, match="for_trace_shape"):
         build_workload(trace, model_for(3, 4, 1), machine(), CacheSpec("lru", capacity=1))

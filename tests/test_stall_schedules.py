@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from cachesim.policies import CacheSpec
-from cachesim.stall_engine import PrefetchConfig, run_timed
-from cachesim.stall_metrics import summarize
-from cachesim.stall_residency import Speculation
+from cachesim.timed.engine import PrefetchConfig, run_timed
+from cachesim.timed.metrics import summarize
+from cachesim.timed.residency import Speculation
 
 from stall_fixtures import machine, workload
 

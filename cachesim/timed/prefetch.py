@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cachesim.stall_spec import StallConfigError
+from cachesim.timed.spec import StallConfigError
 
 SOURCES = ("prev_token", "frequency", "lookahead", "oracle")
 ADMISSIONS = ("none", "highest_prob", "prob_per_byte", "earliest_deadline", "esv_per_byte",

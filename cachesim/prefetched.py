@@ -1,12 +1,12 @@
-"""Per-sequence expert caches that start from a prefetched set (arm M, MELINOE's evaluation).
+"""Per-sequence expert caches that start from a prefetched set (MELINOE's evaluation, arm M).
 
 MELINOE counts expert *transfers per layer per sequence*: every sequence gets its
 own cache per MoE layer, optionally pre-loaded before decoding with a predicted
 set of experts, and then serves the sequence's requests with LRU or LFU under
 the SPEC §7 rules. `cachesim` replays one cache over a whole domain trace from
 an empty state; this module adds the two things MELINOE needs — one cache per
-sequence and a non-empty start — by scanning `cachesim.online.cache_token_step`
-(the simulator's own per-token rule) from a chosen initial state.
+sequence and a non-empty start — by running `cachesim.online.replay` (the
+simulator's own per-token rule and loop) from a chosen initial state.
 
 Prefetched experts enter with no request history: LFU count 0 (a prefetched
 expert that is never used is the first evicted) and LRU time −1 (older than
@@ -20,8 +20,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cachesim.policies import CacheSpec
-from cachesim.online import LFU, CacheState, cache_token_step, policy_code
+from cachesim.online import CacheState, replay
+from cachesim.policies import LFU, CacheSpec, policy_code
 
 
 class PrefetchError(ValueError):
@@ -35,17 +35,9 @@ def _demand_misses(experts: jax.Array, prefetch: jax.Array, policy: jax.Array, c
     # No history for prefetched experts: LFU count 0; LRU time −1, older than every request.
     initial_key = jnp.where(prefetch & (policy != LFU), -1, 0).astype(jnp.int32)
     state = CacheState(resident=prefetch, key=initial_key, size=prefetch.sum(-1, dtype=jnp.int32))
-    step = jax.vmap(cache_token_step, in_axes=(0, 0, 0, None, None, None, None))
-
-    def body(carry, t):
-        state, misses = carry
-        token = experts[:, t]
-        state, miss = step(state, token, jnp.zeros_like(token), t, policy, capacity, jnp.int32(num_tokens))
-        return (state, misses + miss.sum(-1, dtype=jnp.int32)), None
-
-    (_, misses), _ = jax.lax.scan(body, (state, jnp.zeros(experts.shape[0], jnp.int32)),
-                                  jnp.arange(num_tokens, dtype=jnp.int32))
-    return misses
+    per_sequence = jax.vmap(replay, in_axes=(0, 0, 0, None, None, None))
+    _, misses, _ = per_sequence(state, experts, jnp.zeros_like(experts), policy, capacity, jnp.int32(num_tokens))
+    return misses.sum(axis=(1, 2), dtype=jnp.int32)
 
 
 def prefetch_mask(prefetch_ids: np.ndarray, num_experts: int) -> np.ndarray:

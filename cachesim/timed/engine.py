@@ -1,7 +1,7 @@
 """The timed decode simulation of SPEC §8: stall per (step, layer), exactly.
 
 Timeline of one decode step j (positions evaluated together, see
-`cachesim.stall_residency`), layer by layer:
+`cachesim.timed.residency`), layer by layer:
 
 1. The layer's dense part (attention, router) computes for `attn_s`; its
    experts are needed at the end of it: need time n = layer start + attn_s.
@@ -36,11 +36,11 @@ import time
 import numpy as np
 
 from cachesim.policies import CacheSpec
-from cachesim.stall_io import DONE, IOQueue, Transfer
-from cachesim.stall_prefetch import admission_key, check_admission, make_source
-from cachesim.stall_residency import (Residency, Speculation, StepPlan, home_tiers,
+from cachesim.timed.io import DONE, IOQueue, Transfer
+from cachesim.timed.prefetch import admission_key, check_admission, make_source
+from cachesim.timed.residency import (Residency, Speculation, StepPlan, home_tiers,
                                       make_step_plan, residency_pass, step_unions)
-from cachesim.stall_spec import (ComputeTimes, Hardware, ModelShape, StallConfigError,
+from cachesim.timed.spec import (ComputeTimes, Hardware, ModelShape, StallConfigError,
                                  compute_times)
 from cachesim.trace import Trace
 
@@ -50,8 +50,8 @@ class PrefetchConfig:
     """One prefetch arm. Budgets are equal across compared policies.
 
     Attributes:
-      admission: an admission policy of `cachesim.stall_prefetch.ADMISSIONS`.
-      source: a prediction source of `cachesim.stall_prefetch.SOURCES`.
+      admission: an admission policy of `cachesim.timed.prefetch.ADMISSIONS`.
+      source: a prediction source of `cachesim.timed.prefetch.SOURCES`.
       budget_bytes: prefetch bytes that may start reading per decode step (an
         allowance refilled at each step start; unspent bytes do not carry over).
       queue_slots: staging slots: prefetches queued, in flight or staged at once.
@@ -125,8 +125,7 @@ def default_capacity(model: ModelShape, hardware: Hardware, queue_slots: int) ->
 
 def build_workload(trace: Trace, model: ModelShape, hardware: Hardware, cache: CacheSpec, *,
                    speculation: Speculation = Speculation(), placement: str = "frequency",
-                   placement_warmup: float = 1.0, max_tokens: int | None = None,
-                   backend: str = "python") -> Workload:
+                   placement_warmup: float = 1.0, max_tokens: int | None = None) -> Workload:
     """Step plan, unions, residency and placement of `trace` under `cache`.
 
     `model` must have the trace's (L, E, k) (see `ModelShape.for_trace_shape`);
@@ -147,7 +146,7 @@ def build_workload(trace: Trace, model: ModelShape, hardware: Hardware, cache: C
         probs = None if probs is None else probs[:, :max_tokens]
     plan = make_step_plan(experts.shape[1], speculation)
     unions, lengths = step_unions(experts, plan)
-    residency = residency_pass(unions, lengths, trace.num_experts, cache, experts, backend)
+    residency = residency_pass(unions, lengths, trace.num_experts, cache, experts)
     union_list = [[row[:n] for row, n in zip(step, step_len)]
                   for step, step_len in zip(unions.tolist(), lengths.tolist())]
     miss_list = [[row[:n] for row, n in zip(step, step_len)]
@@ -201,31 +200,41 @@ def _ns(seconds: float) -> int | None:
     return None if math.isnan(seconds) else int(round(seconds * 1e9))
 
 
-def _compute_layer(io: IOQueue, items: list, need: float, expert_s: list[float]
+@dataclasses.dataclass(slots=True)
+class _Request:
+    """One expert a layer needs at its need time, in the layer's request order."""
+
+    expert: int
+    transfer: Transfer | None  # the read that brings it; None when resident (a hit)
+    outcome: str               # hit | staged | late_prefetch | demand
+    index: int                 # position in the layer's union
+    wait: float = 0.0          # stall the forward path spent on it before computing it
+
+
+def _compute_layer(io: IOQueue, requests: list[_Request], need: float, expert_s: list[float]
                    ) -> tuple[float, float]:
-    """Runs one layer's expert compute from its need time; fills each item's
-    wait (item[2]) and returns (finish time, total expert compute)."""
+    """Runs one layer's expert compute from its need time; fills each request's
+    wait and returns (finish time, total expert compute)."""
     finish = need
     slices = 0.0
-    waiting = items
+    waiting = requests
     carried_wait = 0.0
     while waiting:
         io.advance(finish)
         chosen = None
-        for item in waiting:
-            transfer = item[1]
-            if transfer is None or transfer.state == DONE:
-                chosen = item
+        for request in waiting:
+            if request.transfer is None or request.transfer.state == DONE:
+                chosen = request
                 break
         if chosen is None:
-            ready = io.advance_until_done([item[1] for item in waiting])
+            ready = io.advance_until_done([request.transfer for request in waiting])
             carried_wait += ready - finish
             finish = ready
             continue
-        chosen[2] = carried_wait
+        chosen.wait = carried_wait
         carried_wait = 0.0
-        waiting = [item for item in waiting if item is not chosen]
-        work_s = expert_s[chosen[0]]
+        waiting = [request for request in waiting if request is not chosen]
+        work_s = expert_s[chosen.expert]
         finish += work_s
         slices += work_s
     return finish, slices
@@ -236,17 +245,18 @@ def _isolated_layer(pattern: tuple, hardware: Hardware) -> tuple[float, float, l
     (tier or -1 if resident, bytes, compute); returns (finish, compute, [(wait,
     ready time)])."""
     io = IOQueue(hardware)
-    items, slices = [], []
+    requests, slices = [], []
     for index, (tier, nbytes, work_s) in enumerate(pattern):
         transfer = None
         if tier >= 0:
             transfer = Transfer(tier, nbytes, (0, 0, index, 0), True, 0.0)
             io.submit(transfer)
-        items.append([index, transfer, 0.0, "", index])
+        # The pattern's position stands in for the expert: `slices` is indexed by it.
+        requests.append(_Request(index, transfer, "", index))
         slices.append(work_s)
-    finish, total = _compute_layer(io, items, 0.0, slices)
-    return finish, total, [(item[2], 0.0 if item[1] is None else item[1].ready_time)
-                           for item in items]
+    finish, total = _compute_layer(io, requests, 0.0, slices)
+    return finish, total, [(r.wait, 0.0 if r.transfer is None else r.transfer.ready_time)
+                           for r in requests]
 
 
 def run_timed(work: Workload, prefetch: PrefetchConfig = PrefetchConfig(),
@@ -287,10 +297,7 @@ def run_timed(work: Workload, prefetch: PrefetchConfig = PrefetchConfig(),
     records: list | None = [] if record else None
 
     io = IOQueue(hardware)
-    pending: dict[int, dict[int, Transfer]] = {}  # target order -> expert -> prefetch
-    alive = 0  # prefetches holding a staging slot
-    admitted = 0
-    seq = 0
+    staging = _Staging(work, prefetch, io, expert_bytes, read_s, home)
     clock = 0.0
     first_need = None
     memo: dict | None = {} if memoize else None
@@ -304,22 +311,21 @@ def run_timed(work: Workload, prefetch: PrefetchConfig = PrefetchConfig(),
             need = clock + attn_s
             io.advance(need)
             union, miss = unions[j][layer], misses[j][layer]
-            staged = pending.pop(order, None) or {}
+            staged = staging.pending.pop(order, None) or {}
             row_bytes = expert_bytes[layer]
-            # items: [expert, transfer or None, wait, outcome, request index]
-            items = []
+            requests: list[_Request] = []
             fresh_demand: list[Transfer] = []
             union_bytes = required = timely = 0.0
             for i, expert in enumerate(union):
                 nbytes = row_bytes[expert]
                 union_bytes += nbytes
                 if not miss[i]:
-                    items.append([expert, None, 0.0, "hit", i])
+                    requests.append(_Request(expert, None, "hit", i))
                     continue
                 required += nbytes
                 transfer = staged.pop(expert, None) if staged else None
                 if transfer is not None:
-                    alive -= 1
+                    staging.alive -= 1
                     if transfer.state == DONE:
                         timely += nbytes
                         transfer.prefetched_bytes = nbytes
@@ -331,12 +337,12 @@ def run_timed(work: Workload, prefetch: PrefetchConfig = PrefetchConfig(),
                     transfer = Transfer(home[layer][expert], nbytes, (0, order, i, 0), True, need)
                     fresh_demand.append(transfer)
                     outcome = "demand"
-                items.append([expert, transfer, 0.0, outcome, i])
+                requests.append(_Request(expert, transfer, outcome, i))
             union_a[j, layer] = union_bytes
             required_a[j, layer] = required
             timely_a[j, layer] = timely
             for transfer in staged.values():  # stale: the target does not miss them
-                alive -= 1
+                staging.alive -= 1
                 io.cancel(transfer)
                 unused_a[j, layer, transfer.tier] += transfer.prefetched_bytes
                 if record:
@@ -349,26 +355,24 @@ def run_timed(work: Workload, prefetch: PrefetchConfig = PrefetchConfig(),
                        if order > first_need[0] else nominal_gap)
                 source.observe(j, layer, union)
                 for proposal in source.propose(j, layer):
-                    alive, admitted, seq = _admit(
-                        proposal, work, prefetch, io, pending, alive, admitted, seq, need,
-                        order, gap, expert_bytes, read_s, home, hardware)
+                    staging.admit(proposal, now=need, order=order, gap=gap)
 
             # A layer whose reads meet an idle queue, with no prefetch alive to
             # interfere, is a pure function of its (tier, bytes, compute) items:
             # simulate each distinct pattern once, relative to its need time.
-            isolated = (memo is not None and alive == 0 and io.idle
-                        and len(fresh_demand) == sum(item[1] is not None for item in items))
+            isolated = (memo is not None and staging.alive == 0 and io.idle
+                        and len(fresh_demand) == sum(r.transfer is not None for r in requests))
             if isolated:
-                pattern = tuple((-1 if tr is None else tr.tier, row_bytes[e], expert_s[layer][e])
-                                for e, tr, _, _, _ in items)
+                pattern = tuple((-1 if r.transfer is None else r.transfer.tier, row_bytes[r.expert],
+                                 expert_s[layer][r.expert]) for r in requests)
                 relative = memo.get(pattern)
                 if relative is None:
                     relative = memo[pattern] = _isolated_layer(pattern, hardware)
                 finish_offset, slices, offsets = relative
                 finish = need + finish_offset
-                for item, (wait, ready_offset) in zip(items, offsets):
-                    item[2] = wait
-                    transfer = item[1]
+                for request, (wait, ready_offset) in zip(requests, offsets):
+                    request.wait = wait
+                    transfer = request.transfer
                     if transfer is not None:
                         transfer.state = DONE
                         transfer.remaining = 0.0
@@ -376,12 +380,13 @@ def run_timed(work: Workload, prefetch: PrefetchConfig = PrefetchConfig(),
             else:
                 for transfer in fresh_demand:
                     io.submit(transfer)
-                finish, slices = _compute_layer(io, items, need, expert_s[layer])
+                finish, slices = _compute_layer(io, requests, need, expert_s[layer])
 
-            for expert, transfer, wait, outcome, i in items:
+            for request in requests:
+                transfer = request.transfer
                 if transfer is not None:
                     tier = transfer.tier
-                    if outcome == "demand":
+                    if request.outcome == "demand":
                         demand_a[j, layer, tier] += transfer.nbytes
                     else:
                         used_a[j, layer, tier] += transfer.prefetched_bytes
@@ -389,8 +394,8 @@ def run_timed(work: Workload, prefetch: PrefetchConfig = PrefetchConfig(),
                             demand_a[j, layer, tier] += transfer.nbytes - transfer.prefetched_bytes
                         slack.append(need - transfer.ready_time)
                 if record:
-                    records.append(_expert_record(j, layer, expert, transfer, wait, outcome, need,
-                                                  tier_names, row_bytes[expert]))
+                    records.append(_expert_record(j, layer, request, need, tier_names,
+                                                  row_bytes[request.expert]))
             need_a[j, layer] = need
             finish_a[j, layer] = finish
             stall_a[j, layer] = finish - need - slices
@@ -408,96 +413,110 @@ def run_timed(work: Workload, prefetch: PrefetchConfig = PrefetchConfig(),
         compute_s=compute_a, required_bytes=required_a, timely_bytes=timely_a,
         union_bytes=union_a, demand_bytes=demand_a, prefetch_used_bytes=used_a,
         prefetch_unused_bytes=unused_a, step_start_s=step_start, step_end_s=step_end,
-        overhead_s=overhead, slack_s=np.asarray(slack), prefetches_admitted=admitted,
+        overhead_s=overhead, slack_s=np.asarray(slack), prefetches_admitted=staging.admitted,
         wall_s=time.perf_counter() - wall, records=records)
 
 
-def _admit(proposal, work: Workload, prefetch: PrefetchConfig, io: IOQueue,
-           pending: dict[int, dict[int, Transfer]], alive: int, admitted: int, seq: int,
-           now: float, order: int, gap: float, expert_bytes, read_s, home,
-           hardware: Hardware) -> tuple[int, int, int]:
-    """Ranks the proposal's candidates with the prefetches still queued and keeps
-    the best that fit the staging slots; returns updated counters."""
-    target_step, target_layer, candidates = proposal
-    num_layers = work.num_layers
-    target = target_step * num_layers + target_layer
-    policy = prefetch.admission
-    resident = work.residency.resident_before[target_step, target_layer]
-    already = pending.get(target, {})
-    if policy == "oracle":
-        needed = {e for e, m in zip(work.unions[target_step][target_layer],
-                                    work.misses[target_step][target_layer]) if m}
-        candidates = [(e, p) for e, p in candidates if e in needed]
-    fresh = [(e, p) for e, p in candidates if p > 0 and not resident[e] and e not in already]
-    # Prefetches that have not moved a byte may still be displaced or re-ranked.
-    queued = [tr for tr in io.queued if not tr.demand and not tr.charged]
-    if not fresh and not (policy == "esv_per_byte" and queued):
-        return alive, admitted, seq
+class _Staging:
+    """The prefetch staging slots of one timed run and the admission policy that fills them.
 
-    # Unfinished prefetch bytes per tier with their deadlines (for esv_per_byte).
-    backlog: list[list[tuple[int, float]]] = [[] for _ in hardware.tiers]
-    if policy == "esv_per_byte":
-        for deadline, entries in pending.items():
-            for tr in entries.values():
-                if tr.state != DONE:
-                    backlog[tr.tier].append((deadline, tr.remaining))
-    ahead_cache: dict[tuple[int, int], float] = {}
+    ``pending`` maps a target (step·L + layer) to its prefetches by expert;
+    ``alive`` counts prefetches holding a slot (queued, in flight or staged).
+    """
 
-    def score(expert: int, prob: float, deadline: int, layer: int, tie: int,
-              itself: Transfer | None):
-        nbytes = expert_bytes[layer][expert]
-        read = read_s[layer][expert]
-        avoided = 0.0
+    def __init__(self, work: Workload, prefetch: PrefetchConfig, io: IOQueue, expert_bytes, read_s, home):
+        self.work, self.prefetch, self.io = work, prefetch, io
+        self.expert_bytes, self.read_s, self.home = expert_bytes, read_s, home
+        self.pending: dict[int, dict[int, Transfer]] = {}
+        self.alive = 0
+        self.admitted = 0
+        self.seq = 0  # admission order: the last tie-break of every key
+
+    def admit(self, proposal, *, now: float, order: int, gap: float) -> None:
+        """Ranks the proposal's candidates with the prefetches still queued and keeps
+        the best that fit the staging slots. ``order`` is the current (step, layer)
+        and ``gap`` the measured seconds between consecutive layers' need times."""
+        work, prefetch, io, pending = self.work, self.prefetch, self.io, self.pending
+        expert_bytes, read_s, home, hardware = self.expert_bytes, self.read_s, self.home, work.hardware
+        target_step, target_layer, candidates = proposal
+        target = target_step * work.num_layers + target_layer
+        policy = prefetch.admission
+        resident = work.residency.resident_before[target_step, target_layer]
+        already = pending.get(target, {})
+        if policy == "oracle":
+            needed = {e for e, m in zip(work.unions[target_step][target_layer],
+                                        work.misses[target_step][target_layer]) if m}
+            candidates = [(e, p) for e, p in candidates if e in needed]
+        fresh = [(e, p) for e, p in candidates if p > 0 and not resident[e] and e not in already]
+        # Prefetches that have not moved a byte may still be displaced or re-ranked.
+        queued = [tr for tr in io.queued if not tr.demand and not tr.charged]
+        if not fresh and not (policy == "esv_per_byte" and queued):
+            return
+
+        # Unfinished prefetch bytes per tier with their deadlines (for esv_per_byte).
+        backlog: list[list[tuple[int, float]]] = [[] for _ in hardware.tiers]
         if policy == "esv_per_byte":
-            tier = home[layer][expert]
-            ahead = ahead_cache.get((tier, deadline))
-            if ahead is None:
-                ahead = ahead_cache[tier, deadline] = sum(
-                    r for d, r in backlog[tier] if d <= deadline)
-            if itself is not None:  # a queued prefetch does not wait for itself
-                ahead -= itself.remaining
-            expected_need = now + (deadline - order) * gap
-            ready = now + ahead / hardware.tiers[tier].bandwidth_Bps + read
-            avoided = max(0.0, read - max(0.0, ready - expected_need))
-        return admission_key(policy, prob, nbytes, deadline, tie, avoided, read)
+            for deadline, entries in pending.items():
+                for tr in entries.values():
+                    if tr.state != DONE:
+                        backlog[tr.tier].append((deadline, tr.remaining))
+        ahead_cache: dict[tuple[int, int], float] = {}
 
-    pool = []
-    for tr in queued:  # only esv_per_byte keys change with time
-        key = (score(tr.expert, tr.prob, tr.order, tr.layer, tr.key[-1], tr)
-               if policy == "esv_per_byte" else tr.key)
-        pool.append((key, tr, None))
-    for expert, prob in fresh:
-        key = score(expert, prob, target, target_layer, seq, None)
-        seq += 1
-        if key is not None:
-            pool.append((key, None, (expert, prob)))
-    in_use = alive - len(queued)
-    room = prefetch.queue_slots - in_use
-    pool.sort(key=lambda entry: (entry[0] is None, entry[0] or ()))
-    for rank, (key, tr, fresh_entry) in enumerate(pool):
-        keep = key is not None and rank < room
-        if tr is not None:
+        def score(expert: int, prob: float, deadline: int, layer: int, tie: int,
+                  itself: Transfer | None):
+            nbytes = expert_bytes[layer][expert]
+            read = read_s[layer][expert]
+            avoided = 0.0
+            if policy == "esv_per_byte":
+                tier = home[layer][expert]
+                ahead = ahead_cache.get((tier, deadline))
+                if ahead is None:
+                    ahead = ahead_cache[tier, deadline] = sum(
+                        r for d, r in backlog[tier] if d <= deadline)
+                if itself is not None:  # a queued prefetch does not wait for itself
+                    ahead -= itself.remaining
+                expected_need = now + (deadline - order) * gap
+                ready = now + ahead / hardware.tiers[tier].bandwidth_Bps + read
+                avoided = max(0.0, read - max(0.0, ready - expected_need))
+            return admission_key(policy, prob, nbytes, deadline, tie, avoided, read)
+
+        pool = []
+        for tr in queued:  # only esv_per_byte keys change with time
+            key = (score(tr.expert, tr.prob, tr.order, tr.layer, tr.key[-1], tr)
+                   if policy == "esv_per_byte" else tr.key)
+            pool.append((key, tr, None))
+        for expert, prob in fresh:
+            key = score(expert, prob, target, target_layer, self.seq, None)
+            self.seq += 1
+            if key is not None:
+                pool.append((key, None, (expert, prob)))
+        in_use = self.alive - len(queued)
+        room = prefetch.queue_slots - in_use
+        pool.sort(key=lambda entry: (entry[0] is None, entry[0] or ()))
+        for rank, (key, tr, fresh_entry) in enumerate(pool):
+            keep = key is not None and rank < room
+            if tr is not None:
+                if keep:
+                    tr.key = key
+                else:  # displaced from the queue; it never moved a byte
+                    io.cancel(tr)
+                    del pending[tr.order][tr.expert]
+                    self.alive -= 1
+                continue
             if keep:
-                tr.key = key
-            else:  # displaced from the queue; it never moved a byte
-                io.cancel(tr)
-                del pending[tr.order][tr.expert]
-                alive -= 1
-            continue
-        if keep:
-            expert, prob = fresh_entry
-            transfer = Transfer(home[target_layer][expert], expert_bytes[target_layer][expert],
-                                key, False, now, order=target, layer=target_layer,
-                                expert=expert, prob=prob)
-            pending.setdefault(target, {})[expert] = transfer
-            io.submit(transfer)
-            alive += 1
-            admitted += 1
-    io.rekey()
-    return alive, admitted, seq
+                expert, prob = fresh_entry
+                transfer = Transfer(home[target_layer][expert], expert_bytes[target_layer][expert],
+                                    key, False, now, order=target, layer=target_layer,
+                                    expert=expert, prob=prob)
+                pending.setdefault(target, {})[expert] = transfer
+                io.submit(transfer)
+                self.alive += 1
+                self.admitted += 1
+        io.rekey()
 
 
-def _expert_record(step, layer, expert, transfer, wait, outcome, need, tier_names, nbytes):
+def _expert_record(step, layer, request: _Request, need, tier_names, nbytes):
+    expert, transfer, wait, outcome = request.expert, request.transfer, request.wait, request.outcome
     if transfer is None:
         return {"type": "expert", "step": step, "layer": layer, "expert": expert,
                 "outcome": outcome, "tier": tier_names[0], "bytes": 0, "priority": None,

@@ -1,7 +1,7 @@
 """What the timed model simulates: a memory hierarchy and a model's byte sizes.
 
 Two frozen descriptions, both loadable from small JSON presets shipped with
-the package (`cachesim/hardware/*.json`, `cachesim/models/*.json`) or from a
+the package (`cachesim/timed/hardware/*.json`, `cachesim/timed/models/*.json`) or from a
 user's own file:
 
 * `Hardware`: tiers fastest first. Tier 0 is the compute tier (GPU memory):
@@ -287,7 +287,7 @@ def compute_times(model: ModelShape, hardware: Hardware) -> ComputeTimes:
 # ---------------------------------------------------------------- presets
 
 def _preset_names(folder: str) -> list[str]:
-    root = resources.files("cachesim").joinpath(folder)
+    root = resources.files("cachesim.timed").joinpath(folder)
     return sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".json"))
 
 
@@ -305,7 +305,7 @@ def _read_preset(name_or_path: str | Path, folder: str, kind: str) -> dict[str, 
         text = path.read_text()
         origin = str(path)
     else:
-        resource = resources.files("cachesim").joinpath(folder, f"{name_or_path}.json")
+        resource = resources.files("cachesim.timed").joinpath(folder, f"{name_or_path}.json")
         if not resource.is_file():
             presets = ", ".join(_preset_names(folder))
             raise StallConfigError(f"unknown {kind} {str(name_or_path)!r}; use a preset "
@@ -328,7 +328,7 @@ def _require(data: dict[str, Any], key: str, origin: str) -> Any:
 
 
 def hardware_from_dict(data: dict[str, Any]) -> Hardware:
-    """Builds a `Hardware` from its JSON form (see cachesim/hardware/*.json)."""
+    """Builds a `Hardware` from its JSON form (see cachesim/timed/hardware/*.json)."""
     origin = f"hardware {data.get('name', '?')!r}"
     tiers = []
     for raw in _require(data, "tiers", origin):
@@ -376,7 +376,7 @@ def parameter_counts(arch: dict[str, Any]) -> dict[str, int]:
 
 
 def model_from_dict(data: dict[str, Any], quant: str | None = None) -> ModelShape:
-    """Builds a `ModelShape` from its JSON form (see cachesim/models/*.json)."""
+    """Builds a `ModelShape` from its JSON form (see cachesim/timed/models/*.json)."""
     origin = f"model {data.get('name', '?')!r}"
     arch = _require(data, "architecture", origin)
     for key in ("num_layers", "num_experts", "k", "hidden", "heads", "kv_heads", "head_dim",

@@ -1,11 +1,11 @@
 """The rerouting frontier of trained runs: perplexity against expert-cache misses (SPEC §7).
 
-    python -m cachesim.frontier --run RUN_DIR [--run ...] --tau 0,0.1,0.3,0.5,0.7 --capacity 0.25 \\
+    python -m moe.cache_aware.frontier --run RUN_DIR [--run ...] --tau 0,0.1,0.3,0.5,0.7 --capacity 0.25 \\
         [--epsilon 0,0.02] [--cache-prior 0,0.5] [--max-rank 1,4 ...] [--prime] [--reset-per-window] \\
         [--windows N] [--batch B] [--policy lru] [--arm-a RUN_DIR]
 
 Each run's checkpoint is restored and evaluated *with the cache in the loop*
-(`moe.cached_eval`): for every setting of the grid — the Cartesian product of
+(`moe.cache_aware.coupled`): for every setting of the grid — the Cartesian product of
 --tau x --cache-prior x --max-rank (plus off) x --epsilon x --capacity — each
 domain's evaluation windows are one stream whose per-layer caches persist
 across windows (or reset per window with --reset-per-window), and the
@@ -63,12 +63,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import itertools
-import json
 import math
 import os
 import pathlib
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -76,10 +74,11 @@ from typing import Any
 import numpy as np
 
 from cachesim.policies import ROUNDING_MODES, capacity_from_fraction
-from cachesim.reroute import CACHE_POLICIES, RerouteError, Setting
+from moe import rundir
+from moe.cache_aware.reroute import CACHE_POLICIES, RerouteError, Setting
 
 SCHEMA = 1
-FRONTIER_FILE = "frontier.json"
+FRONTIER_FILE = rundir.FRONTIER
 
 
 class FrontierError(ValueError):
@@ -119,72 +118,35 @@ def primed(points: Sequence[Point]) -> list[Point]:
 # ---------------------------------------------------------------- runs
 
 
-@dataclasses.dataclass
-class Run:
-    """A run directory: its config.json record (always), its model (once loaded)."""
-
-    path: pathlib.Path
-    record: dict
-    model: Any = None  # (graphdef, params, config, step) once loaded
-
-    @property
-    def arm(self) -> str:
-        return str(self.record.get("arm", "?"))
-
-    @property
-    def size(self) -> str:
-        return str(self.record.get("size", "unknown"))
-
-    @property
-    def name(self) -> str:
-        return str(self.record.get("run_name") or self.path.name)
+Run = rundir.RunRecord
 
 
 def read_run(path: str | os.PathLike) -> Run:
     """The run's config.json record; a clear error when `path` is not a trained run of this codebase."""
-    path = pathlib.Path(path)
-    config_path = path / "config.json"
-    if not config_path.is_file():
-        raise FrontierError(f"{path} is not a run directory (no config.json); pass the --workdir of a main.py run")
     try:
-        record = json.loads(config_path.read_text())
-    except json.JSONDecodeError as e:
-        raise FrontierError(f"{config_path} is not valid JSON ({e}); rerun main.py to rewrite it") from None
-    if not isinstance(record, dict) or not isinstance(record.get("config"), dict):
-        raise FrontierError(f"{config_path} has no resolved 'config' (a reference run?); the cache-coupled "
-                            "evaluation needs a run trained by this codebase, with checkpoints")
-    return Run(path, record)
+        run = rundir.read_run(path)
+    except rundir.RunDirError as e:
+        raise FrontierError(str(e)) from None
+    if run.config is None:
+        raise FrontierError(f"{run.path / rundir.CONFIG} has no resolved 'config' (a reference run?); the "
+                            "cache-coupled evaluation needs a run trained by this codebase, with checkpoints")
+    return run
 
 
 def load_model(run: Run) -> tuple[Any, Any, Any, int]:
-    """(graphdef, params, config, checkpoint step) from the run's newest checkpoint."""
-    if run.model is not None:
-        return run.model
-    import jax
+    """(graphdef, params, config, checkpoint step) from the run's newest checkpoint (parameters only)."""
     import ml_collections
-    from flax import nnx
 
-    from configs.base import num_train_steps
     from moe import checkpoint
-    from moe.model import build_model
-    from moe.train import init_state, make_optimizer
 
-    if not (run.path / "checkpoints").is_dir():
-        raise FrontierError(f"{run.path} has no checkpoints/ directory; train it with main.py first")
-    config = ml_collections.ConfigDict(run.record["config"])
-    tx = make_optimizer(config.optim, num_train_steps(config))
-    graphdef = nnx.split(nnx.eval_shape(lambda: build_model(config.model, config.seed)), nnx.Param)[0]
-    abstract_state = jax.eval_shape(lambda: init_state(config, tx)[1])
-    mgr = checkpoint.manager(run.path, keep=int(config.train.keep_checkpoints))
+    if not rundir.has_checkpoints(run.path):
+        raise FrontierError(f"{run.path} has no {rundir.CHECKPOINTS}/ directory; train it with main.py first")
+    config = ml_collections.ConfigDict(run.config)
     try:
-        restored = checkpoint.restore_latest(mgr, abstract_state)
-    finally:
-        mgr.close()
-    if restored is None:
-        raise FrontierError(f"{run.path}/checkpoints holds no checkpoint; train the run with main.py first")
-    step, state, _ = restored
-    run.model = (graphdef, state["params"], config, int(step))
-    return run.model
+        step, graphdef, params = checkpoint.restore_params(run.path, config.model)
+    except checkpoint.CheckpointError as e:
+        raise FrontierError(str(e)) from None
+    return graphdef, params, config, step
 
 
 def find_arm_a(run: Run, given: Sequence[Run], explicit: Run | None) -> tuple[Run | None, str]:
@@ -206,7 +168,7 @@ def find_arm_a(run: Run, given: Sequence[Run], explicit: Run | None) -> tuple[Ru
     seen = {r.path.resolve() for r in given}
     for parent in dict.fromkeys(r.path.resolve().parent for r in given):
         for sibling in sorted(p for p in parent.iterdir() if p.is_dir() and p.resolve() not in seen):
-            if not (sibling / "config.json").is_file() or not (sibling / "checkpoints").is_dir():
+            if not rundir.is_run_dir(sibling) or not rundir.has_checkpoints(sibling):
                 continue
             try:
                 other = read_run(sibling)
@@ -220,7 +182,7 @@ def find_arm_a(run: Run, given: Sequence[Run], explicit: Run | None) -> tuple[Ru
 
 def check_points(run: Run, points: Sequence[Point]) -> None:
     """Validates every setting against the run's k and E (from its config.json)."""
-    model = run.record["config"].get("model", {})
+    model = run.config.get("model", {})
     try:
         k, num_experts = int(model["top_k"]), int(model["num_experts"])
     except (KeyError, TypeError, ValueError):
@@ -244,17 +206,18 @@ class EvalOptions:
     mixed_run_length: int | None = None  # None: the run's config.data.mixed_run_length
 
 
-def evaluate_points(run: Run, points: Sequence[Point], mixed_points: Sequence[Point],
+def evaluate_points(model: tuple, points: Sequence[Point], mixed_points: Sequence[Point],
                     options: EvalOptions) -> tuple[list[dict], dict]:
     """Every point on each domain stream (and the mixed points on the mixed stream) of one run.
 
-    Returns (point records without the comparisons, the eval description).
+    ``model``: what :func:`load_model` returns. Returns (point records without
+    the comparisons, the eval description).
     """
     # The model stack loads here, so that bad arguments fail before flax and the model code import.
-    from moe.cached_eval import CoupledEvaluator, domain_stats
+    from moe.cache_aware.coupled import CoupledEvaluator, domain_stats
     from moe.data import DOMAINS, pipeline
 
-    graphdef, params, config, step = load_model(run)
+    graphdef, params, config, step = model
     num_experts, k = int(config.model.num_experts), int(config.model.top_k)
     windows = int(options.windows or config.eval.windows)
     seq = int(config.model.context)
@@ -351,19 +314,6 @@ def compare(records: list[dict], baseline: list[dict] | None) -> None:
 # ---------------------------------------------------------------- output
 
 
-def write_json_atomic(path: pathlib.Path, obj: Any) -> None:
-    """Writes via a temporary file in the same directory and a rename: never a half-written file."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=1)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        pathlib.Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def frontier_record(run: Run, records: list[dict], description: dict, arm_a: Run | None, note: str) -> dict:
     r = run.record
     eval_keys = ("windows_per_domain", "seq", "domains", "policy", "carry", "capacity_rounding", "mixed_run_length",
@@ -401,7 +351,7 @@ def frontier(run_dirs: Sequence[str | os.PathLike], points: Sequence[Point], *, 
         if key not in evaluated:
             log(f"frontier: evaluating {run.name} ({run.path}) on {len(run_points)} settings"
                 + (f" + {len(run_mixed)} mixed-stream settings" if run_mixed else ""))
-            evaluated[key] = evaluate_points(run, run_points, run_mixed, options)
+            evaluated[key] = evaluate_points(load_model(run), run_points, run_mixed, options)
         return evaluated[key]
 
     out = {}
@@ -417,7 +367,7 @@ def frontier(run_dirs: Sequence[str | os.PathLike], points: Sequence[Point], *, 
             baseline = results(arm_a, plain, [p for p in mixed_points if p.setting.is_plain])[0]
         compare(records, baseline)
         record = frontier_record(run, records, description, arm_a, note)
-        write_json_atomic(run.path / FRONTIER_FILE, record)
+        rundir.write_json(run.path / FRONTIER_FILE, record)
         log(f"frontier: wrote {run.path / FRONTIER_FILE} ({len(records)} points; arm-A baseline: {note})")
         out[run.path] = record
     return out
@@ -444,7 +394,7 @@ def _max_rank(text: str) -> tuple[int, int]:
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m cachesim.frontier", description=__doc__.split("\n\n")[0],
+    parser = argparse.ArgumentParser(prog="python -m moe.cache_aware.frontier", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run", action="append", required=True, help="a run directory (repeatable)")
     parser.add_argument("--tau", default="0,0.1,0.3,0.5,0.7", help="tolerances τ (comma-separated)")

@@ -16,7 +16,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from cachesim.stall_engine import TimedResult
+from cachesim.timed.engine import TimedResult
 
 
 def _quantiles(values: np.ndarray) -> dict[str, float]:

@@ -5,7 +5,7 @@ resident in the compute tier is decided by a cachesim policy (LRU, LFU,
 static pin, Belady) replayed over the request stream alone; prefetching never
 changes it, because prefetched bytes land in separate staging slots and reach
 the cache only through the demand request that uses them (see
-`cachesim.stall_engine`). So one residency pass serves every admission
+`cachesim.timed.engine`). So one residency pass serves every admission
 policy and prefetch budget of a comparison.
 
 * `make_step_plan`: decode steps. Without speculation a step evaluates and
@@ -16,25 +16,22 @@ policy and prefetch budget of a comparison.
   experts in first-request order (position-major, top-1 first): the batched
   forward pass needs each expert once. Width 1 gives the trace itself.
 * `residency_pass` / `residency_passes`: per (step, layer) request, a miss
-  flag, and the resident set before the step. Two backends with identical
-  results: `python` (plain per-layer state machines) and `jax`
-  (cachesim.online's `cache_token_step`, scanned over steps and vmapped over
-  layers and cache specs, e.g. a sweep of VRAM budgets in one pass).
+  flag, and the resident set before the step, from the simulator itself:
+  `cachesim.online.replay` (the one implementation of the replayed rules),
+  vmapped over layers and cache specs (e.g. a sweep of VRAM budgets in one
+  pass), and `cachesim.simulate.pinned_sets` for static pinning.
 * `home_tiers`: the storage tier each expert is streamed from.
 """
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
-import math
-from collections import OrderedDict, defaultdict
+import functools
 
 import numpy as np
 
-from cachesim.policies import CacheSpec, warmup_tokens
-from cachesim.reference import pinned_experts
-from cachesim.stall_spec import Hardware, ModelShape, StallConfigError
+from cachesim.policies import CacheSpec, policy_code, warmup_tokens
+from cachesim.timed.spec import Hardware, ModelShape, StallConfigError
 
 
 # ---------------------------------------------------------------- speculation
@@ -168,198 +165,95 @@ class Residency:
     label: str
 
 
-def _replay_layer(steps: list[list[int]], spec: CacheSpec, capacity: int, num_experts: int,
-                  pinned: set[int] | None, out_miss: np.ndarray,
-                  out_resident: np.ndarray) -> None:
-    """Plain-Python replay of one layer; writes miss flags and resident masks.
-
-    The rules are SPEC §7 (and `cachesim.reference`) with a "token" being one
-    step's union: LRU refreshes recency per request (or per step in `token`
-    mode, ties to the lowest id), LFU counts every request and never resets,
-    Belady looks strictly past the current step, static never changes.
-    """
-    mask = np.zeros(num_experts, bool)
-    if spec.policy == "static":
-        mask[sorted(pinned)] = True
-        out_resident[:] = mask
-        for j, step in enumerate(steps):
-            for i, expert in enumerate(step):
-                out_miss[j, i] = not mask[expert]
-        return
-    lru: OrderedDict[int, None] = OrderedDict()
-    resident: set[int] = set()
-    key: dict[int, int] = defaultdict(int)  # last use (lru token) or count (lfu)
-    positions: dict[int, list[int]] = defaultdict(list)
-    if spec.policy == "belady":
-        for j, step in enumerate(steps):
-            for expert in step:
-                positions[expert].append(j)
-
-    def next_request(expert: int, j: int) -> float:
-        uses = positions[expert]
-        i = bisect.bisect_right(uses, j)
-        return uses[i] if i < len(uses) else math.inf
-
-    request_recency = spec.policy == "lru" and spec.recency == "request"
-    for j, step in enumerate(steps):
-        out_resident[j] = mask
-        for i, expert in enumerate(step):
-            if request_recency:
-                miss = expert not in lru
-                if miss and capacity > 0:
-                    if len(lru) >= capacity:
-                        victim, _ = lru.popitem(last=False)
-                        mask[victim] = False
-                    lru[expert] = None
-                    mask[expert] = True
-                elif not miss:
-                    lru.move_to_end(expert)
-                out_miss[j, i] = miss
-                continue
-            miss = expert not in resident
-            if miss and capacity > 0:
-                if len(resident) >= capacity:
-                    if spec.policy == "belady":
-                        victim = max(resident, key=lambda e: (next_request(e, j), -e))
-                    else:
-                        victim = min(resident, key=lambda e: (key[e], e))
-                    resident.remove(victim)
-                    mask[victim] = False
-                resident.add(expert)
-                mask[expert] = True
-            if spec.policy == "lfu":
-                key[expert] += 1
-            elif spec.policy == "lru":
-                key[expert] = j
-            out_miss[j, i] = miss
-
-
-def _pinned_sets(committed_experts: np.ndarray, capacity: int, num_experts: int,
-                 warmup: float) -> list[set[int]]:
-    """Static pin sets per layer from the committed trace's warm-up prefix."""
-    num_tokens = committed_experts.shape[1]
-    prefix = warmup_tokens(warmup, num_tokens)
-    return [pinned_experts(committed_experts[layer, :prefix].tolist(), capacity, num_experts,
-                           prefix) for layer in range(committed_experts.shape[0])]
-
-
 def residency_pass(unions: np.ndarray, lengths: np.ndarray, num_experts: int, spec: CacheSpec,
-                   committed_experts: np.ndarray, backend: str = "python") -> Residency:
-    """Replays `spec` on every layer's step unions.
+                   committed_experts: np.ndarray) -> Residency:
+    """Replays `spec` on every layer's step unions (a step's union plays the role of a token).
 
     Args:
       unions, lengths: from `step_unions`.
       num_experts: E.
       spec: the cache policy and capacity (cachesim's `CacheSpec`).
       committed_experts: (L, T, k) the committed trace, for static pin warm-up.
-      backend: "python" (reference loops) or "jax" (`cachesim.online.cache_token_step`,
-        vmapped over layers, one scan over steps).
     """
-    return residency_passes(unions, lengths, num_experts, [spec], committed_experts,
-                            backend)[0]
+    return residency_passes(unions, lengths, num_experts, [spec], committed_experts)[0]
 
 
 def residency_passes(unions: np.ndarray, lengths: np.ndarray, num_experts: int,
-                     specs: list[CacheSpec], committed_experts: np.ndarray,
-                     backend: str = "python") -> list[Residency]:
+                     specs: list[CacheSpec], committed_experts: np.ndarray) -> list[Residency]:
     """`residency_pass` for several cache specs (e.g. a sweep of VRAM budgets).
 
-    The JAX backend replays every replayed (non-static) spec in one scan,
-    vmapped over specs and layers; static pins need no replay.
+    Every replayed (non-static) spec runs in one scan, vmapped over specs and
+    layers; static pins need no replay.
     """
-    if backend not in ("python", "jax"):
-        raise StallConfigError(f"unknown residency backend {backend!r}; use python or jax")
+    del lengths  # unions are padded with -1, which the replay treats as no request
     num_steps, num_layers, width = unions.shape
     capacities = [min(spec.capacity_for(num_experts), num_experts) for spec in specs]
-    replayed = [i for i, spec in enumerate(specs) if backend == "jax" and spec.policy != "static"]
+    replayed = [i for i, spec in enumerate(specs) if spec.policy != "static"]
     results: list[Residency | None] = [None] * len(specs)
     if replayed:
-        miss, resident = _residency_jax(unions, num_experts, [specs[i] for i in replayed],
-                                        [capacities[i] for i in replayed])
+        miss, resident = _replay(unions, num_experts, [specs[i] for i in replayed],
+                                 [capacities[i] for i in replayed])
         for slot, i in enumerate(replayed):
-            results[i] = Residency(miss=miss[:, slot], resident_before=resident[:, slot],
+            results[i] = Residency(miss=miss[slot], resident_before=resident[slot],
                                    capacity=capacities[i], label=specs[i].label)
-    steps_per_layer = None
     for i, spec in enumerate(specs):
-        if results[i] is not None:
+        if spec.policy != "static":
             continue
-        if steps_per_layer is None:
-            steps_per_layer = [[row[:n] for row, n in zip(unions[:, layer].tolist(),
-                                                         lengths[:, layer].tolist())]
-                               for layer in range(num_layers)]
-        pinned = (_pinned_sets(committed_experts, capacities[i], num_experts, spec.warmup)
-                  if spec.policy == "static" else None)
-        miss = np.zeros((num_steps, num_layers, width), bool)
-        resident = np.zeros((num_steps, num_layers, num_experts), bool)
-        for layer in range(num_layers):
-            _replay_layer(steps_per_layer[layer], spec, capacities[i], num_experts,
-                          pinned[layer] if pinned else None, miss[:, layer], resident[:, layer])
-        results[i] = Residency(miss=miss, resident_before=resident, capacity=capacities[i],
-                               label=spec.label)
+        from cachesim.simulate import expert_counts, pinned_sets
+
+        prefix = warmup_tokens(spec.warmup, committed_experts.shape[1])
+        pinned = pinned_sets(expert_counts(committed_experts[:, :prefix], num_experts), capacities[i])
+        valid = unions >= 0
+        miss = valid & ~np.take_along_axis(pinned[None], np.where(valid, unions, 0).astype(np.int64), axis=2)
+        resident = np.broadcast_to(pinned, (num_steps, num_layers, num_experts))
+        results[i] = Residency(miss=miss, resident_before=resident, capacity=capacities[i], label=spec.label)
     return results
 
 
-def _residency_jax(unions: np.ndarray, num_experts: int, specs: list[CacheSpec],
-                   capacities: list[int]) -> tuple[np.ndarray, np.ndarray]:
-    """Miss flags (S, P, L, U) and resident masks (S, P, L, E) of P specs."""
-    from cachesim.online import policy_code
+def _replay(unions: np.ndarray, num_experts: int, specs: list[CacheSpec],
+            capacities: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Miss flags (P, S, L, U) and resident masks (P, S, L, E) of P replayed specs."""
     from cachesim.simulate import next_request_index
 
     num_steps, num_layers, width = unions.shape
     if (num_steps + 1) * width * num_experts >= 2**31:
         raise StallConfigError(f"{num_steps} steps x {width} requests x {num_experts} experts "
-                               "overflow the JAX cache's int32 keys; use backend='python'")
+                               "overflow the cache's int32 keys; simulate a prefix (--tokens)")
     if any(spec.policy == "belady" for spec in specs):
         next_use = np.stack([next_request_index(unions[:, layer], num_steps)
                              for layer in range(num_layers)], axis=1).astype(np.int32)
     else:
         next_use = np.zeros_like(unions)
     policies = np.array([policy_code(spec) for spec in specs], np.int32)
-    miss, resident = _jax_replay()(unions, next_use, policies, np.array(capacities, np.int32),
-                                   np.int32(num_steps), num_experts=num_experts)
+    miss, resident = _replay_fn()(unions.astype(np.int32), next_use, policies, np.array(capacities, np.int32),
+                                  np.int32(num_steps), num_experts=num_experts)
     return np.asarray(miss), np.asarray(resident)
 
 
-_JAX_REPLAY = None
+@functools.cache
+def _replay_fn():
+    """The jitted replay (built on first use, so importing this module stays light).
 
-
-def _jax_replay():
-    """The jitted scan (built on first use, so importing this module stays light).
-
-    Per step: `cachesim.online.cache_token_step` vmapped over layers and over
-    specs, recording each cache's resident mask before the step and its
-    per-request miss flags. Policies, capacities and horizon are traced, so
-    one compile serves every spec list of a shape.
+    `cachesim.online.replay` of one layer's steps, vmapped over layers and over
+    specs. Policies, capacities and horizon are traced, so one compile serves
+    every spec list of a shape.
     """
-    global _JAX_REPLAY
-    if _JAX_REPLAY is None:
-        import functools
+    import jax
 
-        import jax
-        import jax.numpy as jnp
+    from cachesim.online import init_cache_state, replay
 
-        from cachesim.online import cache_token_step, init_cache_state
+    def one(unions, next_use, policy, capacity, horizon, *, num_experts):
+        _, miss, resident = replay(init_cache_state(num_experts), unions, next_use, policy, capacity, horizon)
+        return miss, resident
 
-        layer_step = jax.vmap(cache_token_step, in_axes=(0, 0, 0, None, None, None, None))
-        spec_step = jax.vmap(layer_step, in_axes=(0, None, None, None, 0, 0, None))
+    @functools.partial(jax.jit, static_argnames=("num_experts",))
+    def run(unions, next_use, policies, capacities, horizon, *, num_experts):
+        per_layer = jax.vmap(functools.partial(one, num_experts=num_experts), in_axes=(1, 1, None, None, None),
+                             out_axes=1)
+        per_spec = jax.vmap(per_layer, in_axes=(None, None, 0, 0, None))
+        return per_spec(unions, next_use, policies, capacities, horizon)
 
-        @functools.partial(jax.jit, static_argnames=("num_experts",))
-        def replay(unions, next_use, policies, capacities, horizon, *, num_experts):
-            state = init_cache_state(num_experts, (policies.shape[0], unions.shape[1]))
-
-            def body(carry, inputs):
-                state, t = carry
-                step_experts, step_next = inputs
-                before = state.resident
-                state, miss = spec_step(state, step_experts, step_next, t, policies, capacities,
-                                        horizon)
-                return (state, t + 1), (miss, before)
-
-            _, outputs = jax.lax.scan(body, (state, jnp.int32(0)), (unions, next_use))
-            return outputs
-
-        _JAX_REPLAY = replay
-    return _JAX_REPLAY
+    return run
 
 
 # ---------------------------------------------------------------- placement

@@ -24,7 +24,7 @@ from __future__ import annotations
 import bisect
 import math
 
-from cachesim.stall_spec import Hardware
+from cachesim.timed.spec import Hardware
 
 QUEUED, LATENCY, ACTIVE, DONE, CANCELLED = range(5)
 

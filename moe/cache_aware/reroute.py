@@ -54,8 +54,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cachesim.online import LFU, LRU_REQUEST, LRU_TOKEN, CacheState, cache_token_step, init_cache_state
+from cachesim.online import CacheState, cache_token_step, init_cache_state
+from cachesim.policies import LFU, LRU_REQUEST, LRU_TOKEN
 from losses.router import domain_slices
+from moe.model import renormalise
 
 # Cache policies that can run alongside the model (Belady needs the future).
 CACHE_POLICIES = {"lru": LRU_REQUEST, "lru_token": LRU_TOKEN, "lfu": LFU}
@@ -266,9 +268,8 @@ def select_experts(scores: jax.Array, resident: jax.Array, *, k: int, tau: jax.A
 
 
 def renormalised_gates(probs: jax.Array, experts: jax.Array) -> jax.Array:
-    """The chosen experts' p, renormalised to sum to 1 (as `moe.model.route`)."""
-    chosen = probs[experts]
-    return chosen / jnp.sum(chosen, axis=-1, keepdims=True)
+    """The chosen experts' p, renormalised to sum to 1 (the model's own gate rule)."""
+    return renormalise(probs[experts])
 
 
 def elide(gates: jax.Array, epsilon: jax.Array) -> tuple[jax.Array, jax.Array]:

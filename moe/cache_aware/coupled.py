@@ -3,7 +3,7 @@
 Which expert a token uses can depend on what the layer's cache holds, so the
 perplexity of a cache-aware routing rule must be measured with the experts
 actually used. This module evaluates a trained model over windows with one
-routing state per layer (`cachesim.reroute.RouteState`) advanced token by
+routing state per layer (`moe.cache_aware.reroute.RouteState`) advanced token by
 token, and returns per-token cross-entropy, the experts used, demand misses,
 prefetch loads and elided / skipped loads.
 
@@ -16,6 +16,11 @@ replayed over the positions in order (a `lax.scan` carrying the cache, cheap
 computes exactly what a token-by-token decode with a KV cache computes (the
 tests check it against such a step-by-step reference), at the cost of one
 ordinary forward pass plus the scans — no KV cache is needed.
+
+The forward pass is the model's own: each MoE layer's router runs as usual
+and hands its decision to a ``route_fn`` override (``MoETransformer.__call__``),
+which replays the cache and returns the experts and gates the layer mixes.
+Nothing of the block is rewritten here.
 
 Carrying the cache across windows (``carry``):
 
@@ -31,7 +36,7 @@ Carrying the cache across windows (``carry``):
   `cacheeval.py` did); windows are independent and the scan is `vmap`ped over
   them.
 
-Batching over the swept parameter: S settings (`cachesim.reroute.Params`)
+Batching over the swept parameter: S settings (`moe.cache_aware.reroute.Params`)
 evaluate in one call. The routing rules are `jax.vmap`ped over settings; the
 model's dense work sees the settings folded into its batch axis (S·B rows), so
 any dispatcher works (``ragged_dot`` has no general batching rule) and the
@@ -50,11 +55,10 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from cachesim.reroute import (Features, Params, RerouteError, RouteState, Setting, TokenRoute, domain_switches,
-                              exclusive_experts, init_route_state, make_params, route_stream)
 from losses.lm import per_token_cross_entropy
-from moe.dispatch import ExpertWeights
-from moe.model import MoELayer
+from moe.cache_aware.reroute import (Features, Params, RerouteError, RouteState, Setting, TokenRoute, domain_switches,
+                                     exclusive_experts, init_route_state, make_params, route_stream)
+from moe.model import Routing
 
 CARRY_MODES = ("persist", "reset")
 
@@ -70,19 +74,6 @@ class CoupledState(NamedTuple):
 def init_state(num_layers: int, num_settings: int, num_experts: int) -> CoupledState:
     """Empty caches for every layer and setting, at the start of a stream."""
     return CoupledState(init_route_state(num_experts, (num_layers, num_settings)), jnp.int32(0), jnp.int32(-1))
-
-
-def apply_experts(moe: MoELayer, x: jax.Array, experts: jax.Array, gates: jax.Array) -> jax.Array:
-    """The layer's expert mixture for given choices: x (N, T, d), experts/gates (N, T, k).
-
-    The second half of `MoELayer.__call__`, with the routing supplied by the caller.
-    """
-    rows, length, width = x.shape
-    # expert_weights() applies LoRA adapters when present (arm M runs).
-    weights = ExpertWeights(*(w.astype(moe.dtype) for w in moe.expert_weights()))
-    y, _ = moe.dispatch(x.reshape(rows * length, width).astype(moe.dtype), experts.reshape(rows * length, -1),
-                        gates.reshape(rows * length, -1), weights, capacity_factor=moe.capacity_factor)
-    return y.reshape(rows, length, width).astype(x.dtype)
 
 
 def _stream_positions(domains: jax.Array, valid: jax.Array, state: CoupledState, carry: str):
@@ -152,23 +143,22 @@ def make_coupled_step(graphdef, config: ml_collections.ConfigDict, features: Fea
         else:
             primes = jnp.zeros((batch, length, 0), jnp.int32)
 
-        x = model.embed(inputs)
-        x = jnp.broadcast_to(x[None], (num_settings,) + x.shape).reshape((num_settings * batch,) + x.shape[1:])
         layer_states, routes = [], []
-        for index, block in enumerate(model.blocks):
-            x = x + block.attn(block.attn_norm(x))
-            h = block.moe_norm(x)
-            logits = block.moe.router(h.astype(jnp.float32))
-            probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)  # as moe.model.route
-            split = lambda a: a.reshape((num_settings, batch) + a.shape[1:])  # noqa: E731
+        split = lambda a: a.reshape((num_settings, batch) + a.shape[1:])  # noqa: E731
+        merge = lambda a: a.reshape((num_settings * batch,) + a.shape[2:])  # noqa: E731
+
+        def route_fn(index: int, routing: Routing):
+            # The layer's own router decision for S settings x B windows; the cache picks the experts.
             layer_state = jax.tree.map(lambda leaf: leaf[index], state.layers)
-            layer_state, route = _route_layer(layer_state, split(logits), split(probs), primes, clock, valid_tokens,
-                                              route_params, k=k, features=features, carry=carry, unroll=unroll)
-            merge = lambda a: a.reshape((num_settings * batch,) + a.shape[2:])  # noqa: E731
-            x = x + apply_experts(block.moe, h, merge(route.experts), merge(route.gates))
+            layer_state, route = _route_layer(layer_state, split(routing.logits), split(routing.probs), primes,
+                                              clock, valid_tokens, route_params, k=k, features=features,
+                                              carry=carry, unroll=unroll)
             layer_states.append(layer_state)
             routes.append(route)
-        hidden = model.final_norm(x)
+            return merge(route.experts), merge(route.gates)
+
+        # The settings fold into the batch axis (S·B rows), so the dense work is the plain evaluation's.
+        hidden, _ = model(jnp.tile(inputs, (num_settings, 1)), route_fn=route_fn)
         ce = per_token_cross_entropy(hidden, model.head_weights(), jnp.tile(targets, (num_settings, 1)),
                                      chunk_size=chunk, compute_dtype=model.dtype)
         stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves, axis=1), *routes)  # (S, L, B, T, ...)

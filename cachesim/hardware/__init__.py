@@ -1,1 +1,0 @@
-"""Hardware presets (JSON) for the timed storage-tier model; see `cachesim.stall_spec`."""

@@ -1,0 +1,1 @@
+"""Hardware presets (JSON) for the timed storage-tier model; see `cachesim.timed.spec`."""
