@@ -31,8 +31,9 @@ import numpy as np
 from analysis import summary
 from analysis.formatting import EMPTY, Column, Table, fixed, general, percent, signed_percent
 from analysis.runs import AnalysisError, Run, read_json
+from moe import rundir
 
-TRANSFERS_FILE = "transfers.json"
+TRANSFERS_FILE = rundir.TRANSFERS
 MODELS = ("base", "finetuned")
 _REGENERATE = ("rerun the arm-M run with config.predictor.enabled=True (moe.run writes transfers.json), "
                "or remove the broken file")
@@ -74,7 +75,7 @@ def load_transfers(runs: Sequence[Run]) -> dict[str, dict[str, Any]]:
     out = {}
     for r in runs:
         path = r.path / TRANSFERS_FILE
-        if r.arm == "M" and path.is_file():
+        if r.finetuned and path.is_file():
             out[r.name] = study_values(read_json(path), str(path))
     return out
 
@@ -94,7 +95,7 @@ def transfers_rows(runs: Sequence[Run], studies: Mapping[str, Mapping[str, Any]]
     """
     rows = []
     for r in runs:
-        if r.arm != "M" or r.name not in studies:
+        if not r.finetuned or r.name not in studies:
             continue
         s = studies[r.name]
         base, tuned = s["base"], s["finetuned"]
@@ -118,7 +119,7 @@ def _knobs(run: Run) -> tuple:
 
 def ablation_applies(runs: Sequence[Run]) -> bool:
     """True when at least two complete arm-M runs differ in λ_cs, λ_rm, γ or cache capacity."""
-    return len({_knobs(r) for r in runs if r.arm == "M" and r.complete}) >= 2
+    return len({_knobs(r) for r in runs if r.finetuned and r.complete}) >= 2
 
 
 def _seed_mean(values: Sequence[float | None]) -> float | None:
@@ -137,7 +138,7 @@ def ablation_rows(runs: Sequence[Run], studies: Mapping[str, Mapping[str, Any]])
     (None when a seed has none).
     """
     rows = []
-    for group in summary.group_by_config([r for r in runs if r.arm == "M"]):
+    for group in summary.group_by_config([r for r in runs if r.finetuned]):
         head = group[0]
         vals = [summary.run_values(r) for r in group]
         ppl = float(np.mean([v["ppl"] for v in vals]))

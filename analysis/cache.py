@@ -16,6 +16,7 @@ every trace after a change to the cachesim sources the metrics come from
 
 from __future__ import annotations
 
+import ast
 import concurrent.futures
 import functools
 import hashlib
@@ -23,7 +24,6 @@ import importlib.util
 import json
 import multiprocessing
 import os
-import tempfile
 import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -31,30 +31,73 @@ from typing import Any
 
 import numpy as np
 
+from moe import rundir
+
 CACHE_FILE = "analysis_cache.json"
 # Bump when the cached fields or the metric semantics they come from change.
 CACHE_VERSION = 1
 ENV_CACHE_DIR = "CACHEABLE_MOE_CACHE"
 
 
-# The cachesim modules whose code determines the cached numbers.
-_METRIC_SOURCES = ("trace.py", "policies.py", "simulate.py", "metrics.py")
+# Where the metrics are computed: the fingerprint covers these modules and everything they import.
+_METRIC_ENTRY_POINTS = ("cachesim.metrics", "cachesim.trace")
+
+
+def _package_dir() -> Path:
+    spec = importlib.util.find_spec("cachesim")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("cannot locate the cachesim package; is the project installed (pip install -e .)?")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def _module_file(package: Path, name: str) -> Path | None:
+    """The source of module ``cachesim.a.b`` (a module file or a package's __init__), or None."""
+    parts = name.split(".")[1:]
+    base = package.joinpath(*parts)
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def metric_sources() -> list[Path]:
+    """Every cachesim source file the cached metrics are computed with, sorted.
+
+    The import closure of :data:`_METRIC_ENTRY_POINTS` within cachesim (a leaf
+    package: it imports nothing else of the project), read from the sources'
+    import statements, so nothing is imported (cachesim's package imports JAX,
+    and a warm rebuild must not pay its start-up). The packages on the way
+    (``cachesim/__init__.py``) count too: importing a module runs them.
+    """
+    package = _package_dir()
+    todo, seen = list(_METRIC_ENTRY_POINTS), set()
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        path = _module_file(package, name)
+        if path is None:
+            continue
+        parents = name.split(".")
+        todo += [".".join(parents[:i]) for i in range(1, len(parents))]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                todo += [a.name for a in node.names if a.name.split(".")[0] == "cachesim"]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "cachesim":
+                todo.append(node.module)
+                todo += [f"{node.module}.{a.name}" for a in node.names]  # `from cachesim import stack`
+    files = {_module_file(package, name) for name in seen}
+    return sorted(f for f in files if f is not None)
 
 
 @functools.cache
 def cachesim_fingerprint() -> str:
-    """SHA-256 over the source of the cachesim modules that compute the metrics.
-
-    The files are located without importing cachesim (whose package imports
-    JAX): a warm rebuild must not pay JAX's start-up.
-    """
-    spec = importlib.util.find_spec("cachesim")
-    if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("cannot locate the cachesim package; is the project installed (pip install -e .)?")
-    package = Path(next(iter(spec.submodule_search_locations)))
+    """SHA-256 over the source of every cachesim module the metrics are computed with."""
+    package = _package_dir()
     digest = hashlib.sha256()
-    for name in _METRIC_SOURCES:
-        digest.update(name.encode() + b"\0" + (package / name).read_bytes())
+    for path in metric_sources():
+        digest.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()
 
 
@@ -123,18 +166,8 @@ def _read_json_or_none(path: Path) -> Any:
 
 
 def atomic_write_json(path: Path, data: Any) -> None:
-    """Writes JSON via a temp file in the same folder and os.replace (never half-written)."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    """Compact JSON, written atomically (``moe.rundir.write_atomic``)."""
+    rundir.write_json(path, data, indent=None)
 
 
 def writable_dir(path: Path) -> bool:

@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from analysis import cache
+from moe import rundir
 
 
 def add_run_args(parser: argparse.ArgumentParser) -> None:
@@ -36,11 +37,8 @@ def write_or_print(text: str, out_dir: Path | None, filename: str) -> None:
     if out_dir is None:
         sys.stdout.write(text)
         return
-    out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / filename
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    rundir.write_atomic(path, text)
     print(path)
 
 

@@ -30,8 +30,9 @@ import numpy as np
 
 from analysis import summary
 from analysis.runs import AnalysisError, Run, read_json
+from moe import rundir
 
-FRONTIER_FILE = "frontier.json"
+FRONTIER_FILE = rundir.FRONTIER
 STACK_TAU = 0.5
 _REGENERATE = "regenerate it with python -m moe.cache_aware.frontier"
 # The "all other interventions off" part of a point's setting (τ varies).

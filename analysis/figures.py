@@ -32,11 +32,12 @@ from analysis import cli, plots, summary, verdict
 from analysis.cache import MetricsStore
 from analysis.profile import load_traces
 from analysis.runs import AnalysisError, Run, discover, load_runs, read_json
+from moe import rundir
 
 # Capacity grid of the dense hit-vs-budget curves (fractions of E).
 BUDGET_FRACTIONS = (0.0625, 0.125, 0.1875, 0.25, 0.375, 0.5, 0.625, 0.75)
 BUDGET_POLICIES = ("lru", "lfu", "static_w1.0", "static_w0.2", "belady")
-FRONTIER_FILE = "frontier.json"
+FRONTIER_FILE = rundir.FRONTIER
 
 
 def _slug(name: str) -> str:

@@ -7,7 +7,7 @@ an interrupted run never leaves a truncated figure). They return the paths.
 
 from __future__ import annotations
 
-import os
+import io
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -17,6 +17,8 @@ matplotlib.use("Agg")  # Headless: figures are files, never windows.
 
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+
+from moe import rundir  # noqa: E402
 
 FORMATS = ("png", "pdf")
 _POLICY_STYLE = {"lru": ("LRU", "-o"), "lru_token": ("LRU (token)", "-.o"), "lfu": ("LFU", "-s"),
@@ -30,9 +32,9 @@ def save_figure(fig: plt.Figure, stem: Path) -> list[Path]:
     paths = []
     for fmt in FORMATS:
         path = stem.with_name(f"{stem.name}.{fmt}")
-        tmp = path.with_name(f".{path.name}.tmp")
-        fig.savefig(tmp, format=fmt, dpi=150, metadata=_metadata(fmt))
-        os.replace(tmp, path)
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format=fmt, dpi=150, metadata=_metadata(fmt))
+        rundir.write_atomic(path, buffer.getvalue())
         paths.append(path)
     plt.close(fig)
     return paths

@@ -22,15 +22,16 @@ from pathlib import Path
 from typing import Any
 
 from analysis import cache
+from moe import rundir
 
 # Order in which the paper lists its domains; other domains follow sorted.
-DOMAIN_ORDER = ("prose", "code", "math")
-ARMS = ("A", "B", "C", "D", "M")
-# Reference runs carry no size; their parameter count identifies the 137m model.
-REFERENCE_137M_PARAMS = 137_319_168
+DOMAIN_ORDER = rundir.DOMAINS
+ARMS = rundir.ARMS
 # Reference final_eval.json lacks per-domain token counts: 488 windows of 1024.
 REFERENCE_EVAL_TOKENS = 499_712
-TRACE_PREFIX = "trace_"
+run_size = rundir.run_size
+domain_sort_key = rundir.domain_sort_key
+trace_paths = rundir.trace_files
 
 
 class AnalysisError(ValueError):
@@ -73,6 +74,11 @@ class Run:
     done_marker: bool = False
 
     @property
+    def finetuned(self) -> bool:
+        """Started from another run's weights (arm M): compared with that base run, not with arm A."""
+        return bool(self.config.get("init_from"))
+
+    @property
     def complete(self) -> bool:
         """Has final_eval.json and a trace for every evaluated domain."""
         return not self.problems and bool(self.domains)
@@ -102,7 +108,7 @@ def discover(paths: Iterable[str | os.PathLike]) -> tuple[list[Path], list[Path]
 
 
 def _walk(root: Path, runs: list[Path], trace_dirs: list[Path]) -> None:
-    if (root / "config.json").is_file():
+    if rundir.is_run_dir(root):
         runs.append(root)
         return
     if any(p.is_file() for p in root.glob("*.npz")):
@@ -143,24 +149,6 @@ def _number(config: dict, key: str, path: Path, default: float | None = None) ->
     return float(value)
 
 
-def run_size(config: dict) -> str:
-    """The model size name; reference runs are identified by their parameter count."""
-    if "size" in config:
-        return str(config["size"])
-    return "137m" if config.get("params") == REFERENCE_137M_PARAMS else "unknown"
-
-
-def domain_sort_key(domain: str) -> tuple[int, str]:
-    """Paper domains first in paper order, then any others alphabetically."""
-    return (DOMAIN_ORDER.index(domain), "") if domain in DOMAIN_ORDER else (len(DOMAIN_ORDER), domain)
-
-
-def trace_paths(run_dir: Path) -> dict[str, Path]:
-    """``{domain: trace_<domain>.npz}`` found in a run directory."""
-    paths = {p.stem[len(TRACE_PREFIX):]: p for p in run_dir.glob(f"{TRACE_PREFIX}*.npz") if p.is_file()}
-    return dict(sorted(paths.items(), key=lambda kv: domain_sort_key(kv[0])))
-
-
 def _parse_final_eval(path: Path) -> dict[str, tuple[float, float, int, bool]]:
     data = read_json(path)
     if not isinstance(data, dict) or not data:
@@ -187,7 +175,7 @@ def load_run(run_dir: str | os.PathLike, *, store: cache.MetricsStore | None = N
     all-runs log can show unfinished runs. A malformed artifact raises.
     """
     path = Path(run_dir)
-    config_path = path / "config.json"
+    config_path = path / rundir.CONFIG
     config = read_json(config_path)
     if not isinstance(config, dict):
         raise AnalysisError(f"{config_path}: expected a JSON object; regenerate config.json")
@@ -202,13 +190,13 @@ def load_run(run_dir: str | os.PathLike, *, store: cache.MetricsStore | None = N
     problems: list[str] = []
     traces = trace_paths(path)
     evals: dict[str, tuple[float, float, int, bool]] = {}
-    if (path / "final_eval.json").is_file():
-        evals = _parse_final_eval(path / "final_eval.json")
+    if (path / rundir.FINAL_EVAL).is_file():
+        evals = _parse_final_eval(path / rundir.FINAL_EVAL)
     else:
         problems.append("missing final_eval.json")
     missing = [d for d in evals if d not in traces]
     if missing:
-        problems.append("missing " + ", ".join(f"{TRACE_PREFIX}{d}.npz" for d in missing))
+        problems.append("missing " + ", ".join(rundir.trace_file(d) for d in missing))
 
     domains = {
         d: DomainEval(val_loss=loss, val_ppl=ppl, tokens=n, tokens_assumed=assumed, trace_path=traces.get(d),
@@ -228,7 +216,7 @@ def load_run(run_dir: str | os.PathLike, *, store: cache.MetricsStore | None = N
         config=config,
         domains=domains,
         problems=tuple(problems),
-        done_marker=(path / "DONE").exists(),
+        done_marker=rundir.is_done(path),
     )
     return with_facts(run, store or cache.MetricsStore()) if with_metrics else run
 

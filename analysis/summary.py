@@ -180,7 +180,7 @@ def base_run_lookup(run: Run, runs: Sequence[Run]) -> tuple[Run | None, str]:
 
 def baseline_runs_for(run: Run, runs: Sequence[Run]) -> list[Run]:
     """What ``run`` is compared against: its base run for arm M, else the matching arm-A runs."""
-    if run.arm == "M":
+    if run.finetuned:
         base, _ = base_run_lookup(run, runs)
         return [base] if base is not None else []
     return matching_baseline_runs(run, runs)
@@ -197,7 +197,7 @@ def group_baseline(group: Sequence[Run], runs: Sequence[Run]) -> Baseline | None
     None when any arm-M seed lacks its base: a mean over some seeds' bases
     would compare unlike sets.
     """
-    if group[0].arm != "M":
+    if not group[0].finetuned:
         return baseline_for(group[0], runs)
     bases: dict[Path, Run] = {}
     for r in group:
@@ -213,7 +213,7 @@ def group_baseline(group: Sequence[Run], runs: Sequence[Run]) -> Baseline | None
 
 def no_baseline_reason(run: Run, runs: Sequence[Run] | None = None) -> str:
     """The sentence printed where a run has no matching baseline (arm M: why its base was not found)."""
-    if run.arm == "M" and runs is not None:
+    if run.finetuned and runs is not None:
         return base_run_lookup(run, runs)[1] or "no base run: the seeds' base runs differ in arm, tokens or size"
     return (f"no matching baseline: no complete arm-A run with tokens={format_tokens(run.tokens)} "
             f"and size={run.size}")
@@ -273,7 +273,7 @@ def config_label(run: Run) -> str:
     parts += [f"{k}={run.config[k]:g}" if isinstance(run.config[k], (int, float)) else f"{k}={run.config[k]}"
               for k in ARM_M_KEYS if k in run.config and run.config[k] is not None]
     base_tokens = _config_number(run, "base_tokens")
-    if run.arm == "M" and base_tokens is not None:  # what was fine-tuned, e.g. 'from A 200M'
+    if run.finetuned and base_tokens is not None:  # what was fine-tuned, e.g. 'from A 200M'
         parts.append(f"from {run.config.get('base_arm', '?')} {format_tokens(base_tokens)}")
     return " ".join(parts + [format_tokens(run.tokens), run.size])
 

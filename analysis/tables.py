@@ -76,7 +76,7 @@ def _baseline_note(runs: Sequence[Run]) -> str:
     lines = []
     seen = set()
     for r in sorted(runs, key=_sort_key):
-        if r.complete and r.arm == "M":  # compared with its own base run, not with arm A at its budget
+        if r.complete and r.finetuned:  # compared with its own base run, not with arm A at its budget
             base = summary.baseline_for(r, runs)
             lines.append(f"{r.name} (arm M): " + (summary.no_baseline_reason(r, runs) if base is None else
                          f"baseline = its base run {base.runs[0]}, mean PPL {base.ppl:.3f}, "

@@ -95,7 +95,7 @@ def _rq(criterion: str, group: Sequence[Run], runs: Sequence[Run]) -> CriterionR
     base = summary.group_baseline(group, runs)
     common = dict(criterion=criterion, config=summary.config_label(head), runs=tuple(r.name for r in group),
                   metric=metric, value=value, metric_gate=gate, ppl=ppl, ppl_gate=max_cost, collapsed=collapsed,
-                  baseline_kind="base" if head.arm == "M" else "A")
+                  baseline_kind="base" if head.finetuned else "A")
     if base is None:
         return CriterionResult(**common, baseline_runs=None, baseline_value=None, effect=None, effect_per_seed=(),
                                metric_met=None, baseline_ppl=None, ppl_cost=None, ppl_cost_per_seed=(),

@@ -137,14 +137,9 @@ def format_tokens(tokens: int) -> str:
 
 
 def base_name(arm: str, lambda_loc: float, mu_dom: float, seed: int) -> str:
-    """``b-lam0.05-s1``; the same rule as ``moe.run.default_run_name`` (a test keeps them equal)."""
-    parts = [arm.lower()]
-    if lambda_loc:
-        parts.append(f"lam{lambda_loc:g}")
-    if mu_dom:
-        parts.append(f"mu{mu_dom:g}")
-    parts.append(f"s{seed}")
-    return "-".join(parts)
+    """``b-lam0.05-s1``: the run-name rule of ``moe.rundir.run_name``."""
+    from moe import rundir  # stdlib-only module: planning stays jax-free
+    return rundir.run_name(arm, lambda_loc, mu_dom, seed)
 
 
 def _label(key: str, value: Any) -> str:

@@ -33,6 +33,7 @@ import fcntl
 import json
 import os
 import pathlib
+import tempfile
 from collections.abc import Iterable
 from typing import Any
 
@@ -103,17 +104,24 @@ def run_name(arm: str, lambda_loc: float, mu_dom: float, seed: int) -> str:
 
 
 def write_atomic(path: PathLike, data: str | bytes) -> None:
-    """Writes through a hidden temporary sibling and renames it: a reader never sees half a file."""
+    """Writes through a hidden temporary sibling, fsyncs, and renames it over ``path``.
+
+    The one atomic writer of the project's files (cachesim, a leaf library,
+    keeps its own for traces): a reader never sees half a file, and a crash
+    leaves the old file or the new one, never a mix.
+    """
     path = pathlib.Path(path)
-    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        if isinstance(data, bytes):
-            tmp.write_bytes(data)
-        else:
-            tmp.write_text(data)
+        os.fchmod(fd, 0o644)  # mkstemp's 0600 would hide a shared file from other users
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode("utf-8") if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        pathlib.Path(tmp).unlink(missing_ok=True)
         raise
 
 

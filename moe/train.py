@@ -32,10 +32,8 @@ from losses.melinoe import melinoe_losses
 from losses.router import boundary_pair_mask, domain_slices, expert_usage_entropy, router_losses
 from moe import checkpoint, rundir
 from moe import seeds as seeds_lib
+from moe.data.tokenizer import tokenizer_record
 from moe.model import MoETransformer, RouterOutput, build_model
-
-EOT_ID = 50256
-
 
 class NonFiniteLossError(RuntimeError):
     pass
@@ -140,7 +138,9 @@ def compute_loss(model: MoETransformer, batch: dict[str, jax.Array], config: ml_
     ce_sum, count = chunked_cross_entropy(hidden, model.head_weights(), targets,
                                           chunk_size=config.loss.ce_chunk, compute_dtype=model.dtype)
     lm = ce_sum / count
-    pair_mask = boundary_pair_mask(inputs, in_domains, EOT_ID) if config.loss.loc_boundary_mask else None
+    pair_mask = None
+    if config.loss.loc_boundary_mask:  # the tokenizer's own end-of-text id (GPT-2: 50256, byte: 0)
+        pair_mask = boundary_pair_mask(inputs, in_domains, tokenizer_record(config.data.tokenizer)["eot_id"])
     allowed = jnp.asarray(domain_slices(config.model.num_experts))
     aux = router_losses(router.probs, router.topk, domains=in_domains, pair_mask=pair_mask, allowed=allowed)
     lo = config.loss

@@ -1,6 +1,7 @@
 """Trace metrics through cachesim with hand-known values, and their on-disk cache."""
 
 import json
+import pathlib
 import os
 
 import pytest
@@ -163,3 +164,24 @@ def test_a_cachesim_change_invalidates_the_cache(tmp_path, count_calls, monkeypa
     monkeypatch.setattr(cache, "cachesim_fingerprint", lambda: "0" * 64)  # the simulator's code changed
     load_run(path, store=cache.MetricsStore(tmp_path / "user"))
     assert len(count_calls) == 6
+
+
+def test_the_fingerprint_covers_every_module_the_metrics_run():
+    """Compute metrics in a fresh interpreter: every cachesim module it loaded is fingerprinted."""
+    import subprocess
+    import sys
+
+    script = ("import sys, numpy as np\n"
+              "from cachesim.metrics import paper_metrics\n"
+              "from cachesim.trace import make_trace\n"
+              "rng = np.random.default_rng(0)\n"
+              "experts = np.stack([[rng.choice(8, 2, replace=False) for _ in range(64)] for _ in range(2)])\n"
+              "paper_metrics(make_trace(experts.astype(np.int16), 8))\n"
+              "print('\\n'.join(m.__file__ for n, m in sys.modules.items()\n"
+              "                 if n.split('.')[0] == 'cachesim' and getattr(m, '__file__', None)))\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    loaded = {pathlib.Path(p).resolve() for p in proc.stdout.split()}
+    covered = {p.resolve() for p in cache.metric_sources()}
+    assert loaded and loaded <= covered, f"not fingerprinted: {sorted(map(str, loaded - covered))}"
+    names = {p.name for p in covered}
+    assert {"stack.py", "simulate.py", "metrics.py", "policies.py", "trace.py"} <= names

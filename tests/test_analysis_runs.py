@@ -8,6 +8,7 @@ from analysis_fixtures import write_run
 
 from analysis import runs as runs_mod
 from analysis.runs import AnalysisError, discover, discover_run_dirs, load_run, load_runs
+from moe.rundir import REFERENCE_137M_PARAMS
 
 
 def test_discovery_is_recursive_and_stops_at_run_dirs(tmp_path):
@@ -51,7 +52,7 @@ def test_load_run_parses_config_and_final_eval(tmp_path):
 
 
 def test_reference_conventions_for_missing_keys(tmp_path):
-    path = write_run(tmp_path, "ref", extra_config={"params": runs_mod.REFERENCE_137M_PARAMS})
+    path = write_run(tmp_path, "ref", extra_config={"params": REFERENCE_137M_PARAMS})
     config = json.loads((path / "config.json").read_text())
     del config["size"]
     (path / "config.json").write_text(json.dumps(config))

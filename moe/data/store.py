@@ -29,6 +29,7 @@ import numpy as np
 
 from moe.data.config import DOMAINS
 from moe.data.errors import ManifestError
+from moe import rundir
 
 MANIFEST = "MANIFEST.json"
 TRAIN_TOKENS = "train.tokens.uint16"
@@ -86,24 +87,11 @@ class ShardWriter:
             pathlib.Path(self._tmp).unlink(missing_ok=True)
 
 
-def write_bytes_atomic(path: pathlib.Path, data: bytes) -> None:
-    """Writes ``data`` to ``path`` through a temporary sibling and os.replace: never a partial file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.fchmod(fd, 0o644)  # mkstemp's 0600 would hide a shared cache from other users
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        pathlib.Path(tmp).unlink(missing_ok=True)
-        raise
+write_bytes_atomic = rundir.write_atomic
 
 
 def write_json_atomic(path: pathlib.Path, obj: Any) -> None:
-    write_bytes_atomic(path, (json.dumps(obj, indent=1) + "\n").encode("utf-8"))
+    rundir.write_json(path, obj)
 
 
 def file_sha256(path: pathlib.Path) -> str:

@@ -167,10 +167,7 @@ def get_tokenizer(name: str) -> Tokenizer:
 
 def vocab_size_of(name: str) -> int:
     """Vocabulary size without loading anything."""
-    sizes = {"gpt2": GPT2_VOCAB_SIZE, "byte": BYTE_VOCAB_SIZE}
-    if name not in sizes:
-        raise TokenizerError(f"unknown tokenizer {name!r}; choose gpt2 or byte")
-    return sizes[name]
+    return tokenizer_record(name)["vocab_size"]
 
 
 def tokenizer_record(name: str) -> dict:

@@ -1,0 +1,98 @@
+"""The house's layout: data flows one way, cachesim is a leaf, and no module imports itself back.
+
+Read from the sources (imports anywhere in a file, lazy ones included), not by
+importing anything, so the check costs milliseconds and sees every arrow.
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+PACKAGES = ("moe", "losses", "cachesim", "configs", "launch", "analysis")
+# Which packages each may import (besides itself): configs -> moe -> run directory -> cachesim -> analysis.
+ALLOWED = {
+    "configs": set(),
+    "losses": set(),
+    "cachesim": set(),
+    "moe": {"configs", "losses", "cachesim"},
+    "analysis": {"moe", "cachesim"},  # moe.rundir: the run-directory contract (stdlib only)
+    "launch": {"configs", "moe", "analysis"},
+}
+
+
+def _module_name(path: pathlib.Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, pathlib.Path]:
+    return {_module_name(p): p for package in PACKAGES for p in (REPO / package).rglob("*.py")}
+
+
+def _imports(path: pathlib.Path, modules: dict[str, pathlib.Path]) -> set[str]:
+    """The project modules a file imports (``from pkg import mod`` resolves to ``pkg.mod`` when that exists)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [f"{node.module}.{a.name}" for a in node.names] + [node.module]
+        else:
+            continue
+        for name in names:
+            while name and name not in modules:
+                name = name.rpartition(".")[0]
+            if name:
+                found.add(name)
+    return found
+
+
+@pytest.fixture(scope="module")
+def graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: _imports(path, modules) - {name} for name, path in modules.items()}
+
+
+def test_every_package_imports_only_what_the_flow_allows(graph):
+    wrong = sorted(f"{a} -> {b}" for a, targets in graph.items() for b in targets
+                   if b.split(".")[0] != a.split(".")[0] and b.split(".")[0] not in ALLOWED[a.split(".")[0]])
+    assert not wrong, "imports against the data flow:\n" + "\n".join(wrong)
+
+
+def test_cachesim_is_a_leaf(graph):
+    assert all(b.startswith("cachesim") for a, targets in graph.items() if a.startswith("cachesim") for b in targets)
+
+
+def test_the_module_graph_has_no_cycles(graph):
+    # A package's __init__ importing its own submodules is not an arrow back to it.
+    edges = {a: {b for b in targets if not (a == b.rpartition(".")[0] or b == a.rpartition(".")[0])}
+             for a, targets in graph.items()}
+    state: dict[str, int] = {}
+    cycles = []
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == 1:
+                cycles.append(" -> ".join(stack[stack.index(nxt):] + [nxt]))
+            elif nxt not in state:
+                visit(nxt, stack + [nxt])
+        state[node] = 2
+
+    for node in sorted(edges):
+        if node not in state:
+            visit(node, [node])
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+def test_run_directory_names_are_spelled_in_one_module():
+    """config.json, final_eval.json, checkpoints/ ... are named by moe.rundir alone."""
+    names = ('"config.json"', '"final_eval.json"', '"metrics.json"', '"log.jsonl"', '"checkpoints"',
+             '"frontier.json"', '"transfers.json"', '"progress.json"')
+    offenders = sorted(f"{path.relative_to(REPO)}: {name}" for path in _modules().values() if path.name != "rundir.py"
+                       for name in names if name in path.read_text())
+    assert not offenders, "\n".join(offenders)
