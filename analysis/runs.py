@@ -75,8 +75,12 @@ class Run:
 
     @property
     def finetuned(self) -> bool:
-        """Started from another run's weights (arm M): compared with that base run, not with arm A."""
-        return bool(self.config.get("init_from"))
+        """A MELINOE fine-tune of another run (arm M: its record holds the L_cs / L_rm settings).
+
+        Such a run is compared with its base run, not with arm A; a run merely
+        warm-started from another's weights (``init_from`` alone) is not.
+        """
+        return "lambda_cs" in self.config and bool(self.config.get("base_run"))
 
     @property
     def complete(self) -> bool:

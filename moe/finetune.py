@@ -86,19 +86,23 @@ def cache_capacity(config: ml_collections.ConfigDict) -> float:
 
 def run_record(record: dict[str, Any], config: ml_collections.ConfigDict,
                base: ml_collections.ConfigDict) -> dict[str, Any]:
-    """config.json for arm M: the served (merged) model's sizes, the MELINOE settings, the base run.
+    """config.json of a run that starts from another run's weights: the base run, and (arm M) MELINOE's settings.
 
-    ``tokens`` stays the fine-tuning budget; ``base_tokens`` / ``base_run`` /
-    ``base_arm`` identify what was fine-tuned (analysis compares M to its base).
+    ``tokens`` stays this run's budget; ``init_from`` / ``base_run`` / ``base_arm``
+    / ``base_tokens`` say what it started from. A MELINOE fine-tune (its loss has
+    the L_cs / L_rm terms) also records the served (merged) model's sizes and its
+    loss settings: analysis compares such a run with its base run.
     """
+    out = {**record, "init_from": config.init_from, "base_run": base.run_name, "base_arm": base.arm,
+           "base_tokens": num_train_steps(base) * base.train.batch_size * base.model.context}
+    if "lambda_cs" not in config.loss:
+        return out
     merged = param_counts(nnx.eval_shape(lambda: build_model(merged_model_config(config.model), config.seed)))
-    return {**record, "params": merged["params_total"], "params_active": merged["params_active"],
+    return {**out, "params": merged["params_total"], "params_active": merged["params_active"],
             "params_trainable": trainable_param_count(config),
             "lambda_cs": config.loss.lambda_cs, "lambda_rm": config.loss.lambda_rm,
             "gamma": config.loss.cs_gamma, "cache_capacity": cache_capacity(config),
-            "rank_margin": config.loss.rm_margin, "lora_rank": config.model.lora_rank,
-            "init_from": config.init_from, "base_run": base.run_name, "base_arm": base.arm,
-            "base_tokens": num_train_steps(base) * base.train.batch_size * base.model.context}
+            "rank_margin": config.loss.rm_margin, "lora_rank": config.model.lora_rank}
 
 
 def trainable_param_count(config: ml_collections.ConfigDict) -> int:
