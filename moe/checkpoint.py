@@ -17,6 +17,7 @@ the partial one is ignored (and cleaned up) on restart.
 
 from __future__ import annotations
 
+import contextlib
 import pathlib
 from typing import Any
 
@@ -24,6 +25,7 @@ import jax
 import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
+from absl import logging as absl_logging
 from flax import nnx
 
 from moe import rundir
@@ -52,7 +54,19 @@ def manager(workdir: str | pathlib.Path, *, keep: int) -> ocp.CheckpointManager:
 def reader(workdir: str | pathlib.Path) -> ocp.CheckpointManager:
     """A read-only manager, for using a run's checkpoints without ever changing them."""
     options = ocp.CheckpointManagerOptions(read_only=True, create=False, save_interval_steps=0)
-    return ocp.CheckpointManager(rundir.checkpoint_dir(workdir), options=options, item_names=ITEMS)
+    # Orbax warns "Given directory is read only" on every read-only manager: that is the point here.
+    with _absl_level(absl_logging.ERROR):
+        return ocp.CheckpointManager(rundir.checkpoint_dir(workdir), options=options, item_names=ITEMS)
+
+
+@contextlib.contextmanager
+def _absl_level(level: int):
+    previous = absl_logging.get_verbosity()
+    absl_logging.set_verbosity(level)
+    try:
+        yield
+    finally:
+        absl_logging.set_verbosity(previous)
 
 
 def latest_step(workdir: str | pathlib.Path) -> int | None:
