@@ -72,18 +72,9 @@ def main(argv):
 
 
 def parse_flags(argv: list[str]) -> list[str]:
-    """absl's parser, but a bad config file, option or override is one line and exit 2."""
-    try:
-        return flags.FLAGS(argv)
-    except Exception as e:  # noqa: BLE001 — config_flags raises assorted types
-        cause = e
-        while cause.__cause__ is not None or cause.__context__ is not None:
-            cause = cause.__cause__ or cause.__context__
-        message = str(cause) or type(cause).__name__
-        if isinstance(cause, (KeyError, AttributeError)):
-            message = f"unknown config key {message.strip(chr(34) + chr(39))!r}: check the --config.x=y override against the config file"
-        print(f"error: {message}", file=sys.stderr)
-        sys.exit(2)
+    """absl's parser, but ``--help`` exits 0 and a bad config file, option or override is one line, exit 2."""
+    from cachesim.cli_util import parse_app_flags
+    return parse_app_flags(argv)
 
 
 if __name__ == "__main__":

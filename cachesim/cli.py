@@ -8,44 +8,35 @@ reported on stderr for every trace that has it.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections.abc import Sequence
 
+import pandas as pd
+
 from cachesim import metrics
-from cachesim.cli_util import ArgumentParser, parse_list
-from cachesim.policies import POLICIES, RECENCY_MODES, ROUNDING_MODES, CacheSpec, CacheSpecError
+from cachesim.cli_util import CLI, UsageError, comma_list, write_output
+from cachesim.policies import (POLICIES, RECENCY_MODES, ROUNDING_MODES, CacheSpec, CacheSpecError, parse_capacities,
+                               spec_for)
 from cachesim.simulate import SimulationError, simulate
 from cachesim.trace import Trace, TraceError, load_trace
 
 
-def _parser() -> ArgumentParser:
-    parser = ArgumentParser(
-        prog="python -m cachesim",
-        description="Replay router traces through per-layer expert caches (SPEC §7).")
-    parser.add_argument("traces", nargs="+", help="trace .npz files (reference format)")
-    parser.add_argument("--policies", default="lru,lfu,static,belady",
-                        type=lambda s: parse_list(s, str, "--policies"),
-                        help="comma-separated subset of " + ",".join(POLICIES))
-    size = parser.add_mutually_exclusive_group()
-    size.add_argument("--capacity", type=lambda s: parse_list(s, float, "--capacity"),
-                      help="capacities as fractions of E (default 0.125,0.25,0.5)")
-    size.add_argument("--capacity-count", type=lambda s: parse_list(s, int, "--capacity-count"),
-                      help="capacities as expert counts")
-    parser.add_argument("--rounding", choices=ROUNDING_MODES, default="ceil",
-                        help="rounding of fraction × E (default ceil)")
-    parser.add_argument("--layers", action="append",
-                        help="layer selection summed into one record: 'all', '24' or '0,3'; "
-                             "repeat for several selections (default all)")
-    parser.add_argument("--static-warmup", default=[1.0],
-                        type=lambda s: parse_list(s, float, "--static-warmup"),
-                        help="static policy warm-up fractions (default 1.0)")
-    parser.add_argument("--lru-recency", default=["request"],
-                        type=lambda s: parse_list(s, str, "--lru-recency"),
-                        help="LRU recency modes: request,token (default request)")
-    parser.add_argument("--format", choices=("json", "table"), default="table")
-    return parser
+COMMAND = CLI("python -m cachesim", "Replay router traces through per-layer expert caches (SPEC §7).",
+           positional="TRACE.npz [TRACE.npz ...]", positional_help="trace .npz files (reference format)")
+COMMAND.define("list", "policies", ["lru", "lfu", "static", "belady"], "comma-separated subset of " + ",".join(POLICIES))
+COMMAND.define("string", "capacity", "0.125,0.25,0.5",
+            "capacities, comma-separated: fractions of E with a decimal point (0.25) or expert counts (4)")
+COMMAND.deprecated("capacity-count", "capacity")
+COMMAND.define("enum", "rounding", "ceil", "rounding of fraction x E", enum_values=list(ROUNDING_MODES))
+COMMAND.define("multi_string", "layers", None, "layer selection summed into one record: all, 24 or 0,3; repeat for "
+            "several selections (default all)")
+COMMAND.define("list", "static_warmup", ["1.0"], "static policy warm-up fractions")
+COMMAND.deprecated("static-warmup", "static_warmup")
+COMMAND.define("list", "lru_recency", ["request"], "LRU recency modes: request,token")
+COMMAND.deprecated("lru-recency", "lru_recency")
+COMMAND.define("enum", "format", "table", "output format", enum_values=["table", "json"])
+COMMAND.define("string", "out", None, "write the output to this file instead of stdout")
 
 
 def _layer_selection(text: str, trace: Trace) -> list[int]:
@@ -63,7 +54,7 @@ def _layer_selection(text: str, trace: Trace) -> list[int]:
     return layers
 
 
-def _specs(args: argparse.Namespace) -> list[CacheSpec]:
+def _specs(args) -> list[CacheSpec]:
     """Specs ordered by capacity, then policy (and its option values)."""
     unknown = [p for p in args.policies if p not in POLICIES]
     bad_recency = [r for r in args.lru_recency if r not in RECENCY_MODES]
@@ -72,20 +63,16 @@ def _specs(args: argparse.Namespace) -> list[CacheSpec]:
                              f"{','.join(POLICIES)}")
     if bad_recency:
         raise CacheSpecError(f"unknown LRU recency {bad_recency[0]!r}; use request or token")
-    if args.capacity_count is not None:
-        sizes = [{"capacity": c} for c in args.capacity_count]
-    else:
-        fractions = args.capacity or [0.125, 0.25, 0.5]
-        sizes = [{"fraction": f, "rounding": args.rounding} for f in fractions]
+    warmups = comma_list(",".join(args.static_warmup), float, "--static_warmup")
     specs = []
-    for size in sizes:
+    for capacity in parse_capacities(args.capacity):
         for policy in args.policies:
             if policy == "lru":
-                specs += [CacheSpec("lru", recency=r, **size) for r in args.lru_recency]
+                specs += [spec_for("lru", capacity, recency=r, rounding=args.rounding) for r in args.lru_recency]
             elif policy == "static":
-                specs += [CacheSpec("static", warmup=w, **size) for w in args.static_warmup]
+                specs += [spec_for("static", capacity, warmup=w, rounding=args.rounding) for w in warmups]
             else:
-                specs.append(CacheSpec(policy, **size))
+                specs.append(spec_for(policy, capacity, rounding=args.rounding))
     return specs
 
 
@@ -128,22 +115,20 @@ def _layers_label(layers: list[int], num_layers: int) -> str:
     return "all" if layers == list(range(num_layers)) else ",".join(map(str, layers))
 
 
+def records_frame(records: Sequence[dict], num_layers: dict[str, int]) -> pd.DataFrame:
+    """The records as a DataFrame, one row per record, the table's columns."""
+    def policy(r: dict) -> str:
+        if r["policy"] == "lru" and r["lru_recency"] == "token":
+            return "lru(token)"
+        return f"static(w={r['static_warmup']:g})" if r["policy"] == "static" else r["policy"]
+
+    return pd.DataFrame([{"trace": r["trace"], "layers": _layers_label(r["layers"], num_layers[r["trace"]]),
+                          "policy": policy(r), "capacity": r["capacity"], "cap_frac": r["capacity_frac"],
+                          "miss/token": r["misses_per_token"], "hit_rate": r["hit_rate"]} for r in records])
+
+
 def format_table(records: Sequence[dict], num_layers: dict[str, int]) -> str:
-    header = ("trace", "layers", "policy", "capacity", "cap_frac", "miss/token", "hit_rate")
-    rows = []
-    for r in records:
-        policy = r["policy"]
-        if policy == "lru" and r["lru_recency"] == "token":
-            policy = "lru(token)"
-        if policy == "static":
-            policy = f"static(w={r['static_warmup']:g})"
-        rows.append((r["trace"], _layers_label(r["layers"], num_layers[r["trace"]]), policy,
-                     str(r["capacity"]), f"{r['capacity_frac']:.4f}",
-                     f"{r['misses_per_token']:.4f}", f"{r['hit_rate']:.4f}"))
-    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip()
-             for row in [header, *rows]]
-    return "\n".join(lines)
+    return records_frame(records, num_layers).to_string(index=False, float_format=lambda v: f"{v:.4f}")
 
 
 def warn_collapse(path: str, trace: Trace) -> None:
@@ -156,18 +141,22 @@ def warn_collapse(path: str, trace: Trace) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = COMMAND.parse(argv)
+    paths = args.positional
     try:
+        if not paths:
+            raise CacheSpecError("no trace given; pass one or more trace .npz files")
         specs = _specs(args)
-        traces = [load_trace(path) for path in args.traces]
-        records = cache_records(args.traces, traces, specs, args.layers or ["all"])
-    except (TraceError, CacheSpecError, SimulationError) as exc:
+        traces = [load_trace(path) for path in paths]
+        records = cache_records(paths, traces, specs, args.layers or ["all"])
+    except (TraceError, CacheSpecError, SimulationError, UsageError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 1
-    for path, trace in zip(args.traces, traces):
+        return 2
+    for path, trace in zip(paths, traces):
         warn_collapse(path, trace)
     if args.format == "json":
-        print(json.dumps(records, indent=1))
+        text = json.dumps(records, indent=1)
     else:
-        print(format_table(records, {p: t.num_layers for p, t in zip(args.traces, traces)}))
+        text = format_table(records, {p: t.num_layers for p, t in zip(paths, traces)})
+    write_output(text, args.out)
     return 0

@@ -307,4 +307,5 @@ def main(argv: Sequence[str]) -> int:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    from cachesim.cli_util import parse_app_flags
+    app.run(main, flags_parser=parse_app_flags)

@@ -76,4 +76,5 @@ if __name__ == "__main__":
     flags.DEFINE_enum("seed_batching", "auto", list(BATCHING_MODES),
                       "How the seeds share the jit: vmap (batched ops), unrolled (the solo step per seed inside "
                       "one jit), auto (unrolled on CPU for 50+ steps, else vmap; see moe/seeds.py).")
-    app.run(_main)
+    from cachesim.cli_util import parse_app_flags
+    app.run(_main, flags_parser=parse_app_flags)

@@ -15,7 +15,6 @@ without MANIFEST.json by a killed run is rebuilt; --force rebuilds anyway.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import hashlib
 import importlib.metadata
@@ -35,6 +34,7 @@ from moe.data.document import Document
 from moe.data.errors import DataError, ManifestError, SourceError
 from moe.data.fetch_tokenizer import ensure_gpt2_ranks
 from moe.data.tokenizer import Tokenizer, get_tokenizer, tokenizer_record
+from cachesim.cli_util import CLI
 
 Log = Callable[[str], None]
 _ENCODE_BATCH_CHARS = 1 << 20  # characters per tokenizer call: big enough for threads, small enough to stop early
@@ -295,7 +295,7 @@ def prepare(data_cfg, out: str | pathlib.Path | None = None, *, force: bool = Fa
 # ---------------------------------------------------------------- CLI
 
 
-def _config_from_args(args: argparse.Namespace) -> ml_collections.ConfigDict:
+def _config_from_args(args) -> ml_collections.ConfigDict:
     cfg = config_lib.data_config()
     cfg.corpus, cfg.tokenizer = args.corpus, args.tokenizer
     for name in ("tokens_per_domain", "val_tokens_per_domain", "min_doc_chars", "synthetic_seed"):
@@ -319,29 +319,31 @@ def summary(directory: pathlib.Path) -> str:
     return "\n".join(lines)
 
 
+COMMAND = CLI("python -m moe.data.prepare", (__doc__ or "").split("\n\n")[0])
+COMMAND.define("enum", "corpus", "embedded", "the corpus to prepare", enum_values=list(config_lib.CORPORA))
+COMMAND.define("enum", "tokenizer", "gpt2", "the tokenizer", enum_values=list(config_lib.TOKENIZERS))
+COMMAND.define("string", "out", None, "output directory (default: the cache directory of the recipe)")
+COMMAND.define("bool", "force", False, "rebuild even if --out holds a valid corpus")
+COMMAND.define("integer", "tokens_per_domain", None, "train tokens per domain (0: default)")
+COMMAND.define("integer", "val_tokens_per_domain", None, "validation tokens per domain (0: default)")
+COMMAND.define("integer", "min_doc_chars", None, "documents with at most this many characters are dropped")
+COMMAND.define("integer", "synthetic_seed", None, "corpus=synthetic: the stream's seed")
+COMMAND.define("string", "local_text_field", None, "corpus=local: the JSON field holding a JSONL document")
+for _d in DOMAINS:
+    COMMAND.define("string", f"local_{_d}", None, f"corpus=local: file or directory of {_d} text")
+    COMMAND.define("string", f"paper_{_d}_file", None, f"corpus=paper: local JSONL(.gz) rows for {_d} instead of the hub")
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m moe.data.prepare", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--corpus", default="embedded", choices=config_lib.CORPORA)
-    parser.add_argument("--tokenizer", default="gpt2", choices=config_lib.TOKENIZERS)
-    parser.add_argument("--out", default=None, help="output directory (default: the cache directory of the recipe)")
-    parser.add_argument("--force", action="store_true", help="rebuild even if --out holds a valid corpus")
-    parser.add_argument("--tokens_per_domain", type=int, default=None, help="train tokens per domain (0: default)")
-    parser.add_argument("--val_tokens_per_domain", type=int, default=None)
-    parser.add_argument("--min_doc_chars", type=int, default=None)
-    parser.add_argument("--synthetic_seed", type=int, default=None)
-    parser.add_argument("--local_text_field", default=None)
-    for d in DOMAINS:
-        parser.add_argument(f"--local_{d}", default=None, help=f"corpus=local: file or directory of {d} text")
-        parser.add_argument(f"--paper_{d}_file", default=None,
-                            help=f"corpus=paper: local JSONL(.gz) rows for {d} instead of the hub")
-    args = parser.parse_args(argv)
+    args = COMMAND.parse(argv)
     try:
+        if args.positional:
+            raise DataError(f"unexpected arguments {' '.join(args.positional)}; every option is a --flag")
         directory = prepare(_config_from_args(args), args.out, force=args.force)
         print(summary(directory))
     except (DataError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 1
+        return 2
     return 0
 
 
