@@ -146,7 +146,8 @@ def parse_app_flags(argv: list[str]) -> list[str]:
     """
     if any(a in ("-h", "--help", "-help", "--helpshort", "--helpfull") for a in argv[1:]):
         flags.FLAGS.mark_as_parsed()
-        print(flags.FLAGS.main_module_help() or f"usage: {argv[0]} [flags]")
+        own = [m for m in flags.FLAGS.flags_by_module_dict() if not m.startswith(("absl", "ml_collections"))]
+        print(f"usage: {argv[0]} [flags]\n\n" + "\n\n".join(flags.FLAGS.module_help(m) for m in own))
         sys.exit(0)
     try:
         return flags.FLAGS(argv)

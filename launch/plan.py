@@ -21,8 +21,11 @@ from typing import Any
 
 import ml_collections
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-MAIN_PY = REPO / "main.py"
+from configs import locate
+
+# What a worker runs: the training entry point as a module of the installed package, so a sweep
+# works from any directory and from a non-editable install (`pip install .`).
+MAIN_MODULE = ["-m", "moe.main"]
 
 # Keys whose value is already part of every run name (arm, λ, μ, seed) or that
 # name the run itself; any *other* key that varies across a sweep is appended.
@@ -64,8 +67,8 @@ class RunSpec:
 
 
 def split_config_file(config_file: str) -> tuple[str, str | None]:
-    """``"configs/arm_b.py:smoke"`` -> ``("configs/arm_b.py", "smoke")``."""
-    path, sep, arg = config_file.partition(":")
+    """``"configs/arm_b.py:smoke"`` -> ``("configs/arm_b.py", "smoke")`` (a package config's name is located)."""
+    path, sep, arg = locate(config_file).partition(":")
     return path, (arg if sep else None)
 
 
@@ -257,7 +260,7 @@ def override_flags(overrides: Iterable[tuple[str, Any]]) -> list[str]:
 
 def main_command(spec: RunSpec, python: str = sys.executable) -> list[str]:
     """``python main.py --config=... --workdir=... --config.k=v ...``: the run, reproducibly."""
-    return [python, str(MAIN_PY), f"--config={spec.config_file}", f"--workdir={spec.workdir}",
+    return [python, *MAIN_MODULE, f"--config={spec.config_file}", f"--workdir={spec.workdir}",
             *override_flags(spec.overrides)]
 
 

@@ -308,4 +308,5 @@ def main(argv: Sequence[str]) -> int:
 
 if __name__ == "__main__":
     from cachesim.cli_util import parse_app_flags
-    app.run(main, flags_parser=parse_app_flags)
+    from configs import locate_in_argv
+    app.run(main, flags_parser=lambda argv: parse_app_flags(locate_in_argv(argv)))

@@ -77,4 +77,5 @@ if __name__ == "__main__":
                       "How the seeds share the jit: vmap (batched ops), unrolled (the solo step per seed inside "
                       "one jit), auto (unrolled on CPU for 50+ steps, else vmap; see moe/seeds.py).")
     from cachesim.cli_util import parse_app_flags
-    app.run(_main, flags_parser=parse_app_flags)
+    from configs import locate_in_argv
+    app.run(_main, flags_parser=lambda argv: parse_app_flags(locate_in_argv(argv)))

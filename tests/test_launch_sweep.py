@@ -134,7 +134,7 @@ def test_complete_runs_without_done_are_marked_at_planning(tmp_path):
     write_complete_run(specs[0].workdir, steps=400)
     states = sweep.initial_states(specs)
     assert [states[s.name].state for s in specs] == ["done", "pending"]
-    assert rundir.read_done(specs[0].workdir)["command"].split()[1] == str(plan.MAIN_PY)
+    assert rundir.read_done(specs[0].workdir)["command"].split()[1:3] == plan.MAIN_MODULE
 
 
 def test_analysis_hook_writes_tables_and_verdict(tmp_path, monkeypatch):
