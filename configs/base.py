@@ -133,6 +133,10 @@ def base_config(arm: str, arg: str | None, arm_defaults: dict | None = None) -> 
         log_every=50 if size in ("137m", "340m") else 10,
         ckpt_every=2000 if size in ("137m", "340m") else 100,
         keep_checkpoints=3,
+        # Validation during training: every eval_every steps (0 = never), the first eval_windows
+        # held-out windows of each domain: val loss / PPL per domain and router metrics.
+        eval_every=1000 if size in ("137m", "340m") else (50 if size == "smoke" else 0),
+        eval_windows=8 if size in ("137m", "340m") else 4,
         trainable="",  # regex over parameter paths the optimiser updates; "" = all (moe.train.trainable_filter)
     ))
     c.eval = ml_collections.ConfigDict(dict(
@@ -140,6 +144,10 @@ def base_config(arm: str, arg: str | None, arm_defaults: dict | None = None) -> 
         batch_size=8,
         trace_probs=False,  # also store (L, T, E) float16 router probabilities in traces
         cache_metrics=True,  # cachesim metrics per domain into metrics.json
+    ))
+    c.log = ml_collections.ConfigDict(dict(
+        tensorboard=True,  # TensorBoard event files in the run directory, beside log.jsonl
+        wandb="",          # a Weights & Biases project to log to as well ("" = off)
     ))
     if size in ("smoke", "tiny"):
         # CPU sizes: XLA:CPU has no fast bf16 matmul and remat only trades speed for

@@ -65,6 +65,9 @@ def validate(c: ml_collections.ConfigDict) -> None:
     if t.batch_size <= 0 or t.tokens < t.batch_size * m.context:
         raise ConfigError(
             f"train.tokens={t.tokens} is less than one batch ({t.batch_size}x{m.context}); raise train.tokens")
+    if t.eval_every < 0 or t.eval_windows <= 0:
+        raise ConfigError(f"train.eval_every must be >= 0 (0 = no validation during training) and "
+                          f"train.eval_windows > 0, got {t.eval_every} and {t.eval_windows}")
     if t.log_every <= 0 or t.ckpt_every <= 0 or t.keep_checkpoints <= 0:
         raise ConfigError("train.log_every, train.ckpt_every and train.keep_checkpoints must be > 0")
     if c.eval.windows <= 0 or c.eval.batch_size <= 0:

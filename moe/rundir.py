@@ -11,6 +11,8 @@ that knows what lives in it:
 ``trace_<d>.npz``    router traces, one per domain (``cachesim.trace`` format)
 ``metrics.json``     mean PPLs and cache metrics; written last by ``main.py``
 ``log.jsonl``        one training record per ``train.log_every`` steps
+``eval.jsonl``       one validation record per ``train.eval_every`` steps
+``events.out.tfevents.*``  TensorBoard event files of both
 ``progress.json``    what the run is doing now (phase, step, rate), for launch
 ``checkpoints/``     Orbax steps (``moe.checkpoint``)
 ``frontier.json``    the cache-coupled rerouting frontier (``moe.cache_aware``)
@@ -41,6 +43,7 @@ CONFIG = "config.json"
 FINAL_EVAL = "final_eval.json"
 METRICS = "metrics.json"
 LOG = "log.jsonl"
+EVAL_LOG = "eval.jsonl"
 PROGRESS = "progress.json"
 CHECKPOINTS = "checkpoints"
 FRONTIER = "frontier.json"
@@ -256,9 +259,9 @@ def last_log_record(workdir: PathLike, tail_bytes: int = 8192) -> dict[str, Any]
     return None
 
 
-def truncate_log(workdir: PathLike, last_step: int) -> None:
-    """Drops log records past a restored step, so a resumed run's log has no duplicates."""
-    path = log_path(workdir)
+def truncate_log(workdir: PathLike, last_step: int, name: str = LOG) -> None:
+    """Drops records past a restored step from log.jsonl (or ``name``), so a resumed run's log has no duplicates."""
+    path = pathlib.Path(workdir) / name
     if not path.exists():
         return
     kept = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= last_step]

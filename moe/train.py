@@ -34,6 +34,8 @@ from moe import checkpoint, rundir
 from moe import seeds as seeds_lib
 from moe.data.tokenizer import tokenizer_record
 from moe.model import MoETransformer, RouterOutput, build_model
+from moe.validation import make_validator, scalars as validation_scalars
+from moe.writers import MetricWriters, train_scalars
 
 class NonFiniteLossError(RuntimeError):
     pass
@@ -347,6 +349,8 @@ class LoopHooks:
     log_step: Callable[[int, Any, Progress], Any]  # at log steps: guard, write records, print; returns host metrics
     save: Callable[[int, Any], None]               # checkpoints (step, state)
     first_step: Callable[[int, float], None] = lambda step, seconds: None  # the first step ran (incl. compile)
+    validate: Callable[[int, Any], None] | None = None  # every validate_every steps: (step, state), reads params
+    validate_every: int = 0
     # Also guard every step, one step behind, so the host sync overlaps the next step.
     check_every_step: bool = True
 
@@ -392,6 +396,8 @@ def run_steps(state, step_fn: Callable[[Any, Any], tuple[Any, Any]], hooks: Loop
             stopping = preempt.stop_at(step) or (stop_after is not None and step - start >= stop_after)
             if step % log_every == 0 or is_last:
                 last = hooks.log_step(step, metrics, progress)
+            if hooks.validate is not None and hooks.validate_every and step % hooks.validate_every == 0:
+                hooks.validate(step, state)
             if step % ckpt_every == 0 or is_last or stopping:
                 hooks.check(step, metrics)  # never checkpoint a diverged state
                 hooks.save(step, state)
@@ -550,10 +556,11 @@ def train_runs(members: Sequence[Member], *, batching: str = "solo", log: Callab
             if data_state is not None:
                 m.train_iter.set_state(data_state)
             if lead:
-                if start:
-                    rundir.truncate_log(m.workdir, start)
-                else:  # a log without any checkpoint belongs to a run that never saved
-                    rundir.log_path(m.workdir).unlink(missing_ok=True)
+                for name in (rundir.LOG, rundir.EVAL_LOG):
+                    if start:
+                        rundir.truncate_log(m.workdir, start, name)
+                    else:  # a log without any checkpoint belongs to a run that never saved
+                        (m.workdir / name).unlink(missing_ok=True)
         if start:
             log(f"resumed {len(members)} seeds from their checkpoints at step {start}" if len(members) > 1
                 else f"resumed from checkpoint at step {start}")
@@ -589,13 +596,19 @@ def train_runs(members: Sequence[Member], *, batching: str = "solo", log: Callab
 
         with contextlib.ExitStack() as files:
             logs = [files.enter_context(rundir.log_path(m.workdir).open("a")) for m in members] if lead else []
+            writers = []
+            if lead:
+                writers = [MetricWriters(m.workdir, m.config, start_step=start, log=log) for m in members]
+                for w in writers:
+                    files.callback(w.close)
 
             def log_step(step: int, metrics, timing: Progress) -> list[dict[str, Any]]:
                 host = check(step, metrics)
                 rate = timing.rate(step)
-                for f, m in zip(logs, host):
+                for f, writer, m in zip(logs, writers, host):
                     f.write(json.dumps(log_record(step, m, rate, tokens_per_step)) + "\n")
                     f.flush()
+                    writer.write(step, train_scalars(m, rate))
                 if len(host) == 1:
                     (m,) = host
                     log(f"step {step}/{total_steps} | loss {m['loss']:.4f} | lm {m['lm']:.4f} | "
@@ -612,8 +625,25 @@ def train_runs(members: Sequence[Member], *, batching: str = "solo", log: Callab
                 for m, mgr, member_state in zip(members, managers, layout.split(state)):
                     checkpoint.save(mgr, step, member_state, m.train_iter.get_state(), router_state(member_state))
 
+            validate = None
+            if lead and ref.train.eval_every:
+                validator = make_validator(graphdef, ref)  # one compile serves every seed of a group
+
+                def validate(step: int, state) -> None:
+                    for m, writer, member_state in zip(members, writers, layout.split(state)):
+                        record = {"step": step, "tokens": step * tokens_per_step,
+                                  **validator(host_local(member_state["params"]))}
+                        with (m.workdir / rundir.EVAL_LOG).open("a") as f:
+                            f.write(json.dumps(record) + "\n")
+                        writer.write(step, validation_scalars(record))
+                        ppl = " ".join(f"{d} {v['ppl']:.2f}" for d, v in record["domains"].items())
+                        name = f"{m.config.run_name} " if len(members) > 1 else ""
+                        log(f"val {name}step {step}: ppl {ppl} | LRU miss/token@25% "
+                            f"{record['router']['lru_miss_per_token_25']:.3f}")
+
             hooks = LoopHooks(next_batch=lambda: layout.batch([next(m.train_iter) for m in members]),
-                              check=check, log_step=log_step, save=save, first_step=first_step)
+                              check=check, log_step=log_step, save=save, first_step=first_step,
+                              validate=validate, validate_every=ref.train.eval_every)
             progress(phase="training", step=start)
             result = run_steps(state, step_fn, hooks, start=start, total_steps=total_steps,
                                log_every=ref.train.log_every, ckpt_every=ref.train.ckpt_every,
