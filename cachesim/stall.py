@@ -31,7 +31,7 @@ from typing import Any
 
 import pandas as pd
 
-from cachesim.cli_util import CLI, write_output
+from cachesim.cli_util import CLI, progress, write_output
 from cachesim.timed.compare import compare_policies, prepare
 from cachesim.timed.engine import PrefetchConfig, run_timed
 from cachesim.timed.metrics import json_safe, run_header, summarize, write_jsonl
@@ -127,6 +127,13 @@ def _run_cli(args) -> list[dict[str, Any]]:
     base_model = load_model(args.model, args.quant)
     admissions = _split(args.policies, ADMISSIONS, "policies")
     speculation = Speculation.parse(args.width, args.accept)
+    budgets_text = args.budget or ""
+    per_trace = 1 + sum(1 for a in admissions if a != "none") * max(1, len([b for b in budgets_text.split(",") if b]))
+    with progress("timed decode runs", total=len(args.trace) * per_trace) as bar:
+        return _runs(args, admissions, speculation, hardware, base_model, bar)
+
+
+def _runs(args, admissions, speculation, hardware, base_model, bar) -> list[dict[str, Any]]:
     runs = []
     for path in args.trace:
         trace = load_trace(path)
@@ -149,7 +156,8 @@ def _run_cli(args) -> list[dict[str, Any]]:
             rows = [summarize(result)]
         else:
             rows = compare_policies(work, admissions, budgets, source=args.source,
-                                    queue_slots=args.queue, max_candidates=args.max_candidates)
+                                    queue_slots=args.queue, max_candidates=args.max_candidates,
+                                    on_run=bar.advance)
         runs.append({"trace": work.trace_name, "trace_path": str(path),
                      "model": work.model.name, "quant": work.model.quant,
                      "hardware": hardware.name, "cache": work.residency.label,
