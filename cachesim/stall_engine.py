@@ -37,7 +37,7 @@ import numpy as np
 
 from cachesim.policies import CacheSpec
 from cachesim.stall_io import DONE, IOQueue, Transfer
-from cachesim.stall_prefetch import admission_key, check_admission, make_source
+from cachesim.stall_prefetch import admission_key, check_admission, expected_avoided_s, make_source
 from cachesim.stall_residency import (Residency, Speculation, StepPlan, home_tiers,
                                       make_step_plan, residency_pass, step_unions)
 from cachesim.stall_spec import (ComputeTimes, Hardware, ModelShape, StallConfigError,
@@ -456,9 +456,8 @@ def _admit(proposal, work: Workload, prefetch: PrefetchConfig, io: IOQueue,
                     r for d, r in backlog[tier] if d <= deadline)
             if itself is not None:  # a queued prefetch does not wait for itself
                 ahead -= itself.remaining
-            expected_need = now + (deadline - order) * gap
-            ready = now + ahead / hardware.tiers[tier].bandwidth_Bps + read
-            avoided = max(0.0, read - max(0.0, ready - expected_need))
+            avoided = expected_avoided_s(now, ahead / hardware.tiers[tier].bandwidth_Bps, read,
+                                         now + (deadline - order) * gap)
         return admission_key(policy, prob, nbytes, deadline, tie, avoided, read)
 
     pool = []
