@@ -42,8 +42,22 @@ from moe.dispatch import ExpertWeights
 EXPERT_PARAMS = frozenset({"w_gate", "w_up", "w_down", "lora_up_a", "lora_up_b", "lora_down_a", "lora_down_b"})
 MODES = ("greedy", "sample", "teacher")
 
-# One expert's SwiGLU weights: w_gate (d, f), w_up (d, f), w_down (f, d).
-Expert = tuple[jax.Array, jax.Array, jax.Array]
+# One expert's SwiGLU weights as one flat float32 array: w_gate (d, f), w_up (d, f),
+# w_down (f, d), each C order, concatenated. One array per expert keeps a
+# store's read to a single device transfer; the jitted finish splits it.
+Expert = jax.Array
+
+
+def flat_expert(weights: ExpertWeights, expert: int) -> np.ndarray:
+    """Expert `expert` of a layer's (E, ...) weights in the flat layout (float32, 3·d·f values)."""
+    return np.concatenate([np.asarray(w[expert], np.float32).reshape(-1) for w in weights])
+
+
+def split_experts(flat: jax.Array, d: int, f: int) -> ExpertWeights:
+    """(U, 3·d·f) flat experts -> ExpertWeights of (U, d, f), (U, d, f), (U, f, d)."""
+    u = flat.shape[0]
+    return ExpertWeights(flat[:, :d * f].reshape(u, d, f), flat[:, d * f:2 * d * f].reshape(u, d, f),
+                         flat[:, 2 * d * f:].reshape(u, f, d))
 
 
 def _is_expert_param(path, _value) -> bool:
@@ -80,6 +94,7 @@ class DecodeModel:
         self.vocab_size = int(model_cfg.vocab_size)
         self.expert_weights = [ExpertWeights(*(np.asarray(w, np.float32) for w in block.moe.expert_weights()))
                                for block in model.blocks]
+        _, d, f = self.expert_weights[0].w_gate.shape
         block_def, experts, _ = nnx.split(model.blocks[0], _is_expert_param, ...)
         absent = jax.tree.map(lambda a: jnp.zeros((0,), a.dtype), experts)
         self.block_states = [nnx.split(block, _is_expert_param, ...)[2] for block in model.blocks]
@@ -98,7 +113,7 @@ class DecodeModel:
 
         def finish(state, x, h, topk, gates, ids, weights):
             block = nnx.merge(block_def, absent, state)
-            stacked = ExpertWeights(*(jnp.stack(parts) for parts in zip(*weights)))
+            stacked = split_experts(jnp.stack(weights), d, f)
             local = jnp.argmax(topk[..., None] == ids, axis=-1).astype(jnp.int32)
             return block.finish(x, h, local, gates, stacked)
 
@@ -125,7 +140,7 @@ class DecodeModel:
     def warm_up(self, batch: int, experts: Sequence[Sequence[Expert]]) -> None:
         """Compiles every piece for `batch` streams (a finish per union size) so no step pays a compile.
 
-        `experts[l]` holds any E' >= batch·k experts' weights of layer l (shapes only matter).
+        `experts[l]` holds any E' >= batch·k flat experts of layer l (shapes only matter).
         """
         tokens = jnp.zeros((batch,), jnp.int32)
         x = self.embed(self.shell_state, tokens)
@@ -142,7 +157,7 @@ class InMemoryExperts:
     """The reference provider: every expert resident as a device array, nothing to wait for."""
 
     def __init__(self, model: DecodeModel):
-        self.weights = [[tuple(jnp.asarray(w[e]) for w in layer) for e in range(model.num_experts)]
+        self.weights = [[jnp.asarray(flat_expert(layer, e)) for e in range(model.num_experts)]
                         for layer in model.expert_weights]
 
     def acquire(self, step, layer, union):
