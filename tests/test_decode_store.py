@@ -260,3 +260,26 @@ def test_capacity_and_bandwidth_syntax():
         with pytest.raises(DecodeError, match="--bandwidth"):
             parse_bandwidth(bad)
     assert CacheSpec("lru", capacity=4) == capacity_spec("4", 16)
+
+
+def test_a_capped_link_serves_demand_chunks_before_waiting_prefetch_chunks():
+    link, cap = Link(10e6), 10e6
+    ends = {}
+
+    def read(name, nbytes, demand, delay):
+        time.sleep(delay)
+        started = time.perf_counter()
+        link.throttle(nbytes, started, demand)
+        ends[name] = (started, time.perf_counter())
+
+    import threading
+    threads = [threading.Thread(target=read, args=("prefetch", 200_000, False, 0.0)),
+               threading.Thread(target=read, args=("demand", 50_000, True, 0.005))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    (p_start, p_end), (d_start, d_end) = ends["prefetch"], ends["demand"]
+    assert d_end - d_start >= 50_000 / cap        # a grant is never shorter than its bytes at the cap
+    assert d_end < p_end                          # the demand chunk did not queue behind the prefetch's
+    assert p_end - p_start >= 250_000 / cap       # the prefetch was pushed back: the cap holds in total

@@ -127,7 +127,6 @@ def run_cli(fv: flags.FlagValues, log: Callable[[str], None], interactive: bool)
                        prompt_tokens=fv.prompt_tokens, domain=fv.domain)
     session = OffloadSession(run, config, log=log)
     try:
-        session.calibrate(cfg)
         with progress_bar(interactive) as start:
             rounds = []
             for r in range(fv.rounds):

@@ -67,6 +67,9 @@ def _is_expert_param(path, _value) -> bool:
 class ExpertProvider(Protocol):
     """Where a decode's expert weights come from."""
 
+    def begin_step(self, step: int) -> None:
+        """Called as each decode step starts (a store refills its per-step prefetch allowance here)."""
+
     def acquire(self, step: int, layer: int, union: Sequence[int]) -> tuple[list[Expert], float, float]:
         """The weights of `union`'s experts (in that order) once present, and
         (need, ready): perf_counter times at which the layer asked for bytes it
@@ -159,6 +162,9 @@ class InMemoryExperts:
     def __init__(self, model: DecodeModel):
         self.weights = [[jnp.asarray(flat_expert(layer, e)) for e in range(model.num_experts)]
                         for layer in model.expert_weights]
+
+    def begin_step(self, step):
+        pass
 
     def acquire(self, step, layer, union):
         now = time.perf_counter()
@@ -264,6 +270,7 @@ def decode(model: DecodeModel, experts: ExpertProvider, *, prompt: np.ndarray, s
     token = forced[0]
     for j in range(steps):
         timeline.step_start[j] = time.perf_counter()
+        experts.begin_step(j)
         if window == model.context:  # a fresh KV window; stale entries are masked by position
             caches = [c._replace(length=jnp.zeros((), jnp.int32)) for c in caches]
             window = 0

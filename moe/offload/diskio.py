@@ -8,10 +8,10 @@
   (effective on a disk-backed filesystem; on tmpfs the data *is* the page
   cache, so reads there come from RAM whatever is done — `filesystem_type`
   lets the caller say so).
-* `Link` caps a tier's bandwidth: every chunk reserves link time at the
-  capped rate, in the order chunks arrive, and its reader sleeps until the
-  reservation ends. A chunk thus takes max(its real read time, its share of
-  the cap), and concurrent readers share the cap — a slower device, emulated.
+* `Link` caps a tier's bandwidth: every chunk is granted link time at the
+  capped rate, demand chunks before prefetch chunks, and its reader sleeps
+  until the grant ends. A chunk thus takes max(its real read time, its grant),
+  and concurrent readers share the cap — a slower device, emulated.
 """
 
 from __future__ import annotations
@@ -123,20 +123,55 @@ class ExpertFile:
 
 
 class Link:
-    """A tier's link with an optional bandwidth cap (bytes/s; None: uncapped)."""
+    """A tier's link with an optional bandwidth cap (bytes/s; None: uncapped), demand chunks first.
+
+    The link is one server of capped rate with preemptive priority: a demand
+    chunk is granted link time after earlier demand chunks only, and every
+    prefetch chunk still waiting for its grant to end is pushed back by the
+    time the demand chunk takes (prefetch chunks otherwise queue behind all
+    earlier chunks). So a prefetch never delays a demand read by more than
+    the chunk whose bytes are already moving, and the cap holds in total.
+    """
 
     def __init__(self, bandwidth_Bps: float | None):
         self.bandwidth_Bps = bandwidth_Bps
-        self._free_at = 0.0
+        self._free_at = 0.0         # end of every grant so far
+        self._demand_free_at = 0.0  # end of the demand grants so far
+        self._waiting: list[list[float]] = []  # [end] of prefetch grants still being served
         self._lock = threading.Lock()
 
-    def throttle(self, nbytes: int, started: float) -> None:
+    def throttle(self, nbytes: int, started: float, demand: bool = True) -> None:
         """Holds the caller until `nbytes`, whose read began at `started`, have had their link time."""
         if self.bandwidth_Bps is None:
             return
+        duration = nbytes / self.bandwidth_Bps
         with self._lock:
-            begin = max(self._free_at, started)
-            self._free_at = end = begin + nbytes / self.bandwidth_Bps
-        delay = end - time.perf_counter()
-        if delay > 0:
-            time.sleep(delay)
+            if demand:
+                begin = max(self._demand_free_at, started)
+                end = self._demand_free_at = begin + duration
+                for grant in self._waiting:
+                    if grant[0] > begin:
+                        grant[0] += duration
+                self._free_at = max(self._free_at + duration, end)
+                grant = None
+            else:
+                begin = max(self._free_at, started)
+                self._free_at = begin + duration
+                grant = [self._free_at]
+                self._waiting.append(grant)
+        if grant is None:
+            _sleep_until(end)
+            return
+        while True:
+            with self._lock:
+                end = grant[0]
+                if time.perf_counter() >= end:
+                    self._waiting.remove(grant)
+                    return
+            _sleep_until(end)
+
+
+def _sleep_until(deadline: float) -> None:
+    delay = deadline - time.perf_counter()
+    if delay > 0:
+        time.sleep(delay)

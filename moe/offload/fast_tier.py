@@ -61,9 +61,11 @@ class OffloadedExperts:
         jax.block_until_ready(_cache_step(init_cache_state(self.num_experts), padded, self._args[0], jnp.int32(0),
                                           *self._args[1:]))
 
+    def begin_step(self, step):
+        if self.prefetcher is not None:
+            self.prefetcher.begin_step()  # the step's prefetch byte allowance, as the model refills it
+
     def acquire(self, step, layer, union):
-        if layer == 0 and self.prefetcher is not None:
-            self.prefetcher.begin_step()
         padded = np.full(self.width, -1, np.int32)
         padded[:len(union)] = union
         self.states[layer], miss = _cache_step(self.states[layer], jnp.asarray(padded), self._args[0],

@@ -11,6 +11,10 @@ The rules are the timed model's I/O queue (`cachesim.stall_io`), on real reads:
   its worker when a demand read is queued and no worker is free: it rejoins
   the queue keeping the bytes it moved (preemption), and pays its set-up again
   when restarted. Between chunks a cancelled read stops.
+* A prefetch may run beside a demand read when a worker is free, as in the
+  model. On a capped link (`diskio.Link`) demand chunks take the link first
+  and prefetch chunks get what is left, the model's bandwidth order; an
+  uncapped device shares itself as it does.
 * `promote` turns a prefetch into a demand read (its target needs it now);
   `cancel` drops a queued read, stops a running one, or discards a finished one.
 
@@ -223,6 +227,6 @@ class IOPool:
             n = min(self.chunk_bytes, read.nbytes - read.moved)
             started = time.perf_counter()
             self.tier.read_chunk(read.layer, read.expert, view, read.moved, n)
-            self.link.throttle(n, started)
+            self.link.throttle(n, started, read.demand)
             read.moved += n
         return "done", (materialise(read.buffer, self.layout) if read.full else None)

@@ -69,6 +69,7 @@ def policy_rows(rounds: list[list[PolicyRun]]) -> list[dict[str, Any]]:
         row["ratio_back_to_back"] = _ratio(row["modelled_back_to_back_stall_per_token_s"],
                                            row["measured_stall_per_token_s"])
         row["misses_per_token"] = measured[0]["misses_per_token"]
+        row["load_average_by_round"] = [runs[index].load_average for runs in rounds]
         row["measured_compute_per_token_s"] = median_of(measured, "compute_per_token_s")
         row["measured_overhead_per_token_s"] = median_of(measured, "overhead_per_token_s")
         row["prefetches_admitted"] = median_of(measured, "prefetches_admitted")
@@ -151,7 +152,11 @@ def session_record(session, cfg, rounds: list[list[PolicyRun]]) -> dict[str, Any
         "num_layers": model.num_layers, "k": model.k, "expert_bytes": session.layout.file_bytes,
         "workers": config.workers, "chunk_bytes": config.chunk_bytes, "queue_slots": config.queue_slots,
         "source": config.source, "budget_bytes_per_step": session.budget_bytes,
-        "calibration": {rhythm: dataclasses.asdict(cal) for rhythm, cal in session.calibrations.items()},
+        "calibration": {rhythm: {key: _median([getattr(c[rhythm], key) for c in session.calibration_rounds])
+                                 for key in ("latency_s", "stream_Bps", "link_Bps", "read_s", "small_read_s", "pair_s")}
+                        for rhythm in session.calibrations},
+        "calibration_by_round": [{rhythm: dataclasses.asdict(cal) for rhythm, cal in c.items()}
+                                 for c in session.calibration_rounds],
         "rounds": len(rounds), "policies": rows, "order": order_check(rows),
         "backend": jax.default_backend(), "load_average": list(os.getloadavg()),
     }

@@ -14,6 +14,7 @@ and both are summarised by the model's own `summarize`.
 from __future__ import annotations
 
 import dataclasses
+import os
 import pathlib
 import time
 from typing import Callable
@@ -73,6 +74,8 @@ class PolicyRun:
     policy: str
     result: DecodeResult
     workload: Workload
+    calibration: Calibration             # the in-decode figures the model was fed
+    load_average: float                  # the machine's 1-minute load when the decode ended
     measured: TimedResult
     modelled: TimedResult                # fed the in-decode calibration
     modelled_back_to_back: TimedResult   # fed the back-to-back calibration
@@ -103,28 +106,37 @@ class OffloadSession:
                            link=Link(config.bandwidth_Bps))
         self.calibrations: dict[str, Calibration] = {}
         self.hardware: dict[str, Hardware] = {}
+        self.calibration_rounds: list[dict[str, Calibration]] = []
+        self._warm = False
 
-    def calibrate(self, cfg: DecodeConfig) -> None:
-        """Compiles the decode, then measures the tier back to back and from inside a decode of `cfg`'s text.
+    def calibrate(self, cfg: DecodeConfig) -> dict[str, Calibration]:
+        """Measures the tier back to back and from inside a decode of `cfg`'s text (compiling first, once).
 
         The timed model is fed the in-decode figures (see `moe.offload.calibrate`);
         the back-to-back ones are kept to show what a calibration that ignores
-        the decode's rhythm would predict.
+        the decode's rhythm would predict. `measure_policies` calibrates again at
+        the start of every round, so each prediction uses figures measured just
+        before the decodes it predicts, on a machine whose load drifts.
         """
-        self.model.warm_up(cfg.batch, InMemoryExperts(self.model).weights)
+        if not self._warm:
+            self.model.warm_up(cfg.batch, InMemoryExperts(self.model).weights)
         prompt, _ = self.text(cfg)
         samples = self.config.calibration_samples
         self.calibrations = {"back_to_back": calibrate(self.pool, samples=samples),
                              "in_decode": calibrate_in_decode(self.pool, self.model, prompt, samples=samples)}
         self.hardware = {rhythm: build_hardware(cal, self.config.tier, self.config.workers, self.layout.total_bytes)
                          for rhythm, cal in self.calibrations.items()}
+        self.calibration_rounds.append(self.calibrations)
         for rhythm, cal in self.calibrations.items():
             self.log(f"calibration ({rhythm.replace('_', ' ')}): {cal.read_s * 1e6:.0f} us per "
                      f"{self.layout.file_bytes / 1e3:.0f} kB read = {cal.latency_s * 1e6:.0f} us + bytes at "
                      f"{cal.stream_Bps / 1e9:.3f} GB/s; two together {cal.pair_s * 1e6:.0f} us "
                      f"(link {cal.link_Bps / 1e9:.3f} GB/s)")
-        short = dataclasses.replace(cfg, tokens=min(cfg.tokens, 8))
-        self._decode("none", short, *self.text(short), None, None)  # untimed: the store path's first steps
+        if not self._warm:
+            short = dataclasses.replace(cfg, tokens=min(cfg.tokens, 8))
+            self._decode("none", short, *self.text(short), None, None)  # untimed: the store path's first steps
+            self._warm = True
+        return self.calibrations
 
     @property
     def calibration(self) -> Calibration:
@@ -193,16 +205,18 @@ class OffloadSession:
         name = f"{self.run.name}@{self.config.tier}"
         work = decode_workload(result, name, nbytes, hardware, self.spec)
         back_to_back = decode_workload(result, name, nbytes, self.hardware["back_to_back"], self.spec)
-        return PolicyRun(policy=policy, result=result, workload=work,
+        return PolicyRun(policy=policy, result=result, workload=work, calibration=self.calibration,
+                         load_average=os.getloadavg()[0],
                          measured=measured_result(work, prefetch, result, measured_bytes, wall),
                          modelled=modelled(work, prefetch), modelled_back_to_back=modelled(back_to_back, prefetch))
 
-    def measure_policies(self, policies: list[str], cfg: DecodeConfig, *, rounds: int = 1,
+    def measure_policies(self, policies: list[str], cfg: DecodeConfig, *, rounds: int = 1, recalibrate: bool = True,
                          on_start: Callable[[str], Callable[[int], None] | None] | None = None
                          ) -> list[list[PolicyRun]]:
-        """`rounds` rounds of every policy (demand-only first in each; the others in rotated order, so slow
-        drifts of a shared machine do not favour one policy). Returns runs[round][policy index], policies in
-        the order given (demand-only first). `on_start(policy)` may return a per-step progress callback."""
+        """`rounds` rounds of every policy, each round calibrated first (unless `recalibrate` is off), then
+        demand-only, then the others in rotated order, so slow drifts of a shared machine do not favour one
+        policy. Returns runs[round][policy index], policies in the order given (demand-only first).
+        `on_start(policy)` may return a per-step progress callback."""
         unknown = [p for p in policies if p not in ADMISSIONS]
         if unknown or not policies:
             raise DecodeError(f"unknown policies {unknown or policies!r}; use a comma list of {', '.join(ADMISSIONS)}")
@@ -210,6 +224,8 @@ class OffloadSession:
         start = on_start or (lambda _policy: None)
         rounds_out = []
         for r in range(rounds):
+            if recalibrate or not self.calibrations:
+                self.calibrate(cfg)
             first = self.measure("none", cfg, on_step=start("none"))
             shift = r % len(others) if others else 0
             done = {"none": first}
