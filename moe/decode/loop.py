@@ -200,6 +200,16 @@ class Timeline:
         return (self.layer_end - self.layer_start) - self.wait_s
 
     @property
+    def before_need_s(self) -> np.ndarray:
+        """Per (step, layer): attention, routing and the cache step, before the layer asks for bytes."""
+        return self.need - self.layer_start
+
+    @property
+    def after_ready_s(self) -> np.ndarray:
+        """Per (step, layer): the experts' mixing (dispatch) and bookkeeping, once every byte is in."""
+        return self.layer_end - self.ready
+
+    @property
     def overhead_s(self) -> np.ndarray:
         """Per step: the time outside the layers (embedding, head, sampling)."""
         return (self.step_end - self.step_start) - (self.layer_end - self.layer_start).sum(axis=1)

@@ -86,8 +86,13 @@ def _timed(pool: IOPool, reads: list[Read]) -> float:
     return time.perf_counter() - start
 
 
-class _Probes:
-    """Cycles through the three probe kinds over every stored expert; keeps each probe's time."""
+class Probes:
+    """Cycles through the three probe kinds over every stored expert; keeps each probe's time.
+
+    Probes accumulate: a session probes between the decodes of a round and
+    fits one calibration to all of them, so the calibration samples the same
+    stretch of time (and the same neighbours' load) as the decodes it feeds.
+    """
 
     def __init__(self, pool: IOPool):
         self.pool = pool
@@ -119,7 +124,7 @@ class _Probes:
 class _ProbingExperts(InMemoryExperts):
     """Experts from memory, with one probe read of the slow tier where each layer would issue its demand."""
 
-    def __init__(self, model: DecodeModel, probes: _Probes):
+    def __init__(self, model: DecodeModel, probes: Probes):
         super().__init__(model)
         self.probes = probes
 
@@ -128,18 +133,28 @@ class _ProbingExperts(InMemoryExperts):
         return super().acquire(step, layer, union)
 
 
-def calibrate(pool: IOPool, *, samples: int = 48) -> Calibration:
-    """Back-to-back reads of the tier behind `pool` (it must be idle)."""
-    probes = _Probes(pool)
+def probe_back_to_back(probes: Probes, samples: int) -> None:
+    """`samples` reads of each kind, one right after another (the pool must be idle)."""
     for _ in range(3 * samples):
         probes.probe()
+
+
+def probe_in_decode(probes: Probes, model: DecodeModel, prompt: np.ndarray, samples: int) -> None:
+    """`samples` reads of each kind from inside a greedy decode of `prompt`'s streams (experts from memory)."""
+    steps = math.ceil(3 * samples / model.num_layers)
+    decode(model, _ProbingExperts(model, probes), prompt=prompt[:, :1], steps=steps, mode="greedy")
+
+
+def calibrate(pool: IOPool, *, samples: int = 48) -> Calibration:
+    """Back-to-back reads of the tier behind `pool` (it must be idle)."""
+    probes = Probes(pool)
+    probe_back_to_back(probes, samples)
     return probes.calibration("back_to_back")
 
 
 def calibrate_in_decode(pool: IOPool, model: DecodeModel, prompt: np.ndarray, *, samples: int = 48
                         ) -> Calibration:
     """Reads of the tier behind `pool` from inside a greedy decode of `prompt`'s streams (experts from memory)."""
-    probes = _Probes(pool)
-    steps = math.ceil(3 * samples / model.num_layers)
-    decode(model, _ProbingExperts(model, probes), prompt=prompt[:, :1], steps=steps, mode="greedy")
+    probes = Probes(pool)
+    probe_in_decode(probes, model, prompt, samples)
     return probes.calibration("in_decode")

@@ -11,13 +11,13 @@ slow tier. Per (step, layer):
    ("staged"), from its prefetch promoted to a demand read if one is under way
    ("late_prefetch"), or from a fresh demand read ("demand"). Prefetches for
    this target that it does not miss are cancelled.
-3. The layer blocks until its reads are done: that wait, from the demand
-   reads' issue (the need time) to the last byte present, is W.
-4. Then the prefetch source sees the union and the admission policy plans
-   further reads (`moe.offload.admission`). In the timed model prefetches are
-   admitted at the need time but, demand reads holding the link first, start
-   only after them; admitting after the wait is the same schedule without
-   putting the admission's own Python time inside W.
+3. Still at the need time, the prefetch source sees the union and the
+   admission policy plans further reads (`moe.offload.admission`), as in the
+   timed model; they queue behind the layer's demand reads.
+4. The layer blocks until its reads are done: that wait, from the demand
+   reads' issue (the need time) to the last byte present, is W. (The
+   admission's own Python time runs inside it, hidden by the reads it
+   overlaps; on a layer with nothing to wait for it is compute.)
 
 A token's experts are kept for its compute even when the cache does not keep
 them (capacity < k, or capacity 0): they live in the step's working set, as
@@ -96,6 +96,11 @@ class OffloadedExperts:
         for read in staged.values():  # the target does not miss them: stale
             self.pool.cancel(read)
             self.recorder.stale(step, layer, read, need)
+        if self.prefetcher is not None:
+            # Admitted at the need time, as in the model: behind this layer's demand reads in the
+            # queue, and beside them where a worker is free. Its own Python time overlaps the reads.
+            self.masks[layer] = mask
+            self.prefetcher.observe_and_admit(step, layer, union, need, self.masks.__getitem__)
         self.pool.wait(waiting)
         ready = time.perf_counter() if waiting else need
         self.misses += len(waiting)
@@ -103,8 +108,6 @@ class OffloadedExperts:
         weights = [self.resident[layer][e] if read is None else read.result for e, _, read in served]
         self._follow(layer, mask, served)
         self.recorder.layer(step, layer, union, served, need)
-        if self.prefetcher is not None:
-            self.prefetcher.observe_and_admit(step, layer, union, need, self.masks.__getitem__)
         return weights, need, ready
 
     def _follow(self, layer: int, mask: np.ndarray, served) -> None:

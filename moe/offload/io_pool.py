@@ -46,7 +46,7 @@ class Read:
 
     __slots__ = ("layer", "expert", "nbytes", "demand", "key", "target", "prob", "state", "moved",
                  "prefetched_bytes", "charged", "cancel_requested", "issue_t", "start_t", "ready_t", "result",
-                 "buffer", "done", "full", "error")
+                 "buffer", "done", "full", "error", "restarts")
 
     def __init__(self, layer: int, expert: int, nbytes: int, *, demand: bool, key: tuple, issue_t: float,
                  target: int = -1, prob: float = 1.0, full: bool = True):
@@ -65,6 +65,7 @@ class Read:
         self.done = threading.Event()
         self.full = full  # False: a calibration read of a prefix; nothing is materialised
         self.error: BaseException | None = None
+        self.restarts = 0  # times it was preempted and requeued
 
     @property
     def sort_key(self) -> tuple:
@@ -204,6 +205,7 @@ class IOPool:
             with self._cond:
                 self._busy -= 1
                 if outcome == "preempted":
+                    read.restarts += 1
                     read.state = QUEUED
                     bisect.insort(self._queue, read, key=lambda r: r.sort_key)
                 else:

@@ -49,6 +49,10 @@ class MeasuredBytes:
     misses: list           # [step][layer] -> list of bool, aligned with the union
     admitted: int
     records: list
+    # Start-to-ready seconds of reads never preempted: demand reads (the forward pass
+    # waiting, its cores idle) and prefetches that finished (overlapping compute).
+    demand_read_s: np.ndarray
+    prefetch_read_s: np.ndarray
 
 
 class Recorder:
@@ -63,6 +67,7 @@ class Recorder:
         self.misses = [[None] * layers for _ in range(steps)]
         self._events: list[tuple] = []  # (step, layer, expert, outcome, read or None, need, wait)
         self._stale: list[tuple[int, int, Read, float]] = []
+        self._read_s: dict[bool, list[float]] = {True: [], False: []}  # demand? -> durations
 
     def layer(self, step: int, layer: int, union: list[int], served: list[tuple[int, str, Read | None]],
               need: float) -> None:
@@ -83,6 +88,12 @@ class Recorder:
                     self.demand[step, layer, 1] += read.nbytes - read.prefetched_bytes
                     self.slack.append(need - read.ready_t)
             self._events.append((step, layer, expert, outcome, read, need, waits.get(i, 0.0)))
+            if read is not None and outcome in (DEMAND, STAGED):
+                self._timed(read)
+
+    def _timed(self, read: Read) -> None:
+        if read.restarts == 0 and read.start_t is not None and read.ready_t == read.ready_t:
+            self._read_s[read.demand].append(read.ready_t - read.start_t)
 
     def stale(self, step: int, layer: int, read: Read, need: float) -> None:
         """A prefetch for (step, layer) whose expert the layer did not miss (or that never ran)."""
@@ -95,6 +106,8 @@ class Recorder:
         records = []
         for step, layer, read, need in self._stale:
             self.unused[step, layer, 1] += read.prefetched_bytes
+            if read.prefetched_bytes >= read.nbytes:
+                self._timed(read)
             records.append({"type": "expert", "step": step, "layer": layer, "expert": read.expert,
                             "outcome": "unused_prefetch" if read.prefetched_bytes >= read.nbytes
                             else "cancelled_prefetch", "tier": self.tier_names[1],
@@ -126,4 +139,6 @@ class Recorder:
                             "overhead_ns": int(round(timeline.overhead_s[j] * 1e9)), "total_ns": end - start})
         return MeasuredBytes(required=self.required, timely=self.timely, union=self.union, demand=self.demand,
                              used=self.used, unused=self.unused, slack_s=np.asarray(self.slack),
-                             misses=self.misses, admitted=admitted, records=records)
+                             misses=self.misses, admitted=admitted, records=records,
+                             demand_read_s=np.asarray(self._read_s[True]),
+                             prefetch_read_s=np.asarray(self._read_s[False]))

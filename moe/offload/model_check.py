@@ -7,13 +7,14 @@ decode:
 * the `Hardware`: a fast tier (the device arrays) and the calibrated slow
   tier (`latency_s`, stream and link bandwidth), with the decode's I/O workers;
 * the `ModelShape`: the stored experts' byte size and the *measured* compute.
-  The measured layer runs [attention + routing + cache bookkeeping] -> need ->
-  [wait] -> [experts + prefetch bookkeeping]; the model's layer runs
-  [attn_s] -> need -> [experts, overlapping the reads]. The decode computes a
-  layer's experts only once all its bytes are in, so the model gets
-  attn_s = the measured layer time outside the wait and expert_s = 0: the
-  gaps between consecutive need times are then the measured ones, and no
-  expert compute hides a read. token_s is the measured per-step overhead.
+  The measured layer runs [attention + routing + cache step] -> need ->
+  [wait] -> [mixing the experts in one call + bookkeeping]; the model's
+  layer runs [attn_s] -> need -> [experts, each as its bytes land] ->
+  [tail_s]. So the model gets attn_s = the measured mean time before need,
+  expert_s = 0 (no expert compute hides a read, as none does in the decode),
+  tail_s = the measured mean time after the last byte, and token_s = the
+  measured per-step overhead: every need time, and so every prefetch's lead,
+  falls where the decode's does.
 * the `Workload` of the recorded router decisions (B streams = speculative
   width B with all B committed, so the step unions are the decode's);
 * the measured run as a `TimedResult`, so the model's `summarize` computes
@@ -109,20 +110,21 @@ def build_hardware(calibration: Calibration, tier: str, workers: int, store_byte
                     description="calibrated from this machine's reads")
 
 
-def build_model_shape(name: str, num_layers: int, num_experts: int, k: int, nbytes: int, layer_compute_s: float,
-                      overhead_s: float) -> ModelShape:
+def build_model_shape(name: str, num_layers: int, num_experts: int, k: int, nbytes: int, before_need_s: float,
+                      after_ready_s: float, overhead_s: float) -> ModelShape:
     return ModelShape(name=name, num_layers=num_layers, num_experts=num_experts, k=k,
                       expert_bytes=np.full((num_layers, num_experts), nbytes, np.int64), quant="f32",
-                      attn_compute_s=layer_compute_s, expert_compute_s=0.0, token_compute_s=overhead_s)
+                      attn_compute_s=before_need_s, expert_compute_s=0.0, tail_compute_s=after_ready_s,
+                      token_compute_s=overhead_s)
 
 
 def decode_workload(result: DecodeResult, name: str, nbytes: int, hardware: Hardware, spec: CacheSpec) -> Workload:
     """The timed model's workload of a decode: its recorded router decisions, its measured compute,
     every expert streamed from the slow tier."""
     layers, _, _, k = result.experts.shape
-    model = build_model_shape(name, layers, result.probs.shape[-1], k, nbytes,
-                              float(np.mean(result.timeline.layer_compute_s)),
-                              float(np.mean(result.timeline.overhead_s)))
+    timeline = result.timeline
+    model = build_model_shape(name, layers, result.probs.shape[-1], k, nbytes, float(np.mean(timeline.before_need_s)),
+                              float(np.mean(timeline.after_ready_s)), float(np.mean(timeline.overhead_s)))
     experts, probs = result.trace_arrays()
     trace = make_trace(experts, model.num_experts, probs=probs, model=name, source="measured decode", name=name)
     speculation = Speculation(width=result.batch, fixed=result.batch)

@@ -70,6 +70,9 @@ def policy_rows(rounds: list[list[PolicyRun]]) -> list[dict[str, Any]]:
                                            row["measured_stall_per_token_s"])
         row["misses_per_token"] = measured[0]["misses_per_token"]
         row["load_average_by_round"] = [runs[index].load_average for runs in rounds]
+        # Reads never preempted, start to ready: the model gives both kinds one read time.
+        row["measured_demand_read_s"] = _median([runs[index].read_s["demand"] for runs in rounds])
+        row["measured_prefetch_read_s"] = _median([runs[index].read_s["prefetch"] for runs in rounds])
         row["measured_compute_per_token_s"] = median_of(measured, "compute_per_token_s")
         row["measured_overhead_per_token_s"] = median_of(measured, "overhead_per_token_s")
         row["prefetches_admitted"] = median_of(measured, "prefetches_admitted")
@@ -110,11 +113,14 @@ def format_table(record: dict[str, Any]) -> str:
              f"{cal['link_Bps'] / 1e9:.3f} GB/s (back to back: read "
              f"{record['calibration']['back_to_back']['read_s'] * us:.3f} ms)",
              f"{'policy':<18}{'S meas':>8}{'S model':>8}{'ratio':>7}{'b2b':>6}{'p50':>7}{'p95':>7}{'p99':>7}"
-             f"{'max':>7}{'tok/s':>7}{'model':>7}{'miss/t':>7}{'recall':>7}{'pf kB/t':>8}{'unused':>7}"]
+             f"{'max':>7}{'tok/s':>7}{'model':>7}{'miss/t':>7}{'recall':>7}{'model':>6}{'pf kB/t':>8}{'unused':>7}"
+             f"{'rd dem':>7}{'rd pf':>7}"]
     for row in record["policies"]:
         tail = row["measured_step_stall_s"]
         recall = row["measured_timely_required_byte_recall"]
+        model_recall = row["modelled_timely_required_byte_recall"]
         fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
+        ms = lambda v: "-" if v is None else f"{v * us:.2f}"  # noqa: E731
         lines.append(
             f"{row['policy']:<18}{row['measured_stall_per_token_s'] * us:>8.3f}"
             f"{row['modelled_stall_per_token_s'] * us:>8.3f}{fmt(row['ratio']):>7}"
@@ -122,15 +128,19 @@ def format_table(record: dict[str, Any]) -> str:
             f"{tail['p50'] * us:>7.2f}{tail['p95'] * us:>7.2f}{tail['p99'] * us:>7.2f}{tail['max'] * us:>7.2f}"
             f"{row['measured_tokens_per_s']:>7.1f}{row['modelled_tokens_per_s']:>7.1f}"
             f"{row['misses_per_token']:>7.3f}{('-' if recall is None else format(recall, '.2f')):>7}"
+            f"{('-' if model_recall is None else format(model_recall, '.2f')):>6}"
             f"{row['measured_prefetched_bytes_per_token'] / 1e3:>8.0f}"
-            f"{row['measured_unused_prefetched_bytes_per_token'] / 1e3:>7.0f}")
+            f"{row['measured_unused_prefetched_bytes_per_token'] / 1e3:>7.0f}"
+            f"{ms(row['measured_demand_read_s']):>7}{ms(row['measured_prefetch_read_s']):>7}")
     order = record["order"]
     lines.append(f"order by measured S: {' < '.join(order['measured'])}")
     lines.append(f"order by modelled S: {' < '.join(order['modelled'])}  "
                  + ("(same order, ties within 1% aside)" if order["same_order"]
                     else f"(reversed pairs: {', '.join('/'.join(p) for p in order['discordant_pairs'])})"))
     lines.append("S, p50..max: ms of stall per committed token / per step; ratio = modelled / measured S "
-                 "(b2b: the model fed a back-to-back calibration)")
+                 "(b2b: the model fed a back-to-back calibration); recall: timely required-byte recall, "
+                 "measured and modelled; rd dem / rd pf: ms from start to ready of demand / prefetch reads "
+                 "(never preempted)")
     return "\n".join(lines)
 
 

@@ -14,6 +14,7 @@ and both are summarised by the model's own `summarize`.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import pathlib
 import time
@@ -26,7 +27,7 @@ from moe.decode.loop import DecodeModel, DecodeResult, InMemoryExperts, decode
 from moe.decode.restore import DecodeError, RestoredRun
 from moe.decode.text import eval_text
 from moe.offload.admission import Prefetcher
-from moe.offload.calibrate import Calibration, calibrate, calibrate_in_decode
+from moe.offload.calibrate import Calibration, Probes, probe_back_to_back, probe_in_decode
 from moe.offload.diskio import Link
 from moe.offload.fast_tier import OffloadedExperts
 from moe.offload.io_pool import IOPool
@@ -77,8 +78,9 @@ class PolicyRun:
     calibration: Calibration             # the in-decode figures the model was fed
     load_average: float                  # the machine's 1-minute load when the decode ended
     measured: TimedResult
-    modelled: TimedResult                # fed the in-decode calibration
-    modelled_back_to_back: TimedResult   # fed the back-to-back calibration
+    read_s: dict                         # mean start-to-ready time of demand and of prefetch reads
+    modelled: TimedResult | None = None               # fed the in-decode calibration
+    modelled_back_to_back: TimedResult | None = None  # fed the back-to-back calibration
 
 
 class OffloadSession:
@@ -109,34 +111,38 @@ class OffloadSession:
         self.calibration_rounds: list[dict[str, Calibration]] = []
         self._warm = False
 
-    def calibrate(self, cfg: DecodeConfig) -> dict[str, Calibration]:
+    def calibrate(self, cfg: DecodeConfig, probes: dict[str, Probes] | None = None,
+                  samples: int | None = None) -> dict[str, Calibration]:
         """Measures the tier back to back and from inside a decode of `cfg`'s text (compiling first, once).
 
         The timed model is fed the in-decode figures (see `moe.offload.calibrate`);
         the back-to-back ones are kept to show what a calibration that ignores
-        the decode's rhythm would predict. `measure_policies` calibrates again at
-        the start of every round, so each prediction uses figures measured just
-        before the decodes it predicts, on a machine whose load drifts.
+        the decode's rhythm would predict. With `probes`, the new reads join
+        those already there and the calibration fits them all (`measure_policies`
+        probes between a round's decodes this way).
         """
         if not self._warm:
             self.model.warm_up(cfg.batch, InMemoryExperts(self.model).weights)
         prompt, _ = self.text(cfg)
-        samples = self.config.calibration_samples
-        self.calibrations = {"back_to_back": calibrate(self.pool, samples=samples),
-                             "in_decode": calibrate_in_decode(self.pool, self.model, prompt, samples=samples)}
+        samples = samples or self.config.calibration_samples
+        probes = probes or {"back_to_back": Probes(self.pool), "in_decode": Probes(self.pool)}
+        probe_back_to_back(probes["back_to_back"], samples)
+        probe_in_decode(probes["in_decode"], self.model, prompt, samples)
+        self.calibrations = {rhythm: p.calibration(rhythm) for rhythm, p in probes.items()}
         self.hardware = {rhythm: build_hardware(cal, self.config.tier, self.config.workers, self.layout.total_bytes)
                          for rhythm, cal in self.calibrations.items()}
-        self.calibration_rounds.append(self.calibrations)
-        for rhythm, cal in self.calibrations.items():
-            self.log(f"calibration ({rhythm.replace('_', ' ')}): {cal.read_s * 1e6:.0f} us per "
-                     f"{self.layout.file_bytes / 1e3:.0f} kB read = {cal.latency_s * 1e6:.0f} us + bytes at "
-                     f"{cal.stream_Bps / 1e9:.3f} GB/s; two together {cal.pair_s * 1e6:.0f} us "
-                     f"(link {cal.link_Bps / 1e9:.3f} GB/s)")
         if not self._warm:
             short = dataclasses.replace(cfg, tokens=min(cfg.tokens, 8))
             self._decode("none", short, *self.text(short), None, None)  # untimed: the store path's first steps
             self._warm = True
         return self.calibrations
+
+    def _log_calibration(self) -> None:
+        for rhythm, cal in self.calibrations.items():
+            self.log(f"calibration ({rhythm.replace('_', ' ')}, {cal.samples} reads of each kind): "
+                     f"{cal.read_s * 1e6:.0f} us per {self.layout.file_bytes / 1e3:.0f} kB read = "
+                     f"{cal.latency_s * 1e6:.0f} us + bytes at {cal.stream_Bps / 1e9:.3f} GB/s; two together "
+                     f"{cal.pair_s * 1e6:.0f} us (link {cal.link_Bps / 1e9:.3f} GB/s)")
 
     @property
     def calibration(self) -> Calibration:
@@ -202,35 +208,56 @@ class OffloadSession:
         provider.close()
         self.pool.drain()
         measured_bytes = recorder.finish(result.timeline, cfg.batch, prefetcher.admitted if prefetcher else 0)
-        name = f"{self.run.name}@{self.config.tier}"
-        work = decode_workload(result, name, nbytes, hardware, self.spec)
-        back_to_back = decode_workload(result, name, nbytes, self.hardware["back_to_back"], self.spec)
-        return PolicyRun(policy=policy, result=result, workload=work, calibration=self.calibration,
-                         load_average=os.getloadavg()[0],
-                         measured=measured_result(work, prefetch, result, measured_bytes, wall),
-                         modelled=modelled(work, prefetch), modelled_back_to_back=modelled(back_to_back, prefetch))
+        work = decode_workload(result, f"{self.run.name}@{self.config.tier}", nbytes, hardware, self.spec)
+        run = PolicyRun(policy=policy, result=result, workload=work, calibration=self.calibration,
+                        load_average=os.getloadavg()[0],
+                        measured=measured_result(work, prefetch, result, measured_bytes, wall),
+                        read_s={kind: float(times.mean()) if times.size else None for kind, times in
+                                (("demand", measured_bytes.demand_read_s), ("prefetch", measured_bytes.prefetch_read_s))})
+        self._predict(run)
+        return run
 
-    def measure_policies(self, policies: list[str], cfg: DecodeConfig, *, rounds: int = 1, recalibrate: bool = True,
+    def _predict(self, run: PolicyRun) -> None:
+        """The timed model's runs of `run`'s decode, fed the session's current calibrations."""
+        name, nbytes = run.workload.trace_name, self.layout.file_bytes
+        prefetch = run.measured.prefetch
+        run.calibration = self.calibration
+        run.workload = decode_workload(run.result, name, nbytes, self.hardware["in_decode"], self.spec)
+        run.measured = dataclasses.replace(run.measured, workload=run.workload)
+        run.modelled = modelled(run.workload, prefetch)
+        run.modelled_back_to_back = modelled(
+            decode_workload(run.result, name, nbytes, self.hardware["back_to_back"], self.spec), prefetch)
+
+    def measure_policies(self, policies: list[str], cfg: DecodeConfig, *, rounds: int = 1,
                          on_start: Callable[[str], Callable[[int], None] | None] | None = None
                          ) -> list[list[PolicyRun]]:
-        """`rounds` rounds of every policy, each round calibrated first (unless `recalibrate` is off), then
-        demand-only, then the others in rotated order, so slow drifts of a shared machine do not favour one
-        policy. Returns runs[round][policy index], policies in the order given (demand-only first).
-        `on_start(policy)` may return a per-step progress callback."""
+        """`rounds` rounds of every policy: demand-only first, then the others in rotated order, so slow
+        drifts of a shared machine do not favour one policy. Calibration reads (`calibration_samples` of each
+        kind per round) are taken before, between and after the round's decodes, and every decode of the
+        round is predicted from all of them. Returns runs[round][policy index], policies in the order given
+        (demand-only first). `on_start(policy)` may return a per-step progress callback."""
         unknown = [p for p in policies if p not in ADMISSIONS]
         if unknown or not policies:
             raise DecodeError(f"unknown policies {unknown or policies!r}; use a comma list of {', '.join(ADMISSIONS)}")
         others = [p for p in dict.fromkeys(policies) if p != "none"]
         start = on_start or (lambda _policy: None)
+        # A round's calibration reads are spread before and between its decodes.
+        chunk = max(1, math.ceil(self.config.calibration_samples / (len(others) + 2)))
         rounds_out = []
         for r in range(rounds):
-            if recalibrate or not self.calibrations:
-                self.calibrate(cfg)
+            probes = {"back_to_back": Probes(self.pool), "in_decode": Probes(self.pool)}
+            self.calibrate(cfg, probes, chunk)
             first = self.measure("none", cfg, on_step=start("none"))
             shift = r % len(others) if others else 0
             done = {"none": first}
             for policy in others[shift:] + others[:shift]:
+                self.calibrate(cfg, probes, chunk)
                 done[policy] = self.measure(policy, cfg, first, on_step=start(policy))
+            self.calibrate(cfg, probes, chunk)
+            self._log_calibration()
+            self.calibration_rounds.append(self.calibrations)
+            for run in done.values():  # every decode of the round predicted from all of the round's reads
+                self._predict(run)
             rounds_out.append([done[p] for p in ["none", *others]])
         return rounds_out
 
