@@ -3,8 +3,9 @@
 1. Arm B (λ = 0.05), every expert on the disk tier, LRU at 25% of E resident:
    per prefetch admission policy, measured S (stall per committed token),
    modelled S and their ratio, with no bandwidth cap and with a 1 GB/s cap
-   (plus caps given with --extra_caps; 0.25 GB/s by default, one that binds
-   on a VM disk of ~0.5 GB/s).
+   (plus the caps of --extra_caps: 0.25 GB/s, which binds on a VM disk of
+   ~0.5 GB/s, and 0.04 GB/s, where a read takes ~10 ms and the machine's
+   millisecond-scale CPU effects no longer matter next to it).
 2. Arm A vs arm B on the same store configuration (disk, 25%, no cap):
    measured tokens/s, S and misses per token, demand-only and with prefetch,
    decoding the held-out prose (teacher forcing: the text the paper measures
@@ -40,16 +41,17 @@ flags.DEFINE_string("run_b", None, "Arm-B run directory (λ = 0.05 or the study'
 flags.DEFINE_string("run_a", None, "Arm-A run directory of the same size (optional: skips part 2).",
                     flag_values=FLAGS)
 flags.DEFINE_integer("tokens", 256, "Decode steps per decode.", flag_values=FLAGS)
-flags.DEFINE_integer("rounds", 3, "Rounds per configuration.", flag_values=FLAGS)
+flags.DEFINE_integer("rounds", 4, "Rounds per configuration.", flag_values=FLAGS)
 flags.DEFINE_string("capacity", "0.25", "Resident experts per layer.", flag_values=FLAGS)
 flags.DEFINE_string("source", "frequency", "Prefetch source (frequency, prev_token, oracle).", flag_values=FLAGS)
-flags.DEFINE_list("extra_caps", ["0.25GB/s"], "Further bandwidth caps to validate at.", flag_values=FLAGS)
+flags.DEFINE_list("extra_caps", ["0.25GB/s", "0.04GB/s"], "Further bandwidth caps to validate at.",
+                  flag_values=FLAGS)
 flags.DEFINE_list("ab_policies", ["none", "esv_per_byte", "oracle"], "Policies of the arm A vs B part.",
                   flag_values=FLAGS)
 flags.DEFINE_list("ab_modes", ["teacher", "sample"], "Decode modes of the arm A vs B part: teacher (the held-out "
                   "prose, where the paper measures locality) and sample (each arm's own generations).",
                   flag_values=FLAGS)
-flags.DEFINE_integer("calibration_samples", 48, "Calibration reads of each kind per round.", flag_values=FLAGS)
+flags.DEFINE_integer("calibration_samples", 128, "Calibration reads of each kind per round.", flag_values=FLAGS)
 
 POLICIES = ["none", "highest_prob", "prob_per_byte", "earliest_deadline", "esv_per_byte", "oracle"]
 

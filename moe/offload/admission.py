@@ -1,6 +1,6 @@
 """Prefetch admission for the measured decode: the timed model's policies on real reads.
 
-At each (step, layer), once the layer's bytes are in, the prediction source
+At each (step, layer), at its need time (its demand reads just queued), the prediction source
 (the timed model's own `PrevTokenSource`, `FrequencySource` or
 `OracleSource`) observes the layer's union and proposes candidates for a
 future target. Candidates and the prefetches still queued (never started)

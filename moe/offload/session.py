@@ -151,10 +151,6 @@ class OffloadSession:
             raise DecodeError("call OffloadSession.calibrate before measuring")
         return self.calibrations["in_decode"]
 
-    @property
-    def bypass(self) -> str | None:
-        return self.tier.bypass
-
     def text(self, cfg: DecodeConfig) -> tuple[np.ndarray, np.ndarray]:
         """(prompt (B, P), the domain's text (B, tokens) for teacher forcing)."""
         if cfg.tokens < 1 or cfg.batch < 1:
