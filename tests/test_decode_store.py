@@ -176,10 +176,10 @@ def capped_pool(model, store_dir, tier, bandwidth, workers=1):
 
 
 def test_the_bandwidth_cap_slows_reads_to_the_cap(model, store_dir):
-    cap = 20e6  # bytes/s, far below what RAM or a disk delivers
+    cap = 5e6  # bytes/s, far below what RAM or a disk delivers: 8 reads take ~0.16 s
     pool = capped_pool(model, store_dir, "ram", cap, workers=2)
     try:
-        reads = [Read(0, e, pool.layout.file_bytes, demand=True, key=(0, e), issue_t=0.0) for e in range(4)]
+        reads = [Read(0, e, pool.layout.file_bytes, demand=True, key=(0, e), issue_t=0.0) for e in range(8)]
         start = time.perf_counter()
         for read in reads:
             pool.submit(read)
@@ -194,7 +194,9 @@ def test_the_bandwidth_cap_slows_reads_to_the_cap(model, store_dir):
 
 def test_prefetches_are_cancelled_preempted_and_promoted(model, store_dir):
     nbytes = StoreLayout.of(model.expert_weights).file_bytes
-    pool = capped_pool(model, store_dir, "ram", nbytes / 0.05)  # one read: 50 ms
+    # One read takes 1 s at this cap, in 4 KiB chunks of ~40 ms: long enough that a loaded
+    # machine's scheduling delays cannot let a read finish before the test looks at it.
+    pool = capped_pool(model, store_dir, "ram", nbytes / 1.0)
     try:
         running = Read(0, 1, nbytes, demand=False, key=(1, 0), issue_t=0.0, target=5)
         queued = Read(0, 2, nbytes, demand=False, key=(1, 1), issue_t=0.0, target=5)
@@ -273,13 +275,13 @@ def test_a_capped_link_serves_demand_chunks_before_waiting_prefetch_chunks():
         ends[name] = (started, time.perf_counter())
 
     import threading
-    threads = [threading.Thread(target=read, args=("prefetch", 200_000, False, 0.0)),
-               threading.Thread(target=read, args=("demand", 50_000, True, 0.005))]
+    threads = [threading.Thread(target=read, args=("prefetch", 2_000_000, False, 0.0)),   # 200 ms at the cap
+               threading.Thread(target=read, args=("demand", 500_000, True, 0.02))]       # 50 ms, 20 ms later
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     (p_start, p_end), (d_start, d_end) = ends["prefetch"], ends["demand"]
-    assert d_end - d_start >= 50_000 / cap        # a grant is never shorter than its bytes at the cap
+    assert d_end - d_start >= 500_000 / cap       # a grant is never shorter than its bytes at the cap
     assert d_end < p_end                          # the demand chunk did not queue behind the prefetch's
-    assert p_end - p_start >= 250_000 / cap       # the prefetch was pushed back: the cap holds in total
+    assert p_end - p_start >= 2_500_000 / cap     # the prefetch was pushed back: the cap holds in total
