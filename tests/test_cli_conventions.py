@@ -15,7 +15,7 @@ COMMANDS = [
     "cachesim.cli", "cachesim.profile", "cachesim.stall", "cachesim.bandwidth", "cachesim.importers",
     "analysis.tables", "analysis.verdict", "analysis.figures", "analysis.profile",
     "moe.cache_aware.frontier", "moe.data.prepare", "moe.data.tokenize", "moe.data.fetch_tokenizer",
-    "launch.status",
+    "launch.status", "moe.decode.cli",
 ]
 # absl apps on the global FLAGS (they define their flags at import or under __main__): run as processes.
 APPS = [["main.py"], ["-m", "launch.sweep"], ["-m", "launch.vmap_seeds"]]
