@@ -245,7 +245,8 @@ def sweep(argv_command: Sequence[str]) -> int:
 
 def dry_run(specs) -> int:
     """Prints each job's command and compiled train-step memory; refuses what exceeds the device."""
-    from launch import memory, rundir
+    from launch import memory
+    from moe import rundir
     from launch.execute import prepare_jax_env
 
     prepare_jax_env()

@@ -9,7 +9,7 @@ configs from anywhere (``--config=arm_b.py:smoke``, ``--config=arm_b:smoke``).
 Rerunning with the same --workdir resumes from the newest checkpoint; SIGTERM
 checkpoints and exits cleanly. One run over several processes (hosts): start
 the same command in each, under ``srun`` or with JAX_COORDINATOR_ADDRESS=host:port,
-JAX_NUM_PROCESSES=N and JAX_PROCESS_ID=i set (launch/distributed.py).
+JAX_NUM_PROCESSES=N and JAX_PROCESS_ID=i set (moe/distributed.py).
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def main(argv):
             raise ConfigError("--workdir is required to train (e.g. --workdir=runs/my-run)")
         # Several processes (JAX_NUM_PROCESSES/JAX_PROCESS_ID/JAX_COORDINATOR_ADDRESS, or a
         # multi-task srun): join them before jax picks its devices; process 0 writes the run dir.
-        from launch.distributed import initialize_from_env
+        from moe.distributed import initialize_from_env
         initialize_from_env()
         runtime.enable_compile_cache()
         from moe.run import run

@@ -6,7 +6,7 @@ The run directory is the contract with ``analysis/`` and ``launch/``:
 ``checkpoints/``. Every JSON file is written to a temporary path and renamed,
 so a killed run never leaves a half-written artifact.
 
-In a multi-process run (``launch.distributed``) every process trains, saves
+In a multi-process run (``moe.distributed``) every process trains, saves
 checkpoints (Orbax coordinates them) and evaluates its own copy of the trained
 weights; only process 0 prepares the data first, prints and writes files.
 """
