@@ -132,7 +132,10 @@ def test_rows_take_the_median_over_rounds_and_the_order_check_ignores_model_ties
 
 
 def cli(*args, capsys=None):
-    code = main(list(args))
+    try:
+        code = main(list(args))
+    except SystemExit as exit_:  # --help and malformed flags stop in the parser (cachesim.cli_util)
+        code = exit_.code
     out = capsys.readouterr() if capsys else None
     return code, out
 
@@ -152,7 +155,7 @@ def test_cli_help_and_bad_input(tiny_run, tmp_path, capsys):  # noqa: F811
         (("--run", str(tiny_run), "--policies", "none,clever"), "clever"),
         (("--run", str(tiny_run), "--store_dir", str(tmp_path / "config-file" / "x")), "writable"),
         (("--run", str(tiny_run), "--tier", "tape"), "tier"),
-        (("extra-argument",), "unexpected argument"),
+        (("one-run", "two-runs"), "give one run directory"),
     ]
     (tmp_path / "config-file").write_text("a file, not a directory")
     for args, fragment in cases:

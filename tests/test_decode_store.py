@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pytest
 
-from cachesim.online import policy_code
+from cachesim.policies import policy_code
 from cachesim.policies import CacheSpec
 from cachesim.simulate import simulate
 from cachesim.trace import make_trace

@@ -80,3 +80,15 @@ def prepare(trace: Trace, model: ModelShape, hardware: Hardware, *, cache: str =
     return build_workload(trace, model, hardware, spec, speculation=speculation,
                           placement=placement, placement_warmup=placement_warmup,
                           max_tokens=max_tokens)
+
+
+def choose(text: str, allowed: Sequence[str], what: str) -> list[str]:
+    """A comma list of names from ``allowed`` (or ``all``); StallConfigError naming ``what`` otherwise."""
+    words = [w.strip() for w in text.split(",") if w.strip()]
+    if words == ["all"]:
+        return list(allowed)
+    bad = [w for w in words if w not in allowed]
+    if bad or not words:
+        raise StallConfigError(f"unknown {what} {bad or text!r}; use a comma list of "
+                               f"{', '.join(allowed)} or all")
+    return words

@@ -11,7 +11,7 @@ run by cachesim's LRU/LFU step. Each round decodes the same tokens once per
 prefetch admission policy (demand-only first), measuring the wall time each
 layer waits for expert bytes, with calibration reads of the tier before,
 between and after the decodes; each decode's routing, measured compute and
-the round's calibrated tier are fed to the timed model (`cachesim.stall`). The table (or `--format json`) reports measured
+the round's calibrated tier are fed to the timed model (`cachesim.timed`). The table (or `--format json`) reports measured
 and modelled stall per committed token S, per-step tails and tokens/s per
 policy. Bad input prints one `error: ...` line and exits 2.
 """

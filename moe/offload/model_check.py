@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from cachesim.policies import CacheSpec, CacheSpecError
-from cachesim.stall import _split, cache_spec
+from cachesim.timed.compare import cache_spec, choose
 from cachesim.timed.engine import PrefetchConfig, TimedResult, Workload, build_workload, run_timed
 from cachesim.timed.metrics import json_safe, run_header, summarize, write_jsonl
 from cachesim.timed.prefetch import ADMISSIONS, admission_key, expected_avoided_s, make_source
@@ -73,7 +73,7 @@ def capacity_spec(text: str, num_experts: int, policy: str = "lru") -> CacheSpec
 def parse_policies(text: str) -> list[str]:
     """`--policies` (a comma list of admission policies, or all), demand-only first, each once."""
     try:
-        words = _split(text, ADMISSIONS, "policies")
+        words = choose(text, ADMISSIONS, "policies")
     except StallConfigError as e:
         raise DecodeError(f"bad --policies: {e}") from None
     return ["none", *[w for w in dict.fromkeys(words) if w != "none"]]

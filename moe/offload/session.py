@@ -22,7 +22,7 @@ from typing import Callable
 
 import numpy as np
 
-from cachesim.online import policy_code
+from cachesim.policies import policy_code
 from moe.decode.loop import DecodeModel, DecodeResult, InMemoryExperts, decode
 from moe.decode.restore import DecodeError, RestoredRun
 from moe.decode.text import eval_text
