@@ -103,6 +103,7 @@ def base_config(arm: str, arg: str | None, arm_defaults: dict | None = None) -> 
         # "auto" picks the fastest dispatcher measured per backend (benchmarks/dispatch_bench.py).
         dispatch="auto",
         capacity_factor=1.25,  # only for dispatch="capacity"
+        block_size=0,          # rows per block of the sparse dispatchers; 0 = measured per backend (AUTO_DISPATCH)
         remat="full",          # a named policy from moe.model.REMAT_POLICIES
         compute_dtype="bfloat16",
         param_dtype="float32",
@@ -178,6 +179,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
         raise ConfigError(f"unknown model.dispatch {m.dispatch!r}; choose auto or one of {', '.join(DISPATCHERS)}")
     if m.remat not in REMAT_POLICIES:
         raise ConfigError(f"unknown model.remat {m.remat!r}; choose one of {', '.join(REMAT_POLICIES)}")
+    if m.block_size < 0:
+        raise ConfigError(f"model.block_size must be >= 0 (0 = measured per backend), got {m.block_size}")
     if m.capacity_factor <= 0:
         raise ConfigError(f"model.capacity_factor must be > 0, got {m.capacity_factor}")
     for dt in ("compute_dtype", "param_dtype"):

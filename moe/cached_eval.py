@@ -81,7 +81,8 @@ def apply_experts(moe: MoELayer, x: jax.Array, experts: jax.Array, gates: jax.Ar
     # expert_weights() applies LoRA adapters when present (arm M runs).
     weights = ExpertWeights(*(w.astype(moe.dtype) for w in moe.expert_weights()))
     y, _ = moe.dispatch(x.reshape(rows * length, width).astype(moe.dtype), experts.reshape(rows * length, -1),
-                        gates.reshape(rows * length, -1), weights, capacity_factor=moe.capacity_factor)
+                        gates.reshape(rows * length, -1), weights, capacity_factor=moe.capacity_factor,
+                        block_size=moe.block_size)
     return y.reshape(rows, length, width).astype(x.dtype)
 
 

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
-from moe.dispatch import DISPATCHERS, ExpertWeights, select_dispatch
+from moe.dispatch import DISPATCHERS, ExpertWeights, select_block_size, select_dispatch
 
 # Named rematerialisation policies for the per-block jax.checkpoint.
 REMAT_POLICIES = {
@@ -103,6 +103,7 @@ class MoELayer(nnx.Module):
         d, f, e = cfg.d_model, cfg.d_ff, cfg.num_experts
         self.k, self.dtype, self.capacity_factor = cfg.top_k, dtype, cfg.capacity_factor
         self.dispatch = DISPATCHERS[select_dispatch(cfg.dispatch)]
+        self.block_size = select_block_size(cfg.get("block_size", 0))  # 0: the measured one for the backend
         # The router runs in float32 (SPEC §2): small, and its softmax feeds the losses.
         self.router = nnx.Linear(d, e, use_bias=False, kernel_init=_fan_in_init(), rngs=rngs)
         init = nnx.initializers.normal(0.02)
@@ -139,7 +140,8 @@ class MoELayer(nnx.Module):
         base_probs = None if self.base_router is None else jax.nn.softmax(self.base_router(x32), axis=-1)
         experts = ExpertWeights(*(w.astype(self.dtype) for w in self.expert_weights()))
         y, dropped = self.dispatch(x.reshape(b * t, d).astype(self.dtype), topk.reshape(b * t, -1),
-                                   gates.reshape(b * t, -1), experts, capacity_factor=self.capacity_factor)
+                                   gates.reshape(b * t, -1), experts, capacity_factor=self.capacity_factor,
+                                   block_size=self.block_size)
         return y.reshape(b, t, d).astype(x.dtype), RouterOutput(probs, topk, gates, dropped, base_probs)
 
 

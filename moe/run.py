@@ -29,7 +29,7 @@ from flax import nnx
 from configs.base import num_train_steps, validate
 from moe import data as data_lib
 from moe.data import pipeline
-from moe.dispatch import select_dispatch
+from moe.dispatch import select_block_size, select_dispatch
 from moe.evaluate import domain_summary, evaluate_windows, make_eval_step
 from moe.model import build_model, param_counts
 from moe.train import host_local, init_state, is_lead_process, make_optimizer, make_train_step, silent, train
@@ -45,6 +45,7 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
         if config.init_from:  # recorded as an absolute path, whatever the working directory
             config.init_from = str(pathlib.Path(config.init_from).absolute())
     config.model.dispatch = select_dispatch(config.model.dispatch)
+    config.model.block_size = select_block_size(config.model.block_size)
     vocab = pipeline.vocab_size(config.data)
     if config.model.vocab_size != vocab:
         config.model.vocab_size = vocab
@@ -103,6 +104,19 @@ def config_record(config: ml_collections.ConfigDict, counts: dict[str, int]) -> 
 # ---------------------------------------------------------------- dry run
 
 
+def compiled_memory(compiled) -> tuple[int, dict[str, int]]:
+    """(bytes a compiled step holds at its peak, the breakdown): arguments + outputs − donated + temporaries."""
+    mem = compiled.memory_analysis()
+    breakdown = {
+        "arguments": int(mem.argument_size_in_bytes),
+        "outputs": int(mem.output_size_in_bytes),
+        "aliased": int(mem.alias_size_in_bytes),
+        "temporaries": int(mem.temp_size_in_bytes),
+        "generated_code": int(mem.generated_code_size_in_bytes),
+    }
+    return breakdown["arguments"] + breakdown["outputs"] - breakdown["aliased"] + breakdown["temporaries"], breakdown
+
+
 def dry_run(config: ml_collections.ConfigDict) -> dict[str, Any]:
     """Builds and compiles the train step on abstract shapes; nothing is allocated or trained."""
     config = resolve(config)
@@ -116,15 +130,7 @@ def dry_run(config: ml_collections.ConfigDict) -> dict[str, Any]:
     t0 = time.perf_counter()
     compiled = make_train_step(graphdef, tx, config).lower(abstract_state, batch).compile()
     compile_s = time.perf_counter() - t0
-    mem = compiled.memory_analysis()
-    breakdown = {
-        "arguments": int(mem.argument_size_in_bytes),
-        "outputs": int(mem.output_size_in_bytes),
-        "aliased": int(mem.alias_size_in_bytes),
-        "temporaries": int(mem.temp_size_in_bytes),
-        "generated_code": int(mem.generated_code_size_in_bytes),
-    }
-    step_bytes = breakdown["arguments"] + breakdown["outputs"] - breakdown["aliased"] + breakdown["temporaries"]
+    step_bytes, breakdown = compiled_memory(compiled)
     budget = int(config.device_memory_gib * 2**30)
     return {
         **counts,
@@ -135,6 +141,7 @@ def dry_run(config: ml_collections.ConfigDict) -> dict[str, Any]:
         "memory_breakdown": breakdown,
         "batch": [config.train.batch_size, config.model.context],
         "dispatch": config.model.dispatch,
+        "block_size": config.model.block_size,
         "remat": config.model.remat,
         "backend": jax.default_backend(),
         "compile_s": compile_s,
