@@ -347,16 +347,19 @@ if importlib.util.find_spec("tokamax") is not None:
 DROPLESS = tuple(name for name in DISPATCHERS if name != "capacity")
 
 # backend -> (dispatcher, block size) for model.dispatch="auto" / model.block_size=0.
-# cpu: measured, benchmarks/results/dispatch_cpu.json (dispatch_bench.py; the test
-# of this table reads that file). gpu/tpu: NOT MEASURED yet (benchmarks/gpu_check.sh
-# measures gpu): the block-sparse layout, as one batched matmul rather than a loop of
+# cpu: the fastest dropless entry of the run AUTO_SOURCE names in
+# benchmarks/results/dispatch_cpu.json (benchmarks/dispatch_bench.py; a test reads
+# the file and checks this table). gpu/tpu: NOT MEASURED yet (benchmarks/gpu_check.sh
+# measures gpu): the block-sparse layout as one batched matmul rather than a loop of
 # small ones (a loop launches kernels per block), blocks of 128 rows for the MXU /
 # tensor-core tiles. Capacity is never "auto": it can drop.
 AUTO_DISPATCH: dict[str, tuple[str, int]] = {
-    "cpu": ("sparse", 64),
+    "cpu": ("sparse", 128),
     "gpu": ("sparse_batched", 128),
     "tpu": ("sparse_batched", 128),
 }
+# The benchmark run (key in benchmarks/results/dispatch_<backend>.json) each measured entry comes from.
+AUTO_SOURCE = {"cpu": "137m/1x1024/float32/remat=none"}
 _AUTO_FALLBACK = ("sparse_batched", 128)  # any other backend: dropless everywhere
 
 

@@ -1,6 +1,7 @@
 """Every fast dispatcher against the exact references (per-expert loop and dense)."""
 
 import functools
+import json
 import pathlib
 
 import jax
@@ -9,9 +10,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from moe.dispatch import (AUTO_DISPATCH, DISPATCHERS, DROPLESS, ExpertWeights, block_layout, capacity_dispatch,
-                          dense_dispatch, expert_capacity, padded_rows, padded_rows_bound, select_block_size,
-                          select_dispatch, sparse_dispatch)
+from moe.dispatch import (AUTO_DISPATCH, AUTO_SOURCE, DISPATCHERS, DROPLESS, ExpertWeights, block_layout,
+                          capacity_dispatch, dense_dispatch, expert_capacity, padded_rows, padded_rows_bound,
+                          select_block_size, select_dispatch, sparse_dispatch)
 from moe.model import route
 
 RESULTS = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "results"
@@ -198,6 +199,16 @@ def test_sparse_under_vmap_equals_each_problem_alone():
     for i, p in enumerate(problems):
         for got, want in zip(jax.tree.leaves(batched), jax.tree.leaves(jax.jit(value_and_grad)(*p))):
             np.testing.assert_allclose(got[i], want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("backend", sorted(AUTO_SOURCE))
+def test_auto_is_the_fastest_dropless_entry_of_the_committed_benchmark(backend):
+    """AUTO_DISPATCH[backend] is what benchmarks/dispatch_bench.py measured fastest, as committed."""
+    measured = json.loads((RESULTS / f"dispatch_{backend}.json").read_text())["runs"][AUTO_SOURCE[backend]]
+    assert measured["backend"] == backend and measured["tokens_per_s"]["dense"] > 0
+    name, _, block = measured["fastest_dropless"].partition("/b")
+    assert name in DROPLESS and name != "capacity"
+    assert AUTO_DISPATCH[backend] == (name, int(block) if block else AUTO_DISPATCH[backend][1])
 
 
 def test_auto_dispatch_is_dropless_and_resolves_block_size():
