@@ -102,6 +102,7 @@ def base_config(arm: str, arg: str | None, arm_defaults: dict | None = None) -> 
         # "auto" picks the fastest dispatcher measured per backend (benchmarks/dispatch_bench.py).
         dispatch="auto",
         capacity_factor=1.25,  # only for dispatch="capacity"
+        block_size=0,          # rows per block of the sparse dispatchers; 0 = measured per backend (AUTO_DISPATCH)
         remat="full",          # a named policy from moe.model.REMAT_POLICIES
         compute_dtype="bfloat16",  # parameters and optimizer state are always float32 (SPEC §2)
         # Fine-tuning options (arm M), off by default so the parameter tree is SPEC §2's:

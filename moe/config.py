@@ -17,7 +17,7 @@ import ml_collections
 from configs.base import SIZES, ConfigError
 from moe import rundir
 from moe.data import pipeline
-from moe.dispatch import DISPATCHERS, select_dispatch
+from moe.dispatch import DISPATCHERS, select_block_size, select_dispatch
 from moe.finetune import validate as finetune_validate
 from moe.model import COMPUTE_DTYPES, REMAT_POLICIES
 
@@ -44,6 +44,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
         raise ConfigError(f"unknown model.dispatch {m.dispatch!r}; choose auto or one of {', '.join(DISPATCHERS)}")
     if m.remat not in REMAT_POLICIES:
         raise ConfigError(f"unknown model.remat {m.remat!r}; choose one of {', '.join(REMAT_POLICIES)}")
+    if m.block_size < 0:
+        raise ConfigError(f"model.block_size must be >= 0 (0 = measured per backend), got {m.block_size}")
     if m.capacity_factor <= 0:
         raise ConfigError(f"model.capacity_factor must be > 0, got {m.capacity_factor}")
     if m.compute_dtype not in COMPUTE_DTYPES:
@@ -82,6 +84,7 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     if config.init_from:  # recorded as an absolute path, whatever the working directory
         config.init_from = str(pathlib.Path(config.init_from).absolute())
     config.model.dispatch = select_dispatch(config.model.dispatch)
+    config.model.block_size = select_block_size(config.model.block_size)
     vocab = pipeline.vocab_size(config.data)
     if config.model.vocab_size != vocab:
         config.model.vocab_size = vocab

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
-from moe.dispatch import DISPATCHERS, ExpertWeights, select_dispatch
+from moe.dispatch import DISPATCHERS, ExpertWeights, select_block_size, select_dispatch
 
 # Named rematerialisation policies for the per-block jax.checkpoint.
 REMAT_POLICIES = {
@@ -171,6 +171,7 @@ class MoELayer(nnx.Module):
         d, f, e = cfg.d_model, cfg.d_ff, cfg.num_experts
         self.k, self.dtype, self.capacity_factor = cfg.top_k, dtype, cfg.capacity_factor
         self.dispatch = DISPATCHERS[select_dispatch(cfg.dispatch)]
+        self.block_size = select_block_size(cfg.block_size)  # 0: the measured one for the backend
         # The router runs in float32 (SPEC §2): small, and its softmax feeds the losses.
         self.router = nnx.Linear(d, e, use_bias=False, kernel_init=_fan_in_init(), rngs=rngs)
         init = nnx.initializers.normal(0.02)
@@ -218,7 +219,8 @@ class MoELayer(nnx.Module):
         weights = self.expert_weights() if weights is None else weights
         weights = ExpertWeights(*(w.astype(self.dtype) for w in weights))
         y, dropped = self.dispatch(x.reshape(-1, d).astype(self.dtype), topk.reshape(-1, topk.shape[-1]),
-                                   gates.reshape(-1, gates.shape[-1]), weights, capacity_factor=self.capacity_factor)
+                                   gates.reshape(-1, gates.shape[-1]), weights, capacity_factor=self.capacity_factor,
+                                   block_size=self.block_size)
         return y.reshape(*lead, d).astype(x.dtype), dropped
 
     def __call__(self, x, route_fn: RouteFn | None = None) -> tuple[jax.Array, RouterOutput]:

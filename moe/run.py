@@ -72,6 +72,19 @@ def config_record(config: ml_collections.ConfigDict, counts: dict[str, int]) -> 
 # ---------------------------------------------------------------- dry run
 
 
+def compiled_memory(compiled) -> tuple[int, dict[str, int]]:
+    """(bytes a compiled step holds at its peak, the breakdown): arguments + outputs − donated + temporaries."""
+    mem = compiled.memory_analysis()
+    breakdown = {
+        "arguments": int(mem.argument_size_in_bytes),
+        "outputs": int(mem.output_size_in_bytes),
+        "aliased": int(mem.alias_size_in_bytes),
+        "temporaries": int(mem.temp_size_in_bytes),
+        "generated_code": int(mem.generated_code_size_in_bytes),
+    }
+    return breakdown["arguments"] + breakdown["outputs"] - breakdown["aliased"] + breakdown["temporaries"], breakdown
+
+
 def dry_run(config: ml_collections.ConfigDict) -> dict[str, Any]:
     """Builds and compiles the train step on abstract shapes; nothing is allocated or trained."""
     config = resolve(config)
@@ -85,15 +98,7 @@ def dry_run(config: ml_collections.ConfigDict) -> dict[str, Any]:
     t0 = time.perf_counter()
     compiled = make_train_step(graphdef, tx, config).lower(abstract_state, batch).compile()
     compile_s = time.perf_counter() - t0
-    mem = compiled.memory_analysis()
-    breakdown = {
-        "arguments": int(mem.argument_size_in_bytes),
-        "outputs": int(mem.output_size_in_bytes),
-        "aliased": int(mem.alias_size_in_bytes),
-        "temporaries": int(mem.temp_size_in_bytes),
-        "generated_code": int(mem.generated_code_size_in_bytes),
-    }
-    step_bytes = breakdown["arguments"] + breakdown["outputs"] - breakdown["aliased"] + breakdown["temporaries"]
+    step_bytes, breakdown = compiled_memory(compiled)
     budget = int(config.device_memory_gib * 2**30)
     return {
         **counts,
@@ -104,6 +109,7 @@ def dry_run(config: ml_collections.ConfigDict) -> dict[str, Any]:
         "memory_breakdown": breakdown,
         "batch": [config.train.batch_size, config.model.context],
         "dispatch": config.model.dispatch,
+        "block_size": config.model.block_size,
         "remat": config.model.remat,
         "backend": jax.default_backend(),
         "compile_s": compile_s,
