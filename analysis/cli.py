@@ -17,8 +17,8 @@ def add_run_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("paths", nargs="+", metavar="RUN_DIR",
                         help="run directories, or folders searched recursively for them")
     parser.add_argument("--cache-dir", default=None,
-                        help=f"cache for read-only run dirs (default ${cache.ENV_CACHE_DIR} "
-                             "or ~/.cache/cacheable-moe/analysis)")
+                        help=f"the metric cache (default ${cache.ENV_CACHE_DIR}/analysis or "
+                             "~/.cache/cacheable-moe/analysis); run directories are never written")
     parser.add_argument("--jobs", type=int, default=default_jobs(),
                         help="worker processes for computing missing metrics (default: %(default)s)")
 
