@@ -4,8 +4,9 @@ Simulating five cache policies at three capacities over a 500k-token trace
 takes seconds; rebuilding tables must not. Each trace's *facts* (cachesim's
 ``paper_metrics`` and the per-layer expert usage counts that the pooled
 collapse clause and the heat-maps need; reuse at lags 1..1024 is added when a
-figure first asks for it) are stored as ``<sha256>.json``, keyed by the SHA-256
-of the trace file, in the user cache directory only: ``--cache-dir``, else
+figure first asks for it) are stored as ``<sha256>.<fingerprint>.json``, keyed
+by the SHA-256 of the trace file and the fingerprint of the metric code, in the
+user cache directory only: ``--cache-dir``, else
 ``$CACHEABLE_MOE_CACHE/analysis``, else ``~/.cache/cacheable-moe/analysis``.
 Analysis never writes into the run directories it reads (the released
 reference runs included). A changed trace has a new hash and is recomputed; so
@@ -106,6 +107,12 @@ def default_cache_dir() -> Path:
     return (Path(env) if env else Path.home() / ".cache" / "cacheable-moe") / "analysis"
 
 
+def entry_path(cache_dir: Path, sha: str) -> Path:
+    """``<sha256>.<fingerprint>.json``: keyed by both, so checkouts with other metric code (other
+    worktrees, branches, versions) sharing one user cache never overwrite each other's entries."""
+    return cache_dir / f"{sha}.{cachesim_fingerprint()[:16]}.json"
+
+
 def file_sha256(path: str | os.PathLike) -> str:
     """Hex SHA-256 of a file's bytes (the cache key: content, not name or mtime)."""
     with open(path, "rb") as f:
@@ -196,7 +203,7 @@ class MetricsStore:
     # -- lookup ---------------------------------------------------------------------------
     def _lookup(self, sha: str) -> dict | None:
         if sha not in self._memo:
-            entry = _read_json_or_none(self.cache_dir / f"{sha}.json")
+            entry = _read_json_or_none(entry_path(self.cache_dir, sha))
             if not _valid(entry, sha):
                 return None
             self._memo[sha] = _facts(entry)
@@ -261,7 +268,7 @@ class MetricsStore:
         """Stores one trace's facts in the user cache; a failure only costs a recomputation later."""
         try:
             self.cache_dir.mkdir(parents=True, exist_ok=True)
-            atomic_write_json(self.cache_dir / f"{sha}.json", _entry(sha, facts))
+            atomic_write_json(entry_path(self.cache_dir, sha), _entry(sha, facts))
         except OSError as e:
             if not self._warned:
                 warnings.warn(f"cannot cache analysis metrics in {self.cache_dir} ({e}); set {ENV_CACHE_DIR} or "

@@ -55,7 +55,7 @@ def files_of(path: pathlib.Path) -> dict[str, bytes]:
 
 
 def user_entry(user: pathlib.Path, trace: pathlib.Path) -> dict:
-    return json.loads((user / f"{cache.file_sha256(trace)}.json").read_text())
+    return json.loads(cache.entry_path(user, cache.file_sha256(trace)).read_text())
 
 
 def test_second_load_reads_the_user_cache_and_the_run_dir_is_never_written(tmp_path, count_calls):
@@ -65,7 +65,7 @@ def test_second_load_reads_the_user_cache_and_the_run_dir_is_never_written(tmp_p
     first = load_runs([tmp_path], store=cache.MetricsStore(user))
     assert len(count_calls) == 3
     shas = {cache.file_sha256(path / f"trace_{d}.npz") for d in DOMAINS}
-    assert {p.stem for p in user.glob("*.json")} == shas
+    assert set(user.glob("*.json")) == {cache.entry_path(user, sha) for sha in shas}
     assert user_entry(user, path / "trace_code.npz")["trace_sha256"] == cache.file_sha256(path / "trace_code.npz")
     store = cache.MetricsStore(user)  # a fresh process: empty memo
     second = load_runs([tmp_path], store=store)
@@ -88,7 +88,7 @@ def test_corrupt_cache_file_is_a_miss(tmp_path, count_calls):
     path = write_run(tmp_path, "r")
     user = tmp_path / "user"
     load_run(path, store=cache.MetricsStore(user))
-    entry = user / f"{cache.file_sha256(path / 'trace_code.npz')}.json"
+    entry = cache.entry_path(user, cache.file_sha256(path / "trace_code.npz"))
     entry.write_text("{truncated")
     run = load_run(path, store=cache.MetricsStore(user))
     assert len(count_calls) == 4 and run.complete
@@ -166,9 +166,15 @@ def test_a_cachesim_change_invalidates_the_cache(tmp_path, count_calls, monkeypa
     assert len(count_calls) == 3
     entry = user_entry(tmp_path / "user", path / "trace_code.npz")
     assert entry["cachesim"] == cache.cachesim_fingerprint() and len(entry["cachesim"]) == 64
+    real = cache.cachesim_fingerprint
     monkeypatch.setattr(cache, "cachesim_fingerprint", lambda: "0" * 64)  # the simulator's code changed
     load_run(path, store=cache.MetricsStore(tmp_path / "user"))
     assert len(count_calls) == 6
+    # Another checkout with the first code, sharing the user cache: its entries were kept, not overwritten.
+    monkeypatch.setattr(cache, "cachesim_fingerprint", real)
+    store = cache.MetricsStore(tmp_path / "user")
+    load_run(path, store=store)
+    assert store.computed == 0 and len(list((tmp_path / "user").glob("*.json"))) == 6
 
 
 def test_the_fingerprint_covers_every_module_the_metrics_run():
