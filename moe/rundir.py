@@ -287,7 +287,7 @@ def log_line(record: dict[str, Any]) -> str:
     """One log.jsonl line, strict JSON: non-finite floats are written as null and their keys listed.
 
     ``{"step": 1, "tok_s": NaN}`` becomes ``{"step": 1, "tok_s": null, "nonfinite": ["tok_s"]}``, so
-    strict readers (JavaScript, jq, pandas with ``allow_nan=False``) accept every line.
+    strict JSON parsers (JavaScript's JSON.parse, jq, Go) accept every line.
     """
     flagged = [key for key, value in record.items() if _has_nonfinite(value)]
     clean = {key: _finite_or_none(value) for key, value in record.items()}
