@@ -8,6 +8,8 @@ that knows what lives in it:
 ``config.json``      the run record: the reference runs' top-level keys, ours,
                      and the full resolved config (``moe.run.config_record``)
 ``final_eval.json``  ``{domain: {val_loss, val_ppl, tokens}}``
+``eval_windows.npz`` per evaluation window, its mean CE (``ce_<domain>``, (N,) float64) and
+                     ``window_tokens``: the paired bootstrap of ``analysis`` resamples them
 ``trace_<d>.npz``    router traces, one per domain (``cachesim.trace`` format)
 ``metrics.json``     mean PPLs and cache metrics; written last by ``main.py``
 ``log.jsonl``        one training record per ``train.log_every`` steps
@@ -44,11 +46,13 @@ import math
 import os
 import pathlib
 import tempfile
+import zipfile
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 CONFIG = "config.json"
 FINAL_EVAL = "final_eval.json"
+EVAL_WINDOWS = "eval_windows.npz"
 METRICS = "metrics.json"
 LOG = "log.jsonl"
 EVAL_LOG = "eval.jsonl"
@@ -352,6 +356,48 @@ def truncate_log(workdir: PathLike, last_step: int, warn: Callable[[str], None] 
         return
     kept = [r for r in read_log(workdir, warn, name) if r["step"] <= last_step]
     write_atomic(path, "".join(log_line(r) + "\n" for r in kept))
+
+
+# ---------------------------------------------------------------- per-window evaluation losses
+
+
+def write_eval_windows(workdir: PathLike, window_losses: dict[str, Any], window_tokens: int) -> None:
+    """eval_windows.npz: each domain's per-window mean CE (``ce_<domain>``) and the window length.
+
+    Written next to final_eval.json so that analysis can bootstrap PPL over
+    evaluation windows (every run of a study is evaluated on the same windows,
+    so run A's window i pairs with run B's). numpy is imported here only: the
+    module stays importable without it.
+    """
+    import io
+
+    import numpy as np
+
+    arrays = {f"ce_{d}": np.asarray(v, dtype=np.float64).reshape(-1) for d, v in window_losses.items()}
+    buffer = io.BytesIO()
+    np.savez(buffer, window_tokens=np.int64(window_tokens), **arrays)
+    write_atomic(pathlib.Path(workdir) / EVAL_WINDOWS, buffer.getvalue())
+
+
+def read_eval_windows(workdir: PathLike) -> tuple[dict[str, Any], int] | None:
+    """({domain: (N,) float64 per-window mean CE}, window tokens) of eval_windows.npz; None without the file."""
+    import numpy as np
+
+    path = pathlib.Path(workdir) / EVAL_WINDOWS
+    if not path.is_file():
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            losses = {name[len("ce_"):]: np.asarray(data[name], dtype=np.float64)
+                      for name in data.files if name.startswith("ce_")}
+            window_tokens = int(data["window_tokens"])
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
+        raise RunDirError(f"{path}: not a readable {EVAL_WINDOWS} ({e}); re-evaluate the run or remove the "
+                          "file") from None
+    if not losses or window_tokens <= 0 or any(v.ndim != 1 or v.size == 0 for v in losses.values()):
+        raise RunDirError(f"{path}: expected ce_<domain> (N,) arrays and a positive window_tokens; "
+                          "re-evaluate the run or remove the file")
+    return losses, window_tokens
 
 
 # ---------------------------------------------------------------- progress
