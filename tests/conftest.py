@@ -102,3 +102,35 @@ def pytest_collection_modifyitems(config, items):
         if name in SHARED_MODULE_FIXTURES:
             item.add_marker(pytest.mark.xdist_group(name.removesuffix(".py")))
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: file order otherwise
+
+
+# ---------------------------------------------------------------- fixtures shared by xdist workers
+import contextlib  # noqa: E402
+import fcntl  # noqa: E402
+
+
+def shared_dir(tmp_path_factory, name: str, build) -> pathlib.Path:
+    """A directory built once per test session, whichever xdist worker asks first.
+
+    The workers of one session share the parent of their base temp dirs; the first to take
+    the lock runs ``build(directory)``, the others wait and reuse its result (a ``.done`` marker
+    is written only after ``build`` returned, so a failed build is retried, not reused). Without
+    xdist it is a plain per-session directory.
+    """
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    directory, done = root / f"shared-{name}", root / f"shared-{name}.done"
+    with open(root / f"shared-{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if not done.exists():
+                if directory.exists():
+                    import shutil
+                    shutil.rmtree(directory)  # a build that failed half-way
+                directory.mkdir(parents=True)
+                build(directory)
+                done.write_text("ok")
+        finally:
+            with contextlib.suppress(OSError):
+                fcntl.flock(lock, fcntl.LOCK_UN)
+    return directory
