@@ -81,26 +81,19 @@ def kill_seed() -> int:
 
 # ---------------------------------------------------------------- scheduling
 # With -n auto, the suite's wall time is set by its longest tests: start them first so that
-# they do not run alone at the end. Modules whose tests share an expensive module fixture run
-# on one worker (xdist_group; effective with --dist loadgroup, set in pyproject's addopts),
-# so that fixture is built once rather than once per worker.
-SLOW_FIRST = (  # slowest first (cold timings of the suite; see benchmarks/README or the issue log)
-    "test_analysis_reference.py", "test_arm_m_multiprocess.py", "test_arm_m_finetune.py",
-    "test_launch_distributed.py", "test_main.py", "test_launch_sweep.py", "test_train.py", "test_vmap_seeds.py",
+# they do not run alone at the end. (xdist_group / --dist loadgroup would keep a module's
+# tests on one worker, but with pytest 9 and xdist 3.8 the group suffix never reaches the
+# scheduler; expensive fixtures are shared across workers with shared_dir below instead.)
+SLOW_FIRST = (  # slowest first (cold timings of the suite on 2 cores)
+    "test_analysis_reference.py", "test_arm_m_multiprocess.py", "test_launch_distributed.py",
+    "test_arm_m_finetune.py", "test_main.py", "test_vmap_seeds.py", "test_train.py", "test_launch_sweep.py",
     "test_cached_eval_frontier.py", "test_analysis_cli.py", "test_arm_m_prefetch.py",
-    "test_cachesim_reference_data.py", "test_arm_m_lora.py", "test_cached_eval_parity.py",
+    "test_cachesim_reference_data.py", "test_arm_m_lora.py", "test_cached_eval_parity.py", "test_dispatch_in_model.py",
 )
-SHARED_MODULE_FIXTURES = ("test_main.py", "test_arm_m_finetune.py", "test_launch_distributed.py",
-                          "test_analysis_reference.py")
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group markers
 def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(SLOW_FIRST)}
-    for item in items:
-        name = item.path.name
-        if name in SHARED_MODULE_FIXTURES:
-            item.add_marker(pytest.mark.xdist_group(name.removesuffix(".py")))
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: file order otherwise
 
 

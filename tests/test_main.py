@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from moe import rundir
-from tests.conftest import REPO, kill_seed, wait_for
+from tests.conftest import REPO, kill_seed, shared_dir, wait_for
 
 
 def first_log_step(path):
@@ -39,10 +39,11 @@ def test_dry_run_prints_sizes_and_memory():
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("straight")
-    proc = main_py(*TINY, f"--workdir={workdir}")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return workdir
+    def build(workdir):  # once per session, whichever xdist worker gets here first (tests only read it)
+        proc = main_py(*TINY, f"--workdir={workdir}")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+
+    return shared_dir(tmp_path_factory, "main-straight", build)
 
 
 @pytest.mark.slow
