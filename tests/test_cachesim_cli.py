@@ -82,7 +82,7 @@ def test_collapse_is_flagged(tmp_path, capsys):
 
 @pytest.mark.parametrize("argv, message", [
     (["--capacity", "1.5"], "capacity fraction must be in [0, 1]"),
-    (["--policies", "fifo"], "unknown policy"),
+    (["--policies", "psychic"], "unknown policy"),
     (["--lru-recency", "clock"], "unknown LRU recency"),
     (["--layers", "7"], "has layers 0..2"),
     (["--layers", "a,b"], "use 'all'"),
