@@ -325,8 +325,9 @@ def simulate(traces: Sequence[Trace], specs: Sequence[CacheSpec], *,
     if external:
         from cachesim.lcs.engine import simulate_external
 
-        for trace, selection, misses in zip(traces, selections, results):
-            misses[:, external] = simulate_external(trace, selection, [specs[s] for s in external])
+        got = simulate_external(traces, selections, [specs[s] for s in external])
+        for misses, external_misses in zip(results, got):
+            misses[:, external] = external_misses
     native = [s for s, spec in enumerate(specs) if spec.engine == "cachesim"]
     for layout in ("layer", "global"):
         chosen = [s for s in native if scope.rows_scope(specs[s]) == layout]

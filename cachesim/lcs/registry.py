@@ -41,12 +41,15 @@ POLICIES: dict[str, ExternalPolicy] = {
     "lruk": ExternalPolicy("LRUK", (("k", 2),)),
     "lecar": ExternalPolicy("LeCaR"),
     "lfuda": ExternalPolicy("LFUDA", min_capacity=2, why="LFUDA crashes at one object"),
-    "lirs": ExternalPolicy("LIRS", min_capacity=2, why="LIRS needs room for a HIR block"),
-    "clockpro": ExternalPolicy("ClockPro", min_capacity=2,
-                               why="CLOCK-Pro needs a hot and a cold page"),
+    "lirs": ExternalPolicy("LIRS", min_capacity=12,
+                           why="below 12 objects (and at 11) libCacheSim's LIRS does not keep a "
+                               "working set of that size resident"),
+    # Cacheus splits the cache between SR-LRU and CR-LFU; at many sizes (2-11, 13-17, ...)
+    # a working set of the full size does not stay resident (cachesim/README.md).
     "cacheus": ExternalPolicy("Cacheus", min_capacity=2,
                               why="Cacheus splits the cache between SR-LRU and CR-LFU"),
     "twoq": ExternalPolicy("TwoQ", min_capacity=4, why="2Q's A1in queue is 25% of the cache"),
+    # SLRU's four segments hold floor(c/4) objects each: 4·floor(c/4) in all.
     "slru": ExternalPolicy("SLRU", min_capacity=4, why="SLRU has four segments of 25%"),
     "s3fifo": ExternalPolicy("S3FIFO", min_capacity=20,
                              why="S3-FIFO's small FIFO (10% of the cache) admits only objects "
