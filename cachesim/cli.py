@@ -9,15 +9,28 @@ reported on stderr for every trace that has it.
 from __future__ import annotations
 
 import argparse
+import pathlib
 import json
 import sys
 from collections.abc import Sequence
 
-from cachesim import metrics
+import numpy as np
+
+from cachesim import metrics, policies
 from cachesim.cli_util import ArgumentParser, parse_list
-from cachesim.policies import POLICIES, RECENCY_MODES, ROUNDING_MODES, CacheSpec, CacheSpecError
-from cachesim.simulate import SimulationError, simulate
+from cachesim.policies import ALL_CAPACITIES, RECENCY_MODES, ROUNDING_MODES, CacheSpec, CacheSpecError
+from cachesim.simulate import SimulationError, miss_curves, simulate
 from cachesim.trace import Trace, TraceError, load_trace
+
+
+def _word_list(parse):
+    """An argparse type from a `cachesim.policies` parser (exit 2 on bad words)."""
+    def parsed(text):
+        try:
+            return parse(text)
+        except CacheSpecError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return parsed
 
 
 def _parser() -> ArgumentParser:
@@ -27,10 +40,12 @@ def _parser() -> ArgumentParser:
     parser.add_argument("traces", nargs="+", help="trace .npz files (reference format)")
     parser.add_argument("--policies", default="lru,lfu,static,belady",
                         type=lambda s: parse_list(s, str, "--policies"),
-                        help="comma-separated subset of " + ",".join(POLICIES))
+                        help="comma-separated subset of " + ",".join(policies.ALL_POLICIES)
+                             + " (all but lru,lfu,static,belady run through libCacheSim)")
     size = parser.add_mutually_exclusive_group()
-    size.add_argument("--capacity", type=lambda s: parse_list(s, float, "--capacity"),
-                      help="capacities as fractions of E (default 0.125,0.25,0.5)")
+    size.add_argument("--capacity", type=_word_list(policies.parse_capacities),
+                      help="capacities as fractions of E (of L·E for --scope global), or 'all': "
+                           "every capacity 0..E, the miss-ratio curve (default 0.125,0.25,0.5)")
     size.add_argument("--capacity-count", type=lambda s: parse_list(s, int, "--capacity-count"),
                       help="capacities as expert counts")
     parser.add_argument("--rounding", choices=ROUNDING_MODES, default="ceil",
@@ -44,6 +59,12 @@ def _parser() -> ArgumentParser:
     parser.add_argument("--lru-recency", default=["request"],
                         type=lambda s: parse_list(s, str, "--lru-recency"),
                         help="LRU recency modes: request,token (default request)")
+    parser.add_argument("--scope", default=[("layer", "shared")], type=_word_list(policies.parse_scopes),
+                        help="cache scopes: layer (a cache per layer), global (one for all layers), "
+                             "global-uniform, global-demand (a global budget split per layer)")
+    parser.add_argument("--static-fit", default=[None], type=_word_list(policies.parse_static_fits),
+                        help="traces the static pin is fitted on: self (the scored trace) or a "
+                             "trace .npz of the same model (default self)")
     parser.add_argument("--format", choices=("json", "table"), default="table")
     return parser
 
@@ -64,51 +85,82 @@ def _layer_selection(text: str, trace: Trace) -> list[int]:
 
 
 def _specs(args: argparse.Namespace) -> list[CacheSpec]:
-    """Specs ordered by capacity, then policy (and its option values)."""
-    unknown = [p for p in args.policies if p not in POLICIES]
+    """Specs ordered by capacity, then scope, then policy (and its option values)."""
+    unknown = [p for p in args.policies if p not in policies.ALL_POLICIES]
     bad_recency = [r for r in args.lru_recency if r not in RECENCY_MODES]
     if unknown:
         raise CacheSpecError(f"unknown policy {unknown[0]!r}; use a subset of "
-                             f"{','.join(POLICIES)}")
+                             f"{','.join(policies.ALL_POLICIES)}")
     if bad_recency:
         raise CacheSpecError(f"unknown LRU recency {bad_recency[0]!r}; use request or token")
     if args.capacity_count is not None:
         sizes = [{"capacity": c} for c in args.capacity_count]
+    elif args.capacity == ALL_CAPACITIES:  # one curve per spec: its capacity is a placeholder
+        sizes = [{"capacity": 0}]
     else:
-        fractions = args.capacity or [0.125, 0.25, 0.5]
+        fractions = [size["fraction"] for size in args.capacity] if args.capacity else [0.125, 0.25, 0.5]
         sizes = [{"fraction": f, "rounding": args.rounding} for f in fractions]
     specs = []
     for size in sizes:
-        for policy in args.policies:
-            if policy == "lru":
-                specs += [CacheSpec("lru", recency=r, **size) for r in args.lru_recency]
-            elif policy == "static":
-                specs += [CacheSpec("static", warmup=w, **size) for w in args.static_warmup]
-            else:
-                specs.append(CacheSpec(policy, **size))
+        for scope, quota in args.scope:
+            size_scope = dict(size, scope=scope, quota=quota)
+            for policy in args.policies:
+                if policy == "lru":
+                    specs += [CacheSpec("lru", recency=r, **size_scope) for r in args.lru_recency]
+                elif policy == "static":
+                    specs += [CacheSpec("static", warmup=w, fit=fit, **size_scope)
+                              for fit in args.static_fit for w in args.static_warmup]
+                else:
+                    specs.append(CacheSpec(policy, **size_scope))
     return specs
 
 
+def _simulate(traces: Sequence[Trace], specs: Sequence[CacheSpec], layers, fits, curves: bool):
+    """Per trace, (misses (layers, columns), [(spec, capacity)] per column): the
+    specs at their capacities, or every capacity of each spec's curve."""
+    if not curves:
+        return [(m, [(spec, spec.capacity_for(spec.keys(t.num_layers if layers is None else
+                                                         len(layers), t.num_experts)))
+                     for spec in specs])
+                for t, m in zip(traces, simulate(traces, specs, layers=layers, fits=fits))]
+    out = []
+    for curve_list in miss_curves(traces, specs, layers=layers, fits=fits):
+        columns = [(spec, c) for spec, curve in zip(specs, curve_list)
+                   for c in range(curve.shape[1]) if curve[0, c] >= 0]
+        misses = [curve[:, c] for curve in curve_list for c in range(curve.shape[1]) if curve[0, c] >= 0]
+        out.append((np.stack(misses, axis=1), columns))
+    return out
+
+
 def cache_records(paths: Sequence[str], traces: Sequence[Trace], specs: Sequence[CacheSpec],
-                  selections: Sequence[str]) -> list[dict]:
-    """The CLI's records (see cachesim/README.md), all from one simulation."""
+                  selections: Sequence[str], fits: dict[str, Trace] | None = None,
+                  curves: bool = False) -> list[dict]:
+    """The CLI's records (see cachesim/README.md), all from one simulation
+    (`curves`: every capacity of each spec, from one replay per cache)."""
     layer_lists = [[_layer_selection(text, trace) for text in selections] for trace in traces]
     needed = [sorted({layer for layers in lists for layer in layers}) for lists in layer_lists]
     shared = needed[0] if all(n == needed[0] for n in needed) else None
-    misses_all = simulate(traces, specs, layers=shared)
+    global_specs = any(spec.scope == "global" for spec in specs)
+    if global_specs and len({tuple(layers) for lists in layer_lists for layers in lists}) > 1:
+        raise SimulationError("a global cache serves one layer selection; give one --layers with "
+                              "--scope global")
+    misses_all = _simulate(traces, specs, shared if not global_specs else layer_lists[0][0], fits,
+                           curves)
     records = []
-    for path, trace, lists, misses in zip(paths, traces, layer_lists, misses_all):
-        row_of = {layer: i for i, layer in enumerate(shared or range(trace.num_layers))}
+    for path, trace, lists, (misses, columns) in zip(paths, traces, layer_lists, misses_all):
+        row_of = {layer: i for i, layer in enumerate((shared if not global_specs else lists[0])
+                                                     or range(trace.num_layers))}
         collapsed = metrics.collapse_counts(trace)
         for layers in lists:
             rows = [row_of[layer] for layer in layers]
-            for s, spec in enumerate(specs):
-                capacity = spec.capacity_for(trace.num_experts)
+            for s, (spec, capacity) in enumerate(columns):
+                keys = spec.keys(len(layers), trace.num_experts)
                 total = int(misses[rows, s].sum())
                 record = {
                     "trace": path, "name": trace.name, "layers": layers,
-                    "policy": spec.policy, "capacity": capacity,
-                    "capacity_frac": capacity / trace.num_experts,
+                    "policy": spec.policy, "engine": spec.engine, "scope": spec.scope,
+                    "quota": spec.quota, "capacity": capacity,
+                    "capacity_frac": capacity / keys,
                     "rounding": spec.rounding if spec.fraction is not None else None,
                     "num_tokens": trace.num_tokens, "num_experts": trace.num_experts,
                     "k": trace.k, "misses": total,
@@ -120,6 +172,7 @@ def cache_records(paths: Sequence[str], traces: Sequence[Trace], specs: Sequence
                     record["lru_recency"] = spec.recency
                 if spec.policy == "static":
                     record["static_warmup"] = spec.warmup
+                    record["static_fit"] = spec.fit
                 records.append(record)
     return records
 
@@ -136,7 +189,10 @@ def format_table(records: Sequence[dict], num_layers: dict[str, int]) -> str:
         if policy == "lru" and r["lru_recency"] == "token":
             policy = "lru(token)"
         if policy == "static":
-            policy = f"static(w={r['static_warmup']:g})"
+            fit = "" if r["static_fit"] is None else f",fit={pathlib.Path(r['static_fit']).name}"
+            policy = f"static(w={r['static_warmup']:g}{fit})"
+        if r["scope"] == "global":
+            policy += "@global" + ("" if r["quota"] == "shared" else f"-{r['quota']}")
         rows.append((r["trace"], _layers_label(r["layers"], num_layers[r["trace"]]), policy,
                      str(r["capacity"]), f"{r['capacity_frac']:.4f}",
                      f"{r['misses_per_token']:.4f}", f"{r['hit_rate']:.4f}"))
@@ -160,7 +216,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         specs = _specs(args)
         traces = [load_trace(path) for path in args.traces]
-        records = cache_records(args.traces, traces, specs, args.layers or ["all"])
+        fits = {fit: load_trace(fit) for fit in args.static_fit if fit is not None}
+        records = cache_records(args.traces, traces, specs, args.layers or ["all"], fits,
+                                curves=args.capacity == ALL_CAPACITIES)
     except (TraceError, CacheSpecError, SimulationError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

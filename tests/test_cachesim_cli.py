@@ -133,3 +133,40 @@ def test_module_entry_point(traces):
                             capture_output=True, text=True, cwd=REPO, check=False)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)[0]["policy"] == "lru"
+
+
+def test_scopes_fits_and_curves_from_the_cli(traces, capsys):
+    """--scope, --static-fit and --capacity all: records match the reference oracle."""
+    code, out, _ = _run([traces[0], "--policies", "lru,static", "--capacity-count", "4",
+                         "--scope", "layer,global,global-uniform", "--static-fit", f"self,{traces[1]}",
+                         "--format", "json"], capsys)
+    assert code == 0
+    records = json.loads(out)
+    assert len(records) == 3 * (1 + 2)  # scopes x (lru + two static fits)
+    trace = random_trace(0, 3, 40, 2, 8, skew=0.4)
+    other = random_trace(1, 3, 40, 2, 8, skew=0.4)
+    for r in records:
+        assert r["engine"] == "cachesim"
+        spec = CacheSpec(r["policy"], capacity=4, scope=r["scope"], quota=r["quota"],
+                         fit=None if r.get("static_fit") is None else "other")
+        want = sum(ref.layer_misses(trace.experts.tolist(), spec, 8,
+                                    other.experts.tolist() if spec.fit else None))
+        assert r["misses"] == want, r
+        assert r["capacity_frac"] == 4 / (24 if r["scope"] == "global" else 8)
+    code, out, _ = _run([traces[0], "--policies", "lru", "--capacity", "all", "--scope", "global",
+                         "--format", "json"], capsys)
+    curve = json.loads(out)
+    assert [r["capacity"] for r in curve] == list(range(25))  # 0..L·E
+    assert curve[0]["hit_rate"] == 0 and curve[-1]["misses"] == sum(
+        len(np.unique(trace.experts[layer])) for layer in range(3))
+
+
+def test_new_options_reject_bad_words_with_exit_2(traces, capsys):
+    for argv in (["--scope", "everywhere"], ["--capacity", "most"], ["--static-fit", ""]):
+        with pytest.raises(SystemExit) as exc:
+            cli.main([traces[0], *argv])
+        assert exc.value.code == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and err.count("\n") == 1
+    code, _, err = _run([traces[0], "--scope", "global", "--layers", "0", "--layers", "1"], capsys)
+    assert code == 1 and "one layer selection" in err
