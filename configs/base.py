@@ -140,6 +140,9 @@ def base_config(arm: str, arg: str | None, arm_defaults: dict | None = None) -> 
         batch_size=8,
         trace_probs=False,  # also store (L, T, E) float16 router probabilities in traces
         cache_metrics=True,  # cachesim metrics per domain into metrics.json
+        # Tokens of each domain's training split traced into trace_<domain>_train.npz (0: none):
+        # metrics.json's out-of-sample static pin ("static_train") is fitted on them.
+        train_trace_tokens=128 if size == "tiny" else 65536,
     ))
     if size in ("smoke", "tiny"):
         # CPU sizes: XLA:CPU has no fast bf16 matmul and remat only trades speed for

@@ -66,6 +66,15 @@ def domain_summary(ce: np.ndarray) -> dict[str, float | int]:
     return {"val_loss": mean, "val_ppl": math.exp(mean), "tokens": int(ce.size)}
 
 
+def _trace(config: ml_collections.ConfigDict, out: dict, domain: str, split: str = ""):
+    from cachesim.trace import make_trace
+
+    return make_trace(out["experts"], config.model.num_experts, probs=out.get("probs"),
+                      model=f"{config.model.size}/{config.run_name}",
+                      source=f"{config.data.corpus}:{domain}{':' + split if split else ''}",
+                      name=f"{domain}{'_' + split if split else ''}")
+
+
 def evaluate_and_trace(config: ml_collections.ConfigDict, eval_step: Callable, params: Any,
                        windows: dict[str, np.ndarray], log: Callable[[str], None]) -> tuple[dict, dict]:
     """(final_eval, traces) of one run: each domain's windows evaluated, its router trace recorded.
@@ -73,16 +82,20 @@ def evaluate_and_trace(config: ml_collections.ConfigDict, eval_step: Callable, p
     ``eval_step`` from :func:`make_eval_step`; seeds of one config share it (one
     compile). ``windows``: ``{domain: (N, T+1) tokens}``.
     """
-    from cachesim.trace import make_trace
-
     final_eval, traces = {}, {}
     for domain, tokens in windows.items():
         t0 = time.perf_counter()
         out = evaluate_windows(eval_step, params, tokens, config.eval.batch_size)
         final_eval[domain] = domain_summary(out["ce"])
-        traces[domain] = make_trace(out["experts"], config.model.num_experts, probs=out.get("probs"),
-                                    model=f"{config.model.size}/{config.run_name}",
-                                    source=f"{config.data.corpus}:{domain}", name=domain)
+        traces[domain] = _trace(config, out, domain)
         log(f"eval {domain}: loss {final_eval[domain]['val_loss']:.4f} ppl {final_eval[domain]['val_ppl']:.2f} "
             f"({out['ce'].size:,} tokens, {time.perf_counter() - t0:.1f}s)")
     return final_eval, traces
+
+
+def trace_split(config: ml_collections.ConfigDict, eval_step: Callable, params: Any,
+                windows: dict[str, np.ndarray], split: str) -> dict:
+    """``{domain: trace}`` of other windows (e.g. the training split's) through the same eval step."""
+    return {domain: _trace(config, evaluate_windows(eval_step, params, tokens, config.eval.batch_size),
+                           domain, split)
+            for domain, tokens in windows.items()}
