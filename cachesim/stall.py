@@ -9,7 +9,10 @@ prefetch admission, and reports the stall per committed token
 with its tail (p50/p95/p99/max of per-step stall), timely required-byte
 recall, unused prefetched bytes, lead slack, union bytes per committed token,
 the stall-conversion efficiency eta = (S_0 - S) / prefetched GB per token, and
-tokens/s = 1 / (compute + S + overhead) per committed token.
+tokens/s = 1 / (compute + S + overhead) per committed token. When the trace has
+fewer MoE layers than the named model, the per-layer results are also
+projected to the model's layers (`cachesim.timed.projection`), and the output
+says so: the simulated model is the named one's sizes on the trace's layers.
 
 The library is `cachesim.timed` (its package docstring has the pipeline);
 this module is its command line.
@@ -34,6 +37,7 @@ from cachesim.timed.compare import compare_policies, prepare
 from cachesim.timed.engine import PrefetchConfig, run_timed
 from cachesim.timed.metrics import json_safe, run_header, summarize, write_jsonl
 from cachesim.timed.prefetch import ADMISSIONS, SOURCES
+from cachesim.timed.projection import needs_projection, projection
 from cachesim.timed.residency import PLACEMENTS, Speculation
 from cachesim.timed.spec import StallConfigError, load_hardware, load_model, parse_bytes
 from cachesim.trace import load_trace
@@ -42,6 +46,16 @@ from cachesim.trace import load_trace
 # ---------------------------------------------------------------- CLI
 
 def _format_table(run: dict[str, Any]) -> str:
+    text = _format_rows(run, run["results"])
+    if "projection" in run:
+        projected = run["projection"]
+        text += (f"\n{projected['note']}; {run['model']} above is the simulated "
+                 f"{projected['trace_layers']}-layer model, tok/s of {projected['model']} below\n"
+                 + _format_rows(run, projected["results"], header=False))
+    return text
+
+
+def _format_rows(run: dict[str, Any], results: list[dict[str, Any]], header: bool = True) -> str:
     ms = 1e3
     lines = [f"trace {run['trace']}: {run['committed_tokens']} tokens, model {run['model']}, "
              f"hardware {run['hardware']}, cache {run['cache']} x{run['capacity_per_layer']}"
@@ -50,7 +64,9 @@ def _format_table(run: dict[str, Any]) -> str:
              f"{'policy':<18}{'source':<11}{'budget GB':>10}{'S ms':>9}{'p50':>8}{'p95':>8}"
              f"{'p99':>8}{'max':>8}{'tok/s':>8}{'recall':>8}{'pf GB/t':>9}{'unused GB/t':>12}"
              f"{'slack ms':>9}{'eta s/GB':>9}"]
-    for row in run["results"]:
+    if not header:
+        lines = lines[1:]
+    for row in results:
         tail = row["step_stall_s"]
         budget = row["budget_bytes_per_step"]
         budget_text = "-" if row["policy"] == "none" else (
@@ -148,12 +164,15 @@ def _run_cli(args: argparse.Namespace) -> list[dict[str, Any]]:
         else:
             rows = compare_policies(work, admissions, budgets, source=args.source,
                                     queue_slots=args.queue, max_candidates=args.max_candidates)
-        runs.append({"trace": work.trace_name, "trace_path": str(path),
-                     "model": work.model.name, "quant": work.model.quant,
-                     "hardware": hardware.name, "cache": work.residency.label,
-                     "capacity_per_layer": work.residency.capacity, "placement": work.placement,
-                     "queue_slots": args.queue, "speculation": speculation.label,
-                     "committed_tokens": work.committed_tokens, "results": rows})
+        run = {"trace": work.trace_name, "trace_path": str(path),
+               "model": work.model.name, "quant": work.model.quant,
+               "hardware": hardware.name, "cache": work.residency.label,
+               "capacity_per_layer": work.residency.capacity, "placement": work.placement,
+               "queue_slots": args.queue, "speculation": speculation.label,
+               "committed_tokens": work.committed_tokens, "results": rows}
+        if needs_projection(base_model, trace.num_layers):
+            run["projection"] = projection(base_model, trace.num_layers, rows)
+        runs.append(run)
     return runs
 
 

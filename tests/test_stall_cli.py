@@ -213,3 +213,33 @@ def test_reference_runs_give_a_stall_report(reference_dir):
     rows = timed.compare_policies(work, ["none", "oracle"], [float("inf")], source="oracle")
     assert rows[1]["stall_per_token_s"] <= rows[0]["stall_per_token_s"]
     assert rows[0]["misses_per_token"] == misses / 300
+
+
+def test_a_shallower_trace_is_projected_to_the_named_model(small_trace, capsys):
+    """An 8-layer trace under the 12-layer moe-340m preset: the simulated model
+    is moe-340m@L8E16k2; the projection scales per-layer results by 12/8 and
+    recomputes tok/s for the 12 layers; the default cache is what fits beside
+    moe-340m's own dense weights."""
+    code = stall.main(["--trace", str(small_trace), "--model", "moe-340m", "--capacity", "2",
+                       "--placement", "slowest", "--policies", "none", "--format", "json"])
+    assert code == 0
+    (run,) = json.loads(capsys.readouterr().out)["runs"]
+    assert run["model"] == "moe-340m@L8E16k2"
+    projected = run["projection"]
+    assert (projected["model"], projected["layers"], projected["trace_layers"]) == ("moe-340m", 12, 8)
+    (row,), (proj,) = run["results"], projected["results"]
+    assert proj["stall_per_token_s"] == pytest.approx(1.5 * row["stall_per_token_s"])
+    assert proj["union_bytes_per_token"] == pytest.approx(1.5 * row["union_bytes_per_token"])
+    assert proj["tokens_per_s"] == pytest.approx(1 / (1.5 * (row["compute_per_token_s"]
+                                                             + row["stall_per_token_s"])
+                                                      + row["overhead_per_token_s"]))
+    assert proj["tokens_per_s"] < row["tokens_per_s"]
+    # The table says what it projected to, and which tok/s is whose.
+    assert stall.main(["--trace", str(small_trace), "--model", "moe-340m", "--capacity", "2",
+                       "--policies", "none"]) == 0
+    text = capsys.readouterr().out
+    assert "projected to moe-340m's 12 MoE layers from the trace's 8" in text
+    # Same depth: nothing to project.
+    assert stall.main(["--trace", str(small_trace), "--model", "moe-137m", "--capacity", "2",
+                       "--policies", "none", "--format", "json"]) == 0
+    assert "projection" not in json.loads(capsys.readouterr().out)["runs"][0]
