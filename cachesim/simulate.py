@@ -191,7 +191,7 @@ def recency_stacks(last: np.ndarray, seen: np.ndarray, depth: int) -> np.ndarray
 # Keys up to which recency starts come from a window before each chunk
 # (a (chunks, window, keys) comparison) instead of a sort of the row.
 _WINDOW_KEYS = 64
-_WINDOW = 64
+_WINDOW = 32
 _FIRST_PREFIX = 4096
 
 
@@ -199,18 +199,22 @@ def recency_inputs(rows: Sequence[np.ndarray], num_chunks: int, length: int, dep
                    num_keys: int) -> tuple[np.ndarray, np.ndarray]:
     """What `cachesim.stack.replay_recency` reads of 1-D request rows.
 
-    Returns the lane-major requests (`stack.lane_major`) with every key's
-    first request flagged by stack.FIRST, and (rows, num_chunks, depth) exact
-    recency stacks at the chunk starts: the `depth` most recent keys, most
-    recent first, then the smallest unseen keys. For few keys both come from
-    short scans — a prefix for first requests, a window before each start for
-    the stacks — and a row falls back to a sort where they do not settle it.
+    Returns the (rows, num_chunks · length) requests (`stack.request_dtype`,
+    -1 padding) with every key's first request flagged, and (rows, num_chunks,
+    depth) exact recency stacks at the chunk starts: the `depth` most recent
+    keys, most recent first, then the smallest unseen keys. For few keys both
+    come from short scans — a prefix for first requests, a window before each
+    start for the stacks — and a row falls back to a sort where they do not
+    settle it.
     """
+    dtype, flag = stack.request_dtype(num_keys)
     starts = np.arange(num_chunks) * length
-    requests = stack.lane_major(list(rows), num_chunks, length)
+    requests = np.empty((len(rows), num_chunks * length), dtype)
     guesses = np.empty((len(rows), num_chunks, depth), np.int32)
     for r, row in enumerate(rows):
         row = np.asarray(row)
+        requests[r, :row.size] = row
+        requests[r, row.size:] = -1
         stacks = None
         if num_keys <= _WINDOW_KEYS:
             first = _first_requests(row, num_keys)
@@ -222,7 +226,7 @@ def recency_inputs(rows: Sequence[np.ndarray], num_chunks: int, length: int, dep
             stacks = recency_stacks(last.T, count.T > 0, depth)
             first = np.flatnonzero(history.first & (row >= 0))
         guesses[r] = stacks
-        requests[first % length, r * num_chunks + first // length] |= stack.FIRST
+        requests[r, first] |= flag
     return requests, guesses
 
 
