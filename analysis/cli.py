@@ -2,25 +2,35 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from analysis import cache
+from cachesim.cli_util import CLI
 from moe import rundir
 
 
-def add_run_args(parser: argparse.ArgumentParser) -> None:
-    """RUN_DIR positional arguments plus the metric-cache options every CLI shares."""
-    parser.add_argument("paths", nargs="+", metavar="RUN_DIR",
-                        help="run directories, or folders searched recursively for them")
-    parser.add_argument("--cache-dir", default=None,
-                        help=f"cache for read-only run dirs (default ${cache.ENV_CACHE_DIR} "
-                             "or ~/.cache/cacheable-moe/analysis)")
-    parser.add_argument("--jobs", type=int, default=default_jobs(),
-                        help="worker processes for computing missing metrics (default: %(default)s)")
+def run_command(prog: str, description: str) -> CLI:
+    """A CLI over RUN_DIR positional arguments with the metric-cache flags every analysis CLI shares."""
+    command = CLI(prog, description, positional="RUN_DIR [RUN_DIR ...]",
+                  positional_help="run directories, or folders searched recursively for them")
+    command.define("string", "cache_dir", None,
+                   f"the metric cache (default ${cache.ENV_CACHE_DIR}/analysis or ~/.cache/cacheable-moe/analysis); "
+                   "run directories are never written")
+    command.deprecated("cache-dir", "cache_dir")
+    command.define("integer", "jobs", default_jobs(), "worker processes for computing missing metrics")
+    return command
+
+
+def parse_runs(command: CLI, argv: Sequence[str] | None):
+    """Parses a run_command CLI; at least one RUN_DIR (its paths as ``.paths``)."""
+    args = command.parse(argv)
+    if not args.positional:
+        raise ValueError("no run directory given; pass RUN_DIR (or a folder of them)")
+    args.paths = args.positional
+    return args
 
 
 def default_jobs() -> int:
@@ -28,7 +38,7 @@ def default_jobs() -> int:
     return max(1, min(4, os.cpu_count() or 1))
 
 
-def make_store(args: argparse.Namespace) -> cache.MetricsStore:
+def make_store(args) -> cache.MetricsStore:
     return cache.MetricsStore(cache_dir=args.cache_dir, jobs=args.jobs)
 
 

@@ -21,7 +21,6 @@ a ``config.json``, e.g. the Qwen3 traces). Written under DIR:
 
 from __future__ import annotations
 
-import argparse
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -239,15 +238,18 @@ def make_figures(paths: Sequence[str], out: Path, *, store: MetricsStore, budget
     return written
 
 
+COMMAND = cli.run_command("python -m analysis.figures", __doc__.split("\n\n")[0])
+COMMAND.define("string", "out", None, "folder for the PNG and PDF files (required)")
+COMMAND.define("string", "budget_runs", "", "runs to simulate on a dense capacity grid ('all' or comma-separated "
+               "names); others plot the three cached paper capacities")
+COMMAND.deprecated("budget-runs", "budget_runs")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m analysis.figures", description=__doc__.split("\n\n")[0])
-    cli.add_run_args(parser)
-    parser.add_argument("--out", type=Path, required=True, help="folder for the PNG and PDF files")
-    parser.add_argument("--budget-runs", default="",
-                        help="runs to simulate on a dense capacity grid ('all' or comma-separated names); "
-                             "others plot the three cached paper capacities")
-    args = parser.parse_args(argv)
-    for path in make_figures(args.paths, args.out, store=cli.make_store(args), budget_runs=args.budget_runs):
+    args = cli.parse_runs(COMMAND, argv)
+    if not args.out:
+        raise ValueError("--out is required: the folder for the figures")
+    for path in make_figures(args.paths, Path(args.out), store=cli.make_store(args), budget_runs=args.budget_runs):
         print(path)
     return 0
 

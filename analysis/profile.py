@@ -17,7 +17,6 @@ means over all layers; the cache hit rates are over the layers chosen with
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -28,6 +27,8 @@ import numpy as np
 from analysis import cli, formatting
 from analysis.formatting import Column, Table, fixed, percent
 from analysis.runs import AnalysisError, domain_sort_key
+from cachesim.cli_util import CLI
+from cachesim.policies import parse_capacities
 
 PROFILE_POLICIES = ("lru", "lfu", "static_w0.2", "belady")
 _VALUE_KEYS = ("reuse_lag1", "chance_uniform", "chance_marginal", "working_set_95")
@@ -56,19 +57,20 @@ def load_traces(folder: str | Path) -> dict[str, Any]:
     return traces
 
 
-def _specs(capacity: float, rounding: str, recency: str) -> list:
+def _specs(capacity: int | float, rounding: str, recency: str) -> list:
     from cachesim.policies import CacheSpec
 
-    size = ({"capacity": int(capacity)} if capacity >= 1 else {"fraction": float(capacity), "rounding": rounding})
+    # One capacity syntax (cachesim.policies.parse_capacities): an int is a count, a float a fraction of E.
+    size = {"capacity": capacity} if isinstance(capacity, int) else {"fraction": float(capacity), "rounding": rounding}
     return [CacheSpec("lru", recency=recency, **size), CacheSpec("lfu", **size),
             CacheSpec("static", warmup=0.2, **size), CacheSpec("belady", **size)]
 
 
-def profile(traces: Mapping[str, Any], *, capacity: float = 0.25, rounding: str = "ceil",
+def profile(traces: Mapping[str, Any], *, capacity: int | float = 0.25, rounding: str = "ceil",
             recency: str = "request", layer: int | None = None) -> dict[str, Any]:
     """The profile as a JSON-able dict (unrounded): means over domains plus a per-domain breakdown.
 
-    ``capacity`` < 1 is a fraction of E (rounded by ``rounding``), >= 1 a count.
+    ``capacity``: a float is a fraction of E (rounded by ``rounding``), an int a count.
     """
     from cachesim import metrics as cs
 
@@ -94,7 +96,7 @@ def profile(traces: Mapping[str, Any], *, capacity: float = 0.25, rounding: str 
         "model": first.meta.get("model", ""),
         "num_layers": first.num_layers, "num_experts": first.num_experts, "k": first.k,
         "capacity": specs[0].capacity_for(first.num_experts),
-        "capacity_spec": {"value": capacity, "rounding": rounding if capacity < 1 else None},
+        "capacity_spec": {"value": capacity, "rounding": rounding if isinstance(capacity, float) else None},
         "recency": recency, "layer": "all" if layer is None else layer,
         **{key: float(np.mean([d[key] for d in domains.values()])) for key in _VALUE_KEYS},
         "cache": {p: float(np.mean([d["cache"][p] for d in domains.values()])) for p in PROFILE_POLICIES},
@@ -131,25 +133,31 @@ def report_tables(prof: Mapping[str, Any]) -> list[Table]:
     return [main, sim]
 
 
+COMMAND = CLI("python -m analysis.profile", __doc__.split("\n\n")[0], positional="TRACE_DIR",
+              positional_help="a folder of per-domain trace .npz files")
+COMMAND.define("string", "capacity", "0.25", "cache capacity: a fraction of E with a decimal point (0.25) or a count (4)")
+COMMAND.define("enum", "rounding", "ceil", "rounding of a fractional capacity (the paper's: ceil)",
+               enum_values=["ceil", "round", "floor"])
+COMMAND.define("enum", "recency", "request", "LRU recency granularity", enum_values=["request", "token"])
+COMMAND.define("string", "layer", "all", "layer index for the cache hit rates, or 'all' (mean)")
+COMMAND.define("enum", "format", "markdown", "output format", enum_values=["markdown", "json"])
+COMMAND.define("string", "out", None, "write the report to this file")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m analysis.profile", description=__doc__.split("\n\n")[0])
-    parser.add_argument("trace_dir", metavar="TRACE_DIR")
-    parser.add_argument("--capacity", type=float, default=0.25,
-                        help="cache capacity: a fraction of E if < 1, else a count (default 0.25)")
-    parser.add_argument("--rounding", choices=("ceil", "round", "floor"), default="ceil",
-                        help="rounding of a fractional capacity (default ceil, the paper's)")
-    parser.add_argument("--recency", choices=("request", "token"), default="request", help="LRU recency granularity")
-    parser.add_argument("--layer", default="all", help="layer index for the cache hit rates, or 'all' (mean)")
-    parser.add_argument("--format", choices=("markdown", "json"), default="markdown")
-    parser.add_argument("--out", type=Path, default=None, help="write the report to this file")
-    args = parser.parse_args(argv)
-    if args.capacity < 0 or (args.capacity >= 1 and not float(args.capacity).is_integer()):
-        parser.error("--capacity must be a fraction in [0, 1) or a whole count >= 1")
+    args = COMMAND.parse(argv)
+    if len(args.positional) != 1:
+        raise ValueError("give exactly one TRACE_DIR (a folder of per-domain traces)")
+    capacities = parse_capacities(args.capacity)
+    if len(capacities) != 1:
+        raise ValueError(f"--capacity takes one capacity, got {args.capacity!r}")
+    (capacity,) = capacities
     try:
         layer = None if args.layer == "all" else int(args.layer)
     except ValueError:
-        parser.error(f"--layer must be 'all' or an integer, got {args.layer!r}")
-    prof = profile(load_traces(args.trace_dir), capacity=args.capacity, rounding=args.rounding,
+        raise ValueError(f"--layer must be 'all' or an integer, got {args.layer!r}") from None
+    args.out = Path(args.out) if args.out else None
+    prof = profile(load_traces(args.positional[0]), capacity=capacity, rounding=args.rounding,
                    recency=args.recency, layer=layer)
     if args.format == "json":
         text = json.dumps(prof, indent=1) + "\n"

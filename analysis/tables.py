@@ -27,7 +27,6 @@ they were fine-tuned from, not with arm A at their own token budget.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -252,21 +251,22 @@ def json_rows(runs: Sequence[Run]) -> list[dict[str, Any]]:
     return [summary.run_row(r, runs) for r in sorted(runs, key=_sort_key) if r.complete]
 
 
-def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m analysis.tables", description=__doc__.split("\n\n")[0])
-    cli.add_run_args(parser)
-    parser.add_argument("--format", choices=("markdown", "latex", "csv", "json"), default="markdown")
-    parser.add_argument("--out", type=Path, default=None, help="write one file per table here instead of stdout")
-    parser.add_argument("--tables", default=None,
-                        help=f"comma-separated subset of {', '.join(TABLE_NAMES)} (default: all; "
-                             "complementarity only when a frontier.json exists, transfers only when a "
-                             "transfers.json exists, ablation only when arm-M runs differ in their loss settings)")
-    args = parser.parse_args(argv)
+COMMAND = cli.run_command("python -m analysis.tables", __doc__.split("\n\n")[0])
+COMMAND.define("enum", "format", "markdown", "output format", enum_values=["markdown", "latex", "csv", "json"])
+COMMAND.define("string", "out", None, "write one file per table into this folder instead of stdout")
+COMMAND.define("string", "tables", None, f"comma-separated subset of {', '.join(TABLE_NAMES)} (default: all; "
+               "complementarity only when a frontier.json exists, transfers only when a transfers.json exists, "
+               "ablation only when arm-M runs differ in their loss settings)")
+
+
+def _parse_args(argv: Sequence[str] | None):
+    args = cli.parse_runs(COMMAND, argv)
+    args.out = Path(args.out) if args.out else None
     args.explicit_tables = args.tables is not None
     args.table_names = [t.strip() for t in (args.tables or ",".join(TABLE_NAMES)).split(",") if t.strip()]
     unknown = [t for t in args.table_names if t not in TABLE_NAMES]
     if unknown or not args.table_names:
-        parser.error(f"--tables: unknown {unknown or 'empty'}; choose from {', '.join(TABLE_NAMES)}")
+        raise ValueError(f"--tables: unknown {unknown or 'empty'}; choose from {', '.join(TABLE_NAMES)}")
     return args
 
 
@@ -275,13 +275,13 @@ def _available(runs: Sequence[Run], frontiers: Mapping[str, Any], studies: Mappi
     return {"complementarity": bool(frontiers), "transfers": bool(studies), "ablation": arm_m.ablation_applies(runs)}
 
 
-def _skip_notes(args: argparse.Namespace, available: Mapping[str, bool]) -> list[str]:
+def _skip_notes(args, available: Mapping[str, bool]) -> list[str]:
     """One-line notes for optional tables asked for with --tables that have no input files."""
     notes = {"complementarity": NO_FRONTIER_NOTE, "transfers": NO_TRANSFERS_NOTE}
     return [notes[n] for n in notes if args.explicit_tables and n in args.table_names and not available[n]]
 
 
-def _json_main(args: argparse.Namespace, runs: Sequence[Run], frontiers: Mapping[str, Any],
+def _json_main(args, runs: Sequence[Run], frontiers: Mapping[str, Any],
                studies: Mapping[str, Any]) -> int:
     """main.json (the per-run rows) and/or the optional tables' rows, as selected."""
     available = _available(runs, frontiers, studies)

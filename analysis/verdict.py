@@ -19,9 +19,9 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
+from pathlib import Path
 from collections.abc import Sequence
 from typing import Any
 
@@ -205,16 +205,16 @@ def verdict_json(runs: Sequence[Run]) -> dict[str, Any]:
     }
 
 
+COMMAND = cli.run_command("python -m analysis.verdict", __doc__.split("\n\n")[0])
+COMMAND.define("enum", "format", "text", "output format", enum_values=["text", "json"])
+COMMAND.define("string", "out", None, "write the verdict to this file instead of stdout")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m analysis.verdict", description=__doc__.split("\n\n")[0])
-    cli.add_run_args(parser)
-    parser.add_argument("--format", choices=("text", "json"), default="text")
-    args = parser.parse_args(argv)
+    args = cli.parse_runs(COMMAND, argv)
     runs = load_runs(args.paths, store=cli.make_store(args))
-    if args.format == "json":
-        print(json.dumps(verdict_json(runs), indent=1))
-    else:
-        print(verdict_text(runs), end="")
+    text = json.dumps(verdict_json(runs), indent=1) + "\n" if args.format == "json" else verdict_text(runs)
+    cli.write_or_print(text, Path(args.out).parent if args.out else None, Path(args.out).name if args.out else "")
     return 0
 
 

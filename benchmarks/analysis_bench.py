@@ -41,7 +41,7 @@ def _snapshot(cache_dir: Path) -> dict[str, int]:
 
 def rebuild(runs: Path, cache_dir: Path, jobs: int) -> tuple[float, float, str]:
     """Wall time, CPU time (process and its workers) and stdout of one `analysis.tables` run."""
-    cmd = [sys.executable, "-m", "analysis.tables", str(runs), "--format", "markdown", "--cache-dir",
+    cmd = [sys.executable, "-m", "analysis.tables", str(runs), "--format", "markdown", "--cache_dir",
            str(cache_dir), "--jobs", str(jobs)]
     cpu0, start = _children_cpu(), time.perf_counter()
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=False)

@@ -1,20 +1,46 @@
 """`python -m cachesim.bandwidth`: the bandwidth wall of a MoE on a tier set (`cachesim.timed.bandwidth`).
 
-    python -m cachesim.bandwidth --model qwen3-235b-a22b --hardware rtx3070-ddr4-nvme
-        [--quant q4_k_m] [--trace T.npz] [--batch 1,2,4,...] [--hit-rate 0.5]
-        [--stream-tier nvme] [--format table|json]
+    python -m cachesim.bandwidth --model=qwen3-235b-a22b [--hardware=rtx3070-ddr4-nvme]
+        [--quant=q4_k_m] [TRACE.npz] [--batch=1,2,4,...] [--hit_rate=0.5]
+        [--stream_tier=nvme] [--format=table|json] [--out=FILE]
 """
 
 from __future__ import annotations
 
-import argparse
 import json
+import math
 import sys
 from collections.abc import Sequence
 from typing import Any
 
+import pandas as pd
+
+from cachesim.cli_util import CLI, comma_list, write_output
 from cachesim.timed.bandwidth import report
 from cachesim.timed.spec import StallConfigError, load_hardware, load_model
+
+
+COMMAND = CLI("python -m cachesim.bandwidth", "The bandwidth wall: first-principles decode throughput of a MoE on "
+              "a tier set, batched unions and path-mapped serving (cachesim.timed.bandwidth).",
+              positional="[TRACE.npz]", positional_help="optional router trace: measured unions and path-mapped "
+              "hit rates")
+COMMAND.define("string", "model", None, "model preset name or JSON path")
+COMMAND.define("string", "hardware", "rtx3070-ddr4-nvme", "hardware preset name or JSON path")
+COMMAND.define("string", "quant", None, "quantisation (default: the preset's)")
+COMMAND.define("string", "trace", None, "deprecated: pass the trace as a positional argument")
+COMMAND.define("list", "batch", ["1", "2", "4", "8", "16", "32", "64"], "batch sizes")
+COMMAND.define("float", "hit_rate", None, "path-mapped projection at this compute-tier hit rate")
+COMMAND.deprecated("hit-rate", "hit_rate")
+COMMAND.define("string", "stream_tier", None, "tier misses stream from (default: the slowest)")
+COMMAND.deprecated("stream-tier", "stream_tier")
+COMMAND.define("enum", "format", "table", "output format", enum_values=["table", "json"])
+COMMAND.define("string", "out", None, "write the output to this file instead of stdout")
+
+
+def _frame(rows: list[dict[str, Any]], columns: dict[str, Any]) -> str:
+    """A table of ``rows`` with ``columns`` = {heading: function of a row}."""
+    return pd.DataFrame([{head: fn(r) for head, fn in columns.items()} for r in rows]).to_string(
+        index=False, na_rep="-", float_format=lambda v: f"{v:.4f}")
 
 
 def _format_table(rep: dict[str, Any]) -> str:
@@ -26,21 +52,17 @@ def _format_table(rep: dict[str, Any]) -> str:
              f"{rep['total_bytes'] / gb:.1f} GB total",
              f"hardware {rep['hardware']}", "",
              "first principles: tok/s = bandwidth / bytes per token",
-             f"{'tier':<8}{'GB/s':>10}{'GB/token':>11}{'tok/s':>12}  fits"]
-    for row in rep["first_principles"]:
-        lines.append(f"{row['tier']:<8}{row['bandwidth_Bps'] / gb:>10.1f}"
-                     f"{row['bytes_per_token'] / gb:>11.3f}{row['tokens_per_s']:>12.4f}  "
-                     f"{'yes' if row['model_fits'] else 'no'}")
-    lines += ["", f"batched union of experts, experts streamed from {rep['stream_tier']}, dense "
-              "from the compute tier",
-              f"{'batch':>6}{'U uniform':>11}{'U trace':>10}{'GB/step':>10}{'agg tok/s':>11}"
-              f"{'tok/s/stream':>14}"]
-    for row in rep["batched"]:
-        measured = "-" if row["union_trace"] is None else f"{row['union_trace']:.2f}"
-        lines.append(f"{row['batch']:>6}{row['union_uniform']:>11.2f}{measured:>10}"
-                     f"{row['expert_bytes_per_step'] / gb:>10.3f}"
-                     f"{row['aggregate_tokens_per_s']:>11.4f}"
-                     f"{row['per_stream_tokens_per_s']:>14.4f}")
+             _frame(rep["first_principles"], {
+                 "tier": lambda r: r["tier"], "GB/s": lambda r: r["bandwidth_Bps"] / gb,
+                 "GB/token": lambda r: r["bytes_per_token"] / gb, "tok/s": lambda r: r["tokens_per_s"],
+                 "fits": lambda r: "yes" if r["model_fits"] else "no"}),
+             "", f"batched union of experts, experts streamed from {rep['stream_tier']}, dense from the compute tier",
+             _frame(rep["batched"], {
+                 "batch": lambda r: r["batch"], "U uniform": lambda r: r["union_uniform"],
+                 "U trace": lambda r: math.nan if r["union_trace"] is None else r["union_trace"],
+                 "GB/step": lambda r: r["expert_bytes_per_step"] / gb,
+                 "agg tok/s": lambda r: r["aggregate_tokens_per_s"],
+                 "tok/s/stream": lambda r: r["per_stream_tokens_per_s"]})]
     for projection in rep["path_mapped"]:
         shares = ", ".join(f"{name} {share:.3f}" for name, share in projection["fractions"].items())
         lines += ["", f"path-mapped serving ({projection['hit_rate_source']}): expert reads by "
@@ -50,45 +72,31 @@ def _format_table(rep: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _parse_batches(text: str) -> list[int]:
-    try:
-        return [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise StallConfigError(f"--batch must be comma-separated integers, got {text!r}") from None
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m cachesim.bandwidth",
-                                     description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", required=True, help="model preset name or JSON path")
-    parser.add_argument("--hardware", default="rtx3070-ddr4-nvme",
-                        help="hardware preset name or JSON path")
-    parser.add_argument("--quant", default=None, help="quantisation (default: the preset's)")
-    parser.add_argument("--trace", default=None,
-                        help="router trace .npz: measured unions and path-mapped hit rates")
-    parser.add_argument("--batch", default="1,2,4,8,16,32,64", help="batch sizes")
-    parser.add_argument("--hit-rate", type=float, default=None,
-                        help="path-mapped projection at this compute-tier hit rate")
-    parser.add_argument("--stream-tier", default=None, help="tier misses stream from "
-                        "(default: the slowest)")
-    parser.add_argument("--format", choices=("table", "json"), default="table")
-    args = parser.parse_args(argv)
+    args = COMMAND.parse(argv)
     try:
+        if args.trace:
+            print("warning: --trace is deprecated; pass the trace as a positional argument", file=sys.stderr)
+        traces = [*args.positional, *([args.trace] if args.trace else [])]
+        if len(traces) > 1:
+            raise StallConfigError("give at most one trace")
+        if not args.model:
+            raise StallConfigError("--model is required: a model preset (e.g. qwen3-235b-a22b) or a JSON path")
         model = load_model(args.model, args.quant)
         hardware = load_hardware(args.hardware)
         experts, name = None, ""
-        if args.trace:
+        if traces:
             from cachesim.trace import load_trace
-            trace = load_trace(args.trace)
+            trace = load_trace(traces[0])
             model = model.for_trace_shape(trace.num_layers, trace.num_experts, trace.k)
             experts, name = trace.experts, trace.name
-        rep = report(model, hardware, batches=_parse_batches(args.batch),
+        rep = report(model, hardware, batches=comma_list(",".join(args.batch), int, "--batch"),
                      stream_tier=args.stream_tier, hit_rate=args.hit_rate, experts=experts,
                      trace_name=name)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps(rep, indent=2) if args.format == "json" else _format_table(rep))
+    write_output(json.dumps(rep, indent=2) if args.format == "json" else _format_table(rep), args.out)
     return 0
 
 

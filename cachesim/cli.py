@@ -1,72 +1,52 @@
-"""`python -m cachesim`: replay traces through per-layer expert caches.
+"""`python -m cachesim`: replay traces through per-layer or global expert caches.
 
-Prints one record per trace × layer selection × capacity × policy with the
-misses per token and hit rate of the selected layers summed (SPEC §7), as a
-table or as JSON (documented in cachesim/README.md). Expert collapse is
+Prints one record per trace × layer selection × capacity × scope × policy with
+the misses per token and hit rate of the selected layers summed (SPEC §7), as a
+table or as JSON (documented in cachesim/README.md); `--capacity all` gives
+every capacity (the miss-ratio curve) from one replay. Expert collapse is
 reported on stderr for every trace that has it.
 """
 
 from __future__ import annotations
 
-import argparse
-import pathlib
 import json
+import pathlib
 import sys
 from collections.abc import Sequence
 
 import numpy as np
+import pandas as pd
 
-from cachesim import metrics, policies
-from cachesim.cli_util import ArgumentParser, parse_list
-from cachesim.policies import ALL_CAPACITIES, RECENCY_MODES, ROUNDING_MODES, CacheSpec, CacheSpecError
+from cachesim import metrics
+from cachesim.cli_util import CLI, UsageError, comma_list, progress, write_output
+from cachesim.policies import (ALL_CAPACITIES, ALL_POLICIES, RECENCY_MODES, ROUNDING_MODES, CacheSpec, CacheSpecError,
+                               parse_capacities, parse_scopes, parse_static_fits, spec_for)
 from cachesim.simulate import SimulationError, miss_curves, simulate
 from cachesim.trace import Trace, TraceError, load_trace
 
 
-def _word_list(parse):
-    """An argparse type from a `cachesim.policies` parser (exit 2 on bad words)."""
-    def parsed(text):
-        try:
-            return parse(text)
-        except CacheSpecError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-    return parsed
-
-
-def _parser() -> ArgumentParser:
-    parser = ArgumentParser(
-        prog="python -m cachesim",
-        description="Replay router traces through per-layer expert caches (SPEC §7).")
-    parser.add_argument("traces", nargs="+", help="trace .npz files (reference format)")
-    parser.add_argument("--policies", default="lru,lfu,static,belady",
-                        type=lambda s: parse_list(s, str, "--policies"),
-                        help="comma-separated subset of " + ",".join(policies.ALL_POLICIES)
-                             + " (all but lru,lfu,static,belady run through libCacheSim)")
-    size = parser.add_mutually_exclusive_group()
-    size.add_argument("--capacity", type=_word_list(policies.parse_capacities),
-                      help="capacities as fractions of E (of L·E for --scope global), or 'all': "
-                           "every capacity 0..E, the miss-ratio curve (default 0.125,0.25,0.5)")
-    size.add_argument("--capacity-count", type=lambda s: parse_list(s, int, "--capacity-count"),
-                      help="capacities as expert counts")
-    parser.add_argument("--rounding", choices=ROUNDING_MODES, default="ceil",
-                        help="rounding of fraction × E (default ceil)")
-    parser.add_argument("--layers", action="append",
-                        help="layer selection summed into one record: 'all', '24' or '0,3'; "
-                             "repeat for several selections (default all)")
-    parser.add_argument("--static-warmup", default=[1.0],
-                        type=lambda s: parse_list(s, float, "--static-warmup"),
-                        help="static policy warm-up fractions (default 1.0)")
-    parser.add_argument("--lru-recency", default=["request"],
-                        type=lambda s: parse_list(s, str, "--lru-recency"),
-                        help="LRU recency modes: request,token (default request)")
-    parser.add_argument("--scope", default=[("layer", "shared")], type=_word_list(policies.parse_scopes),
-                        help="cache scopes: layer (a cache per layer), global (one for all layers), "
-                             "global-uniform, global-demand (a global budget split per layer)")
-    parser.add_argument("--static-fit", default=[None], type=_word_list(policies.parse_static_fits),
-                        help="traces the static pin is fitted on: self (the scored trace) or a "
-                             "trace .npz of the same model (default self)")
-    parser.add_argument("--format", choices=("json", "table"), default="table")
-    return parser
+COMMAND = CLI("python -m cachesim", "Replay router traces through per-layer or global expert caches (SPEC §7).",
+           positional="TRACE.npz [TRACE.npz ...]", positional_help="trace .npz files (reference format)")
+COMMAND.define("list", "policies", ["lru", "lfu", "static", "belady"],
+               "comma-separated subset of " + ",".join(ALL_POLICIES)
+               + " (all but lru,lfu,static,belady run through libCacheSim)")
+COMMAND.define("string", "capacity", "0.125,0.25,0.5",
+            "capacities, comma-separated: fractions of E (of L·E for --scope global) with a decimal point "
+            "(0.25) or expert counts (4); or all: every capacity 0..E (0..L·E), the miss-ratio curve")
+COMMAND.deprecated("capacity-count", "capacity")
+COMMAND.define("enum", "rounding", "ceil", "rounding of fraction x E", enum_values=list(ROUNDING_MODES))
+COMMAND.define("multi_string", "layers", None, "layer selection summed into one record: all, 24 or 0,3; repeat for "
+            "several selections (default all)")
+COMMAND.define("list", "static_warmup", ["1.0"], "static policy warm-up fractions")
+COMMAND.deprecated("static-warmup", "static_warmup")
+COMMAND.define("list", "lru_recency", ["request"], "LRU recency modes: request,token")
+COMMAND.deprecated("lru-recency", "lru_recency")
+COMMAND.define("list", "scope", ["layer"], "cache scopes: layer (a cache per layer), global (one for all layers), "
+               "global-uniform, global-demand (a global budget split per layer)")
+COMMAND.define("list", "static_fit", ["self"], "traces the static pin is fitted on: self (the scored trace, "
+               "in-sample) or a trace .npz of the same model (out-of-sample)")
+COMMAND.define("enum", "format", "table", "output format", enum_values=["table", "json"])
+COMMAND.define("string", "out", None, "write the output to this file instead of stdout")
 
 
 def _layer_selection(text: str, trace: Trace) -> list[int]:
@@ -84,35 +64,37 @@ def _layer_selection(text: str, trace: Trace) -> list[int]:
     return layers
 
 
-def _specs(args: argparse.Namespace) -> list[CacheSpec]:
+def _specs(args) -> list[CacheSpec]:
     """Specs ordered by capacity, then scope, then policy (and its option values)."""
-    unknown = [p for p in args.policies if p not in policies.ALL_POLICIES]
+    unknown = [p for p in args.policies if p not in ALL_POLICIES]
     bad_recency = [r for r in args.lru_recency if r not in RECENCY_MODES]
     if unknown:
         raise CacheSpecError(f"unknown policy {unknown[0]!r}; use a subset of "
-                             f"{','.join(policies.ALL_POLICIES)}")
+                             f"{','.join(ALL_POLICIES)}")
     if bad_recency:
         raise CacheSpecError(f"unknown LRU recency {bad_recency[0]!r}; use request or token")
-    if args.capacity_count is not None:
-        sizes = [{"capacity": c} for c in args.capacity_count]
-    elif args.capacity == ALL_CAPACITIES:  # one curve per spec: its capacity is a placeholder
-        sizes = [{"capacity": 0}]
-    else:
-        fractions = [size["fraction"] for size in args.capacity] if args.capacity else [0.125, 0.25, 0.5]
-        sizes = [{"fraction": f, "rounding": args.rounding} for f in fractions]
+    warmups = comma_list(",".join(args.static_warmup), float, "--static_warmup")
+    scopes = parse_scopes(",".join(args.scope))
+    fits = parse_static_fits(",".join(args.static_fit))
+    # `all`: one curve per spec, its capacity a placeholder.
+    capacities = [0] if _curves(args) else parse_capacities(args.capacity)
     specs = []
-    for size in sizes:
-        for scope, quota in args.scope:
-            size_scope = dict(size, scope=scope, quota=quota)
+    for capacity in capacities:
+        for scope, quota in scopes:
+            options = dict(rounding=args.rounding, scope=scope, quota=quota)
             for policy in args.policies:
                 if policy == "lru":
-                    specs += [CacheSpec("lru", recency=r, **size_scope) for r in args.lru_recency]
+                    specs += [spec_for("lru", capacity, recency=r, **options) for r in args.lru_recency]
                 elif policy == "static":
-                    specs += [CacheSpec("static", warmup=w, fit=fit, **size_scope)
-                              for fit in args.static_fit for w in args.static_warmup]
+                    specs += [spec_for("static", capacity, warmup=w, fit=fit, **options)
+                              for fit in fits for w in warmups]
                 else:
-                    specs.append(CacheSpec(policy, **size_scope))
+                    specs.append(spec_for(policy, capacity, **options))
     return specs
+
+
+def _curves(args) -> bool:
+    return str(args.capacity).strip() == ALL_CAPACITIES
 
 
 def _simulate(traces: Sequence[Trace], specs: Sequence[CacheSpec], layers, fits, curves: bool):
@@ -181,25 +163,26 @@ def _layers_label(layers: list[int], num_layers: int) -> str:
     return "all" if layers == list(range(num_layers)) else ",".join(map(str, layers))
 
 
-def format_table(records: Sequence[dict], num_layers: dict[str, int]) -> str:
-    header = ("trace", "layers", "policy", "capacity", "cap_frac", "miss/token", "hit_rate")
-    rows = []
-    for r in records:
-        policy = r["policy"]
-        if policy == "lru" and r["lru_recency"] == "token":
-            policy = "lru(token)"
-        if policy == "static":
+def records_frame(records: Sequence[dict], num_layers: dict[str, int]) -> pd.DataFrame:
+    """The records as a DataFrame, one row per record, the table's columns."""
+    def policy(r: dict) -> str:
+        name = r["policy"]
+        if name == "lru" and r["lru_recency"] == "token":
+            name = "lru(token)"
+        if name == "static":
             fit = "" if r["static_fit"] is None else f",fit={pathlib.Path(r['static_fit']).name}"
-            policy = f"static(w={r['static_warmup']:g}{fit})"
+            name = f"static(w={r['static_warmup']:g}{fit})"
         if r["scope"] == "global":
-            policy += "@global" + ("" if r["quota"] == "shared" else f"-{r['quota']}")
-        rows.append((r["trace"], _layers_label(r["layers"], num_layers[r["trace"]]), policy,
-                     str(r["capacity"]), f"{r['capacity_frac']:.4f}",
-                     f"{r['misses_per_token']:.4f}", f"{r['hit_rate']:.4f}"))
-    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip()
-             for row in [header, *rows]]
-    return "\n".join(lines)
+            name += "@global" + ("" if r["quota"] == "shared" else f"-{r['quota']}")
+        return name
+
+    return pd.DataFrame([{"trace": r["trace"], "layers": _layers_label(r["layers"], num_layers[r["trace"]]),
+                          "policy": policy(r), "capacity": r["capacity"], "cap_frac": r["capacity_frac"],
+                          "miss/token": r["misses_per_token"], "hit_rate": r["hit_rate"]} for r in records])
+
+
+def format_table(records: Sequence[dict], num_layers: dict[str, int]) -> str:
+    return records_frame(records, num_layers).to_string(index=False, float_format=lambda v: f"{v:.4f}")
 
 
 def warn_collapse(path: str, trace: Trace) -> None:
@@ -212,20 +195,28 @@ def warn_collapse(path: str, trace: Trace) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = COMMAND.parse(argv)
+    paths = args.positional
     try:
+        if not paths:
+            raise CacheSpecError("no trace given; pass one or more trace .npz files")
         specs = _specs(args)
-        traces = [load_trace(path) for path in args.traces]
-        fits = {fit: load_trace(fit) for fit in args.static_fit if fit is not None}
-        records = cache_records(args.traces, traces, specs, args.layers or ["all"], fits,
-                                curves=args.capacity == ALL_CAPACITIES)
-    except (TraceError, CacheSpecError, SimulationError) as exc:
+        with progress("loading traces, then one compiled replay", total=len(paths) + 1) as bar:
+            traces = []
+            for path in paths:
+                traces.append(load_trace(path))
+                bar.advance()
+            fits = {fit: load_trace(fit) for fit in {s.fit for s in specs} if fit is not None}
+            records = cache_records(paths, traces, specs, args.layers or ["all"], fits, curves=_curves(args))
+            bar.advance()
+    except (TraceError, CacheSpecError, SimulationError, UsageError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 1
-    for path, trace in zip(args.traces, traces):
+        return 2
+    for path, trace in zip(paths, traces):
         warn_collapse(path, trace)
     if args.format == "json":
-        print(json.dumps(records, indent=1))
+        text = json.dumps(records, indent=1)
     else:
-        print(format_table(records, {p: t.num_layers for p, t in zip(args.traces, traces)}))
+        text = format_table(records, {p: t.num_layers for p, t in zip(paths, traces)})
+    write_output(text, args.out)
     return 0

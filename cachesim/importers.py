@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cachesim.cli_util import ArgumentParser
+from cachesim.cli_util import CLI
 from cachesim.trace import Trace, TraceError, make_trace, save_trace
 
 _HEADER = np.dtype("<i4")
@@ -198,28 +198,29 @@ def _check_ids(experts: np.ndarray, num_experts: int, path: Path) -> None:
         layer, token, slot = (int(i) for i in np.argwhere(bad)[0])
         raise TraceError(f"{path}: expert id {int(experts[layer, token, slot])} at (layer, "
                          f"token, slot) = ({layer}, {token}, {slot}) is outside "
-                         f"[0, {num_experts}); pass the model's true --num-experts")
+                         f"[0, {num_experts}); pass the model's true --num_experts")
 
 
 FORMATS = {"llama-moe-trace": read_llama_moe_trace, "route-trace": read_route_trace,
            "hf-router-logits": read_hf_router_logits}
 
 
+COMMAND = CLI("python -m cachesim.importers", "Convert a recorded router trace into the reference .npz format.",
+              positional="FORMAT INPUT OUTPUT.npz", positional_help=f"FORMAT one of {', '.join(sorted(FORMATS))}")
+COMMAND.define("integer", "num_experts", None, "E (required for llama-moe-trace and route-trace)")
+COMMAND.deprecated("num-experts", "num_experts")
+COMMAND.define("integer", "k", None, "top-k (required for hf-router-logits)")
+COMMAND.define("string", "model", "", "model name stored in meta")
+COMMAND.define("bool", "keep_probs", False, "hf-router-logits: also store softmax probabilities")
+COMMAND.deprecated("keep-probs", "keep_probs")
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = ArgumentParser(
-        prog="python -m cachesim.importers",
-        description="Convert a recorded router trace into the reference .npz format.")
-    parser.add_argument("format", choices=sorted(FORMATS))
-    parser.add_argument("input", type=Path)
-    parser.add_argument("output", type=Path)
-    parser.add_argument("--num-experts", type=int,
-                        help="E (required for llama-moe-trace and route-trace)")
-    parser.add_argument("--k", type=int, help="top-k (required for hf-router-logits)")
-    parser.add_argument("--model", default="", help="model name stored in meta")
-    parser.add_argument("--keep-probs", action="store_true",
-                        help="hf-router-logits: also store softmax probabilities")
-    args = parser.parse_args(argv)
+    args = COMMAND.parse(argv)
     try:
+        if len(args.positional) != 3 or args.positional[0] not in FORMATS:
+            raise TraceError(f"give FORMAT INPUT OUTPUT, FORMAT one of {', '.join(sorted(FORMATS))}")
+        args.format, args.input, args.output = args.positional[0], Path(args.positional[1]), Path(args.positional[2])
         if args.format == "hf-router-logits":
             if args.k is None:
                 raise TraceError("hf-router-logits needs --k (the router's top-k)")
@@ -227,13 +228,13 @@ def main(argv: list[str] | None = None) -> int:
                                           keep_probs=args.keep_probs)
         else:
             if args.num_experts is None:
-                raise TraceError(f"{args.format} needs --num-experts (E is never inferred "
+                raise TraceError(f"{args.format} needs --num_experts (E is never inferred "
                                  "from the ids)")
             trace = FORMATS[args.format](args.input, args.num_experts, model=args.model)
         save_trace(args.output, trace)
     except (TraceError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return 2
     print(f"{args.output}: experts {trace.experts.shape} (layers, tokens, k), "
           f"num_experts {trace.num_experts}")
     return 0

@@ -232,8 +232,7 @@ def layer_quotas(total: int, weights: Sequence[int], caps: Sequence[int]) -> lis
 
 
 # ---------------------------------------------------------------- command-line words
-# Small parsers shared by every command line (argparse today, absl flags
-# tomorrow): each takes the text of one option and raises CacheSpecError.
+# Small parsers of one option's text each (a comma list); they raise CacheSpecError.
 
 
 def _words(text: str, what: str) -> list[str]:
@@ -241,32 +240,6 @@ def _words(text: str, what: str) -> list[str]:
     if not words:
         raise CacheSpecError(f"{what}: empty list")
     return words
-
-
-def parse_capacities(text: str, *, counts: bool = False) -> list[dict] | str:
-    """"all" (ALL_CAPACITIES), or a comma list of fractions of E (or, with
-    `counts`, of expert counts) as `CacheSpec` size keywords."""
-    if str(text).strip() == ALL_CAPACITIES:
-        return ALL_CAPACITIES
-    kind, key = (int, "capacity") if counts else (float, "fraction")
-    sizes = []
-    for word in _words(text, "capacity"):
-        try:
-            sizes.append({key: kind(word)})
-        except ValueError:
-            raise CacheSpecError(f"capacity {word!r} is not a{'n expert count' if counts else ' fraction'};"
-                                 f" write e.g. {'4,8' if counts else '0.125,0.25'} or all") from None
-    return sizes
-
-
-def parse_policies(text: str) -> list[str]:
-    """A comma list of policy names (cachesim's or libCacheSim's)."""
-    names = _words(text, "policies")
-    unknown = [n for n in names if n not in ALL_POLICIES]
-    if unknown:
-        raise CacheSpecError(f"unknown policy {unknown[0]!r}; use a subset of "
-                             f"{','.join(ALL_POLICIES)}")
-    return names
 
 
 def parse_scopes(text: str) -> list[tuple[str, str]]:
@@ -298,3 +271,35 @@ def policy_code(spec: CacheSpec) -> int:
     if spec.policy == "belady":
         return BELADY
     raise ValueError("static pinning has no token-by-token state; see cachesim.simulate")
+
+
+def parse_capacities(text: str) -> list[int | float]:
+    """Command-line capacities, one syntax everywhere: a comma list in which a number written with a
+    decimal point (or an exponent) is a fraction of E and an integer is a count of experts.
+
+    ``"0.125,0.25"`` -> [0.125, 0.25] (fractions); ``"4,8"`` -> [4, 8] (counts); ``"0.25,4"`` mixes
+    them. Write a whole cache as ``1.0`` (the fraction) or ``16`` (the count).
+    """
+    out: list[int | float] = []
+    for part in (p.strip() for p in str(text).split(",")):
+        if not part:
+            continue
+        try:
+            value: int | float = float(part) if any(c in part for c in ".eE") else int(part)
+        except ValueError:
+            raise CacheSpecError(f"--capacity: cannot read {part!r}; give fractions of E with a decimal point "
+                                 "(0.25) or expert counts (4), comma-separated") from None
+        if value < 0 or (isinstance(value, float) and not 0.0 <= value <= 1.0):
+            raise CacheSpecError(f"--capacity: {part} is out of range; fractions lie in [0, 1], counts are >= 0")
+        out.append(value)
+    if not out:
+        raise CacheSpecError("--capacity: empty list; give e.g. 0.25 or 4")
+    return out
+
+
+def spec_for(policy: str, capacity: int | float, **options) -> CacheSpec:
+    """A CacheSpec from one parsed capacity: a float is a fraction of E, an int a count."""
+    if isinstance(capacity, float):
+        return CacheSpec(policy, fraction=capacity, **options)
+    options.pop("rounding", None)  # counts need no rounding
+    return CacheSpec(policy, capacity=capacity, **options)

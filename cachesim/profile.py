@@ -14,18 +14,14 @@ from collections.abc import Sequence
 
 from cachesim import metrics
 from cachesim.cli import warn_collapse
-from cachesim.cli_util import ArgumentParser, parse_list
+from cachesim.cli_util import CLI, UsageError, comma_list, write_output
 from cachesim.trace import TraceError, load_trace
 
-
-def _parser() -> ArgumentParser:
-    parser = ArgumentParser(prog="python -m cachesim.profile",
-                            description="Routing profile of router traces (SPEC §6).")
-    parser.add_argument("traces", nargs="+", help="trace .npz files (reference format)")
-    parser.add_argument("--lags", type=lambda s: parse_list(s, int, "--lags"),
-                        help="reuse lags (default 1,2,4,... up to 1024, below T)")
-    parser.add_argument("--format", choices=("json", "table"), default="table")
-    return parser
+COMMAND = CLI("python -m cachesim.profile", "Routing profile of router traces (SPEC §6).",
+              positional="TRACE.npz [TRACE.npz ...]", positional_help="trace .npz files (reference format)")
+COMMAND.define("string", "lags", None, "reuse lags, comma-separated (default 1,2,4,... up to 1024, below T)")
+COMMAND.define("enum", "format", "table", "output format", enum_values=["table", "json"])
+COMMAND.define("string", "out", None, "write the output to this file instead of stdout")
 
 
 def profile_report(paths: Sequence[str], lags: Sequence[int] | None = None) -> tuple[dict, list]:
@@ -64,15 +60,18 @@ def format_table(report: dict) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = COMMAND.parse(argv)
     try:
-        report, traces = profile_report(args.traces, args.lags)
-    except TraceError as exc:
+        if not args.positional:
+            raise UsageError("no trace given; pass one or more trace .npz files")
+        lags = comma_list(args.lags, int, "--lags") if args.lags else None
+        report, traces = profile_report(args.positional, lags)
+    except (TraceError, UsageError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 1
-    for path, trace in zip(args.traces, traces):
+        return 2
+    for path, trace in zip(args.positional, traces):
         warn_collapse(path, trace)
-    print(json.dumps(report, indent=1) if args.format == "json" else format_table(report))
+    write_output(json.dumps(report, indent=1) if args.format == "json" else format_table(report), args.out)
     return 0
 
 

@@ -327,9 +327,12 @@ def simulate(traces: Sequence[Trace], specs: Sequence[CacheSpec], *,
     results = [np.zeros((len(sel), len(specs)), np.int64) for sel in selections]
     external = [s for s, spec in enumerate(specs) if spec.engine == "libcachesim"]
     if external:
-        from cachesim.lcs.engine import simulate_external
+        from cachesim.lcs.engine import EngineError, simulate_external
 
-        got = simulate_external(traces, selections, [specs[s] for s in external])
+        try:
+            got = simulate_external(traces, selections, [specs[s] for s in external])
+        except EngineError as exc:
+            raise SimulationError(str(exc)) from None
         for misses, external_misses in zip(results, got):
             misses[:, external] = external_misses
     native = [s for s, spec in enumerate(specs) if spec.engine == "cachesim"]

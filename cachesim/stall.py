@@ -26,14 +26,16 @@ CLI:
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
 from collections.abc import Sequence
 from typing import Any
 
-from cachesim.timed.compare import compare_policies, prepare
+import pandas as pd
+
+from cachesim.cli_util import CLI, progress, write_output
+from cachesim.timed.compare import choose, compare_policies, prepare
 from cachesim.timed.engine import PrefetchConfig, run_timed
 from cachesim.timed.metrics import json_safe, run_header, summarize, write_jsonl
 from cachesim.timed.prefetch import ADMISSIONS, SOURCES
@@ -44,6 +46,10 @@ from cachesim.trace import load_trace
 
 
 # ---------------------------------------------------------------- CLI
+
+def _nan(value: float | None) -> float:
+    return math.nan if value is None else value
+
 
 def _format_table(run: dict[str, Any]) -> str:
     text = _format_rows(run, run["results"])
@@ -56,91 +62,81 @@ def _format_table(run: dict[str, Any]) -> str:
 
 
 def _format_rows(run: dict[str, Any], results: list[dict[str, Any]], header: bool = True) -> str:
-    ms = 1e3
-    lines = [f"trace {run['trace']}: {run['committed_tokens']} tokens, model {run['model']}, "
-             f"hardware {run['hardware']}, cache {run['cache']} x{run['capacity_per_layer']}"
-             f"/layer, placement {run['placement']}, queue {run['queue_slots']} slots, "
-             f"speculation {run['speculation']}",
-             f"{'policy':<18}{'source':<11}{'budget GB':>10}{'S ms':>9}{'p50':>8}{'p95':>8}"
-             f"{'p99':>8}{'max':>8}{'tok/s':>8}{'recall':>8}{'pf GB/t':>9}{'unused GB/t':>12}"
-             f"{'slack ms':>9}{'eta s/GB':>9}"]
-    if not header:
-        lines = lines[1:]
-    for row in results:
-        tail = row["step_stall_s"]
-        budget = row["budget_bytes_per_step"]
-        budget_text = "-" if row["policy"] == "none" else (
-            "inf" if budget == math.inf else f"{budget / 1e9:.3f}")
-        recall = row["timely_required_byte_recall"]
-        slack = row["lead_slack_s"]["p50"]
-        eta = row["eta_s_per_gb"]
-        lines.append(
-            f"{row['policy']:<18}{row['source'] or '-':<11}{budget_text:>10}"
-            f"{row['stall_per_token_s'] * ms:>9.2f}{tail['p50'] * ms:>8.1f}{tail['p95'] * ms:>8.1f}"
-            f"{tail['p99'] * ms:>8.1f}{tail['max'] * ms:>8.1f}{row['tokens_per_s']:>8.3f}"
-            f"{'-' if recall is None else f'{recall:.3f}':>8}"
-            f"{row['prefetched_bytes_per_token'] / 1e9:>9.3f}"
-            f"{row['unused_prefetched_bytes_per_token'] / 1e9:>12.3f}"
-            f"{'-' if slack is None else f'{slack * ms:.2f}':>9}"
-            f"{'-' if eta is None else f'{eta:.4f}':>9}")
-    return "\n".join(lines)
+    ms, gb = 1e3, 1e9
+
+    def row(r: dict[str, Any]) -> dict[str, Any]:
+        tail, budget = r["step_stall_s"], r["budget_bytes_per_step"]
+        return {"policy": r["policy"], "source": r["source"] or "-",
+                "budget GB": "-" if r["policy"] == "none" else ("inf" if budget == math.inf else f"{budget / gb:.3f}"),
+                "S ms": r["stall_per_token_s"] * ms, "p50": tail["p50"] * ms, "p95": tail["p95"] * ms,
+                "p99": tail["p99"] * ms, "max": tail["max"] * ms, "tok/s": r["tokens_per_s"],
+                "recall": _nan(r["timely_required_byte_recall"]), "pf GB/t": r["prefetched_bytes_per_token"] / gb,
+                "unused GB/t": r["unused_prefetched_bytes_per_token"] / gb,
+                "slack ms": _nan(r["lead_slack_s"]["p50"]) * ms, "eta s/GB": _nan(r["eta_s_per_gb"])}
+
+    head = (f"trace {run['trace']}: {run['committed_tokens']} tokens, model {run['model']}, "
+            f"hardware {run['hardware']}, cache {run['cache']} x{run['capacity_per_layer']}"
+            f"/layer, placement {run['placement']}, queue {run['queue_slots']} slots, "
+            f"speculation {run['speculation']}")
+    table = pd.DataFrame([row(r) for r in results]).to_string(
+        index=False, na_rep="-", float_format=lambda v: f"{v:.3f}")
+    return head + "\n" + table if header else table
 
 
-def _split(text: str, allowed: Sequence[str], what: str) -> list[str]:
-    words = [w.strip() for w in text.split(",") if w.strip()]
-    if words == ["all"]:
-        return list(allowed)
-    bad = [w for w in words if w not in allowed]
-    if bad or not words:
-        raise StallConfigError(f"unknown {what} {bad or text!r}; use a comma list of "
-                               f"{', '.join(allowed)} or all")
-    return words
+COMMAND = CLI("python -m cachesim.stall", "Expected foreground stall per committed token of a router trace on a "
+              "modelled memory hierarchy (SPEC §8).", positional="TRACE.npz [TRACE.npz ...]",
+              positional_help="router traces (several: one run each)")
+COMMAND.define("multi_string", "trace", [], "deprecated: pass traces as positional arguments")
+COMMAND.define("string", "model", None, "model preset or JSON path: byte sizes (the trace's layers/experts/k are used)")
+COMMAND.define("string", "quant", None, "quantisation (default: the preset's)")
+COMMAND.define("string", "hardware", "rtx3070-ddr4-nvme", "hardware preset or JSON path")
+COMMAND.define("enum", "cache", "lru", "cache policy", enum_values=["lru", "lru_token", "lfu", "static", "belady"])
+COMMAND.define("string", "capacity", None, "experts per layer: a count (8) or a fraction of E (0.25); default: what "
+               "fits in the compute tier")
+COMMAND.define("enum", "rounding", "ceil", "rounding of fraction x E", enum_values=["ceil", "round", "floor"])
+COMMAND.define("float", "static_warmup", 1.0, "static pin warm-up fraction")
+COMMAND.deprecated("static-warmup", "static_warmup")
+COMMAND.define("enum", "placement", "frequency", "where experts live in the storage tiers", enum_values=list(PLACEMENTS))
+COMMAND.define("float", "placement_warmup", 1.0, "placement's warm-up fraction")
+COMMAND.deprecated("placement-warmup", "placement_warmup")
+COMMAND.define("enum", "source", "prev_token", "prefetch prediction source", enum_values=list(SOURCES))
+COMMAND.define("string", "policies", "all", f"comma list of {', '.join(ADMISSIONS)} or all")
+COMMAND.define("string", "budget", None, "prefetch bytes per step, comma list: 800MB, 1.5GB, 48x (experts), inf; "
+               "default: one expert per layer")
+COMMAND.define("integer", "queue", 32, "staging slots")
+COMMAND.define("integer", "max_candidates", None, "candidates per proposal (default 2 x width x k)")
+COMMAND.deprecated("max-candidates", "max_candidates")
+COMMAND.define("integer", "width", 1, "speculative positions per step")
+COMMAND.define("string", "accept", "fixed:1", "fixed:N or bernoulli:ALPHA[:SEED]")
+COMMAND.define("integer", "tokens", None, "simulate a prefix of N tokens")
+COMMAND.define("enum", "backend", None, "deprecated and ignored: the residency pass is the simulator's own replay",
+               enum_values=["python", "jax"])
+COMMAND.define("enum", "format", "table", "output format", enum_values=["table", "json"])
+COMMAND.define("string", "out", None, "write the output to this file instead of stdout")
+COMMAND.define("string", "jsonl", None, "write the event trace of the (single) policy and budget as JSON Lines")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m cachesim.stall",
-                                     description="Expected foreground stall per committed token "
-                                     "of a router trace on a modelled memory hierarchy.")
-    parser.add_argument("--trace", action="append", required=True, help="router trace .npz "
-                        "(repeat for several)")
-    parser.add_argument("--model", required=True, help="model preset or JSON path: byte sizes "
-                        "(the trace's layers/experts/k are used)")
-    parser.add_argument("--quant", default=None, help="quantisation (default: the preset's)")
-    parser.add_argument("--hardware", default="rtx3070-ddr4-nvme",
-                        help="hardware preset or JSON path")
-    parser.add_argument("--cache", default="lru",
-                        choices=("lru", "lru_token", "lfu", "static", "belady"))
-    parser.add_argument("--capacity", default=None, help="experts per layer (int) or fraction "
-                        "of E (e.g. 0.25); default: what fits in the compute tier")
-    parser.add_argument("--rounding", default="ceil", choices=("ceil", "round", "floor"))
-    parser.add_argument("--static-warmup", type=float, default=1.0)
-    parser.add_argument("--placement", default="frequency", choices=PLACEMENTS)
-    parser.add_argument("--placement-warmup", type=float, default=1.0)
-    parser.add_argument("--source", default="prev_token", choices=SOURCES)
-    parser.add_argument("--policies", default="all", help=f"comma list of {', '.join(ADMISSIONS)}"
-                        " or all")
-    parser.add_argument("--budget", default=None, help="prefetch bytes per step, comma list: "
-                        "800MB, 1.5GB, 48x (experts), inf; default: one expert per layer")
-    parser.add_argument("--queue", type=int, default=32, help="staging slots")
-    parser.add_argument("--max-candidates", type=int, default=None)
-    parser.add_argument("--width", type=int, default=1, help="speculative positions per step")
-    parser.add_argument("--accept", default="fixed:1", help="fixed:N or bernoulli:ALPHA[:SEED]")
-    parser.add_argument("--tokens", type=int, default=None, help="simulate a prefix of N tokens")
-    parser.add_argument("--backend", default=None, choices=("python", "jax"),
-                        help="deprecated and ignored: the residency pass is the simulator's own replay")
-    parser.add_argument("--format", default="table", choices=("table", "json"))
-    parser.add_argument("--jsonl", default=None, help="write the event trace of the (single) "
-                        "policy and budget as JSON Lines")
-    return parser
-
-
-def _run_cli(args: argparse.Namespace) -> list[dict[str, Any]]:
+def _run_cli(args) -> list[dict[str, Any]]:
     if args.backend is not None:
         print("warning: --backend is deprecated and ignored (one residency implementation)", file=sys.stderr)
+    if args.trace:
+        print("warning: --trace is deprecated; pass traces as positional arguments", file=sys.stderr)
+    args.trace = [*args.positional, *args.trace]
+    if not args.trace:
+        raise StallConfigError("no trace given; pass one or more router trace .npz files")
+    if not args.model:
+        raise StallConfigError("--model is required: a model preset (e.g. qwen3-235b-a22b) or a JSON path")
     hardware = load_hardware(args.hardware)
     base_model = load_model(args.model, args.quant)
-    admissions = _split(args.policies, ADMISSIONS, "policies")
+    admissions = choose(args.policies, ADMISSIONS, "policies")
     speculation = Speculation.parse(args.width, args.accept)
+    budgets_text = args.budget or ""
+    per_trace = 1 + sum(1 for a in admissions if a != "none") * max(1, len([b for b in budgets_text.split(",") if b]))
+    with progress("timed decode runs", total=len(args.trace) * per_trace) as bar:
+        return _runs(args, admissions, speculation, hardware, base_model, bar)
+
+
+def _runs(args, admissions, speculation, hardware, base_model, bar) -> list[dict[str, Any]]:
     runs = []
     for path in args.trace:
         trace = load_trace(path)
@@ -163,7 +159,8 @@ def _run_cli(args: argparse.Namespace) -> list[dict[str, Any]]:
             rows = [summarize(result)]
         else:
             rows = compare_policies(work, admissions, budgets, source=args.source,
-                                    queue_slots=args.queue, max_candidates=args.max_candidates)
+                                    queue_slots=args.queue, max_candidates=args.max_candidates,
+                                    on_run=bar.advance)
         run = {"trace": work.trace_name, "trace_path": str(path),
                "model": work.model.name, "quant": work.model.quant,
                "hardware": hardware.name, "cache": work.residency.label,
@@ -177,16 +174,16 @@ def _run_cli(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = COMMAND.parse(argv)
     try:
         runs = _run_cli(args)
     except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.format == "json":
-        print(json.dumps(json_safe({"runs": runs}), indent=2, allow_nan=False))
+        write_output(json.dumps(json_safe({"runs": runs}), indent=2, allow_nan=False), args.out)
     else:
-        print("\n\n".join(_format_table(run) for run in runs))
+        write_output("\n\n".join(_format_table(run) for run in runs), args.out)
     return 0
 
 

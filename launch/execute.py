@@ -17,29 +17,20 @@ import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping
 
-from moe import rundir
+from moe import rundir, runtime
 from launch.plan import Job, build_config, main_command
 from launch.status import RunState
 
 
-# As main.py: XLA:CPU honours remat only with its memory-optimised scheduler, and
-# runs launched from here must have the same numerics as `python main.py`.
-CPU_SCHEDULER_FLAG = "--xla_cpu_scheduler_type=CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED"
-
-
 def set_xla_flags() -> None:
-    """main.py's XLA flag, set before jax is imported (it is read once, at backend start-up)."""
-    if "jax" not in sys.modules and CPU_SCHEDULER_FLAG not in os.environ.get("XLA_FLAGS", ""):
-        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {CPU_SCHEDULER_FLAG}".strip()
+    """main.py's XLA flag, set before jax is imported (runs launched from here compute as main.py does)."""
+    runtime.set_xla_flags()
 
 
 def prepare_jax_env() -> None:
     """main.py's XLA flag and persistent compile cache, for runs trained in this process."""
-    set_xla_flags()
-    import jax
-    if not jax.config.jax_compilation_cache_dir:
-        cache = os.environ.get("CACHEABLE_MOE_CACHE", os.path.expanduser("~/.cache/cacheable-moe"))
-        jax.config.update("jax_compilation_cache_dir", os.path.join(cache, "jax"))
+    runtime.set_xla_flags()
+    runtime.enable_compile_cache()
 
 
 def first_step_at(job: Job, pid: int) -> float | None:
@@ -154,23 +145,17 @@ def run_inline(jobs: list[Job], states: Mapping[str, RunState], *, retries: int,
         writer.update(force=True)
 
         started, error, finished = time.time(), None, False
-        locks = [rundir.try_lock(s.workdir) for s in job.runs]
         with run_logs(job, echo) as log:
             try:
                 log(f"=== attempt {states[job.runs[0].name].attempts} (inline) at {rundir.now_iso()}")
-                if None in locks:
-                    raise RuntimeError("another process holds the run dir lock (a worker of an earlier sweep "
-                                       "still running?); rerun when it has exited")
-                finished = run_in_process(job, log)
+                # In-process: run_group's own acquire of these locks is re-entrant.
+                with rundir.locked(s.workdir for s in job.runs):
+                    finished = run_in_process(job, log)
             except KeyboardInterrupt:
                 pass
             except Exception as e:  # noqa: BLE001 — a failing run must not stop the sweep
                 error = f"{type(e).__name__}: {e}".splitlines()[0][:400]
                 log(traceback.format_exc().rstrip())
-            finally:
-                for fd in locks:
-                    if fd is not None:
-                        os.close(fd)
         at = first_step_at(job, os.getpid())
         if at is not None and at >= started:
             for s in job.runs:

@@ -21,6 +21,7 @@ from typing import Any
 
 from moe import rundir
 from launch.plan import RunSpec
+from cachesim.cli_util import CLI
 
 STATES = ("done", "running", "failed", "pending")
 STATUS_FILE = "status.json"
@@ -129,9 +130,10 @@ def format_duration(seconds: float | None) -> str:
 
 
 def format_table(status: dict[str, Any]) -> str:
-    """A fixed-width table of the runs, then one summary line."""
-    header = ("run", "state", "progress", "ETA", "tries", "note")
-    rows = [header]
+    """A table of the runs (through pandas), then one summary line."""
+    import pandas as pd  # here: a finished sweep's restart should not pay pandas' import
+
+    rows = []
     for r in status["runs"]:
         pct = f"{100 * r['progress']:3.0f}%" if r["progress"] is not None else "   ?"
         if r["state"] == "done":
@@ -142,14 +144,15 @@ def format_table(status: dict[str, Any]) -> str:
         else:
             note = f"{r['tok_s']:,.0f} tok/s" if r.get("tok_s") else ""
         eta = format_duration(r["eta_s"]) if r["state"] == "running" else "-"
-        rows.append((r["name"], r["state"], f"{r['step']}/{r['total_steps']} {pct}", eta, str(r["attempts"]),
-                     note.lstrip(", ")))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header) - 1)]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row[:-1], widths)) + "  " + row[-1] for row in rows]
+        rows.append({"run": r["name"], "state": r["state"], "progress": f"{r['step']}/{r['total_steps']} {pct}",
+                     "ETA": eta, "tries": r["attempts"], "note": note.lstrip(", ")})
+    frame = pd.DataFrame(rows, columns=["run", "state", "progress", "ETA", "tries", "note"])
+    table = frame.to_string(index=False, justify="left", formatters={
+        c: (lambda v: f"{v}") for c in ("run", "state", "progress", "ETA", "note")}) if rows else ""
     c = status["counts"]
-    lines.append(f"{len(status['runs'])} runs: {c['done']} done, {c['running']} running, {c['failed']} failed, "
-                 f"{c['pending']} pending; ETA {format_duration(status['eta_s'])}")
-    return "\n".join(line.rstrip() for line in lines) + "\n"
+    summary = (f"{len(status['runs'])} runs: {c['done']} done, {c['running']} running, {c['failed']} failed, "
+               f"{c['pending']} pending; ETA {format_duration(status['eta_s'])}")
+    return "\n".join(line.rstrip() for line in [*table.splitlines(), summary]) + "\n"
 
 
 def write_status(root: pathlib.Path, status: dict[str, Any]) -> None:
@@ -182,20 +185,25 @@ class StatusWriter:
         return status
 
 
+COMMAND = CLI("python -m launch.status", "The status table of a sweep, from its status.json.",
+              positional="SWEEP_ROOT", positional_help="the --root of a python -m launch.sweep")
+COMMAND.define("enum", "format", "table", "output format", enum_values=["table", "json"])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m launch.status ROOT``: the table from ROOT/status.json."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    if len(args) != 1:
-        print("usage: python -m launch.status SWEEP_ROOT", file=sys.stderr)
+    args = COMMAND.parse(argv)
+    if len(args.positional) != 1:
+        print(f"error: give exactly one SWEEP_ROOT (see {COMMAND.prog} --help)", file=sys.stderr)
         return 2
-    path = pathlib.Path(args[0]) / STATUS_FILE
+    path = pathlib.Path(args.positional[0]) / STATUS_FILE
     try:
         status = json.loads(path.read_text())
     except (OSError, ValueError) as e:
         print(f"error: cannot read {path}: {e}; is it a sweep root (python -m launch.sweep --root=...)?",
               file=sys.stderr)
         return 2
-    sys.stdout.write(format_table(status))
+    sys.stdout.write(json.dumps(status, indent=1) + "\n" if args.format == "json" else format_table(status))
     return 0
 
 

@@ -64,6 +64,10 @@ def _main(argv: Sequence[str]) -> int:
     except (ConfigError, DataError, CheckpointError, NonFiniteLossError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # a full disk or a read-only workdir
+        from moe import rundir
+        print(f"error: {rundir.os_error_line(e)}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
@@ -76,4 +80,6 @@ if __name__ == "__main__":
     flags.DEFINE_enum("seed_batching", "auto", list(BATCHING_MODES),
                       "How the seeds share the jit: vmap (batched ops), unrolled (the solo step per seed inside "
                       "one jit), auto (unrolled on CPU for 50+ steps, else vmap; see moe/seeds.py).")
-    app.run(_main)
+    from cachesim.cli_util import parse_app_flags
+    from configs import locate_in_argv
+    app.run(_main, flags_parser=lambda argv: parse_app_flags(locate_in_argv(argv)))

@@ -189,7 +189,7 @@ def _run_cli(argv, capsys):
 
 
 def test_cli_includes_arm_m_tables_by_default_and_json_is_unrounded(study, tmp_path, capsys):
-    cache = ["--cache-dir", str(tmp_path / "c"), "--jobs", "1"]
+    cache = ["--cache_dir", str(tmp_path / "c"), "--jobs", "1"]
     code, out, _ = _run_cli([str(study), *cache], capsys)
     assert code == 0 and "### Arm M: expert transfers" in out and "### Arm M ablation" in out
     code, out, _ = _run_cli([str(study), "--tables", "transfers", "--format", "json", *cache], capsys)
@@ -202,7 +202,7 @@ def test_cli_includes_arm_m_tables_by_default_and_json_is_unrounded(study, tmp_p
 def test_cli_without_transfers_files_omits_the_table_and_notes_when_asked(tmp_path, capsys):
     base = write_run(tmp_path / "runs", "a-s1", losses=BASE_LOSSES)
     write_run(tmp_path / "runs", "m-s1", arm="M", tokens=M_TOKENS, extra_config=_m_config(base))
-    cache = ["--cache-dir", str(tmp_path / "c"), "--jobs", "1"]
+    cache = ["--cache_dir", str(tmp_path / "c"), "--jobs", "1"]
     code, out, _ = _run_cli([str(tmp_path / "runs"), *cache], capsys)
     assert code == 0 and "Arm M" not in out  # no transfers.json, and one arm-M setting: nothing to ablate
     code, out, _ = _run_cli([str(tmp_path / "runs"), "--tables", "transfers", *cache], capsys)

@@ -50,7 +50,7 @@ def _run_cli(main, argv, capsys):
 
 
 def _cache_args(tmp_path):
-    return ["--cache-dir", str(tmp_path / "user"), "--jobs", "1"]
+    return ["--cache_dir", str(tmp_path / "user"), "--jobs", "1"]
 
 
 def test_tables_json(study, tmp_path, capsys):
@@ -122,7 +122,7 @@ def test_figures(study, tmp_path, capsys):
         (tmp_path / "tmp" / "x" / f"trace_{d}.npz").rename(traces / f"{d}.npz")
     out_dir = tmp_path / "figs"
     code, out, err = _run_cli(figures.main, [str(study / "a-s1"), str(study / "b-good"), str(traces), "--out",
-                                             str(out_dir), "--budget-runs", "b-good", *_cache_args(tmp_path)], capsys)
+                                             str(out_dir), "--budget_runs", "b-good", *_cache_args(tmp_path)], capsys)
     assert code == 0, err
     names = {p.name for p in out_dir.iterdir()}
     assert sorted(out.split()) == sorted(str(out_dir / n) for n in names)
@@ -134,7 +134,7 @@ def test_figures(study, tmp_path, capsys):
     assert (out_dir / "dose_response.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (out_dir / "dose_response.pdf").read_bytes()[:5] == b"%PDF-"
     (study / "b-good" / "frontier.json").unlink()
-    code, _, err = _run_cli(figures.main, [str(study / "a-s1"), "--out", str(out_dir), "--budget-runs", "zzz",
+    code, _, err = _run_cli(figures.main, [str(study / "a-s1"), "--out", str(out_dir), "--budget_runs", "zzz",
                                            *_cache_args(tmp_path)], capsys)
     assert code == 2 and "--budget-runs: no complete run named zzz" in err
 

@@ -82,7 +82,7 @@ def study(tmp_path_factory):
 
 
 def test_cli_table_omitted_without_frontiers_and_noted_when_asked(study, tmp_path, capsys):
-    cache = ["--cache-dir", str(tmp_path / "c"), "--jobs", "1"]
+    cache = ["--cache_dir", str(tmp_path / "c"), "--jobs", "1"]
     code, out, _ = _run_cli([str(study), *cache], capsys)
     assert code == 0 and "### Main results" in out and "Complementarity" not in out
     code, out, _ = _run_cli([str(study), "--tables", "complementarity", *cache], capsys)
@@ -92,7 +92,7 @@ def test_cli_table_omitted_without_frontiers_and_noted_when_asked(study, tmp_pat
 
 
 def test_cli_markdown_and_unrounded_json(study, tmp_path, capsys):
-    cache = ["--cache-dir", str(tmp_path / "c"), "--jobs", "1"]
+    cache = ["--cache_dir", str(tmp_path / "c"), "--jobs", "1"]
     for name, frontier in (("a-s1", A_FRONTIER), ("b-s1", B1_FRONTIER), ("b-s2", B2_FRONTIER)):
         (study / name / "frontier.json").write_text(json.dumps(frontier))
     try:

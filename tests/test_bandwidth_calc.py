@@ -99,7 +99,7 @@ def test_measured_fractions_match_static_pin_hit_rate():
 
 
 def test_cli_table_json_and_errors(tmp_path, capsys):
-    assert bandwidth_cli.main(["--model", "qwen3-235b-a22b", "--hit-rate", "0.5"]) == 0
+    assert bandwidth_cli.main(["--model", "qwen3-235b-a22b", "--hit_rate", "0.5"]) == 0
     text = capsys.readouterr().out
     assert "first principles" in text and "path-mapped" in text
     # Token t uses experts t, t+1 (mod 16). Batch 4 runs segments of 17 tokens in
@@ -107,12 +107,12 @@ def test_cli_table_json_and_errors(tmp_path, capsys):
     experts = np.stack([np.stack([np.arange(68) % 16, (np.arange(68) + 1) % 16], -1)] * 8)
     path = tmp_path / "t.npz"
     save_trace(path, make_trace(experts.astype(np.int16), 16))
-    assert bandwidth_cli.main(["--model", "moe-137m", "--trace", str(path), "--batch", "1,4",
+    assert bandwidth_cli.main(["--model", "moe-137m", str(path), "--batch", "1,4",
                            "--format", "json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert [row["batch"] for row in out["batched"]] == [1, 4]
     assert out["batched"][1]["union_trace"] == 5.0
     assert bandwidth_cli.main(["--model", "moe-137m", "--batch", "1,x"]) == 2
-    assert bandwidth_cli.main(["--model", "moe-137m", "--stream-tier", "tape"]) == 2
+    assert bandwidth_cli.main(["--model", "moe-137m", "--stream_tier", "tape"]) == 2
     err = capsys.readouterr().err
     assert err.count("error: ") == 2 and "no tier 'tape'" in err

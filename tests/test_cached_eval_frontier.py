@@ -11,7 +11,7 @@ from tests.reroute_fixtures import make_run_dir
 
 def test_grid_is_the_product_with_the_plain_point_first_and_no_duplicates():
     points = fr.build_grid([0.0, 0.5], [0.25, 0.5], epsilons=[0.0, 0.02], max_ranks=[(1, 4)])
-    per_capacity = [p for p in points if p.fraction == 0.25]
+    per_capacity = [p for p in points if p.size == 0.25]
     # 2 taus x (off, (1,4)) x 2 epsilons = 8 combinations; tau=0, off, eps=0 is the plain point, listed once.
     assert len(per_capacity) == 8 and len(points) == 16
     assert per_capacity[0].setting == Setting()
@@ -80,13 +80,13 @@ def test_find_arm_a_among_runs_then_siblings_else_says_why(tmp_path):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--run", "{tmp}/missing"], "no config.json"),
-    (["--run", "{tmp}/reference"], "no resolved 'config'"),
-    (["--run", "{tmp}/untrained"], "no checkpoints/"),
-    (["--run", "{tmp}/untrained", "--tau", "0,x"], "--tau takes comma-separated numbers"),
-    (["--run", "{tmp}/untrained", "--capacity", "1.5"], "capacity fraction"),
-    (["--run", "{tmp}/untrained", "--max-rank", "1"], "--max-rank takes J,M"),
-    (["--run", "{tmp}/untrained", "--tau", "2"], "tau must be in [0, 1]"),
+    (["{tmp}/missing"], "no config.json"),
+    (["{tmp}/reference"], "no resolved 'config'"),
+    (["{tmp}/untrained"], "no checkpoints/"),
+    (["{tmp}/untrained", "--tau", "0,x"], "--tau takes comma-separated numbers"),
+    (["{tmp}/untrained", "--capacity", "1.5"], "fractions lie in [0, 1]"),
+    (["{tmp}/untrained", "--max_rank", "1"], "--max_rank takes J,M"),
+    (["{tmp}/untrained", "--tau", "2"], "tau must be in [0, 1]"),
 ])
 def test_cli_rejects_bad_input_with_one_error_line(tmp_path, capsys, args, message):
     (tmp_path / "reference").mkdir()
@@ -104,8 +104,8 @@ def test_cli_rejects_bad_input_with_one_error_line(tmp_path, capsys, args, messa
 def test_cli_writes_frontier_json_for_each_run(tmp_path, capsys):
     a = make_run_dir(tmp_path / "a", "A")
     b = make_run_dir(tmp_path / "b", "B")  # same seed, untrained: the same weights as a
-    assert fr.main(["--run", str(b), "--run", str(a), "--tau", "0,0.5", "--capacity", "0.25", "--prime",
-                    "--windows", "2", "--mixed-run-length", "16"]) == 0
+    assert fr.main([str(b), str(a), "--tau", "0,0.5", "--capacity", "0.25", "--prime",
+                    "--windows", "2", "--mixed_run_length", "16"]) == 0
     out_b, out_a = (json.loads((run / "frontier.json").read_text()) for run in (b, a))
     assert not [p for p in tmp_path.rglob("*.tmp")]
     assert out_b["schema"] == 1 and out_b["arm"] == "B" and out_b["arm_a"]["run_dir"] == str(a.resolve())

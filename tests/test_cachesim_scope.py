@@ -6,7 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cachesim import pinning, reference as ref, scope, simulate as sim
-from cachesim.policies import CacheSpec, CacheSpecError, layer_quotas, parse_capacities, parse_scopes
+from cachesim.policies import (CacheSpec, CacheSpecError, layer_quotas, parse_capacities, parse_scopes,
+                               parse_static_fits)
 from cachesim.trace import make_trace
 from tests.cachesim_fixtures import random_trace
 
@@ -153,9 +154,8 @@ def test_recency_starts_from_windows_equal_those_from_a_sort():
 
 
 def test_cli_words():
-    assert parse_capacities("all") == "all"
-    assert parse_capacities("0.25,0.5") == [{"fraction": 0.25}, {"fraction": 0.5}]
-    assert parse_capacities("4,8", counts=True) == [{"capacity": 4}, {"capacity": 8}]
+    assert parse_capacities("0.25,4") == [0.25, 4]
+    assert parse_static_fits("self,b.npz") == [None, "b.npz"]
     assert parse_scopes("layer,global-demand") == [("layer", "shared"), ("global", "demand")]
     for bad, parse in (("x", parse_capacities), ("layer-uniform", parse_scopes), ("", parse_scopes)):
         with pytest.raises(CacheSpecError):

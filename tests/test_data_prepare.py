@@ -283,7 +283,7 @@ def test_cli(tmp_path, capsys):
     assert manifest["domains"]["math"]["train_tokens"] == 3000
     assert prepare_lib.main(argv) == 0  # valid: a no-op
     assert "preparing" not in capsys.readouterr().err
-    assert prepare_lib.main(["--corpus=local", f"--out={tmp_path / 'x'}"]) == 1
+    assert prepare_lib.main(["--corpus=local", f"--out={tmp_path / 'x'}"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: corpus=local needs data.local_paths.prose") and "\n" not in err
 

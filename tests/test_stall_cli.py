@@ -96,7 +96,7 @@ def test_bad_descriptions_name_the_fix(tmp_path):
 
 
 def test_cli_json_compares_every_policy(small_trace, capsys):
-    code = stall.main(["--trace", str(small_trace), "--model", "moe-137m", "--capacity", "0.25",
+    code = stall.main([str(small_trace), "--model", "moe-137m", "--capacity", "0.25",
                        "--placement", "slowest", "--source", "lookahead",
                        "--budget", "2x,inf", "--queue", "8", "--format", "json"])
     assert code == 0
@@ -115,7 +115,7 @@ def test_cli_json_compares_every_policy(small_trace, capsys):
 
 
 def test_cli_table_and_speculation(small_trace, capsys):
-    code = stall.main(["--trace", str(small_trace), "--model", "moe-137m", "--capacity", "4",
+    code = stall.main([str(small_trace), "--model", "moe-137m", "--capacity", "4",
                        "--policies", "none,oracle", "--width", "3", "--accept", "bernoulli:0.5:1",
                        "--tokens", "30"])
     assert code == 0
@@ -125,7 +125,7 @@ def test_cli_table_and_speculation(small_trace, capsys):
 
 def test_jsonl_records_are_well_formed(small_trace, tmp_path, capsys):
     out = tmp_path / "events.jsonl"
-    code = stall.main(["--trace", str(small_trace), "--model", "moe-137m", "--capacity", "4",
+    code = stall.main([str(small_trace), "--model", "moe-137m", "--capacity", "4",
                        "--placement", "slowest", "--source", "prev_token",
                        "--policies", "highest_prob", "--budget", "4x", "--queue", "4",
                        "--jsonl", str(out), "--format", "json"])
@@ -187,7 +187,7 @@ def test_cli_errors_are_one_clear_line(tmp_path, capsys, argv, message):
     experts[..., 1] = 1
     path = tmp_path / "plain.npz"
     save_trace(path, make_trace(experts, 16))
-    code = stall.main(["--trace", str(path), "--model", "moe-137m", "--capacity", "2"] + argv)
+    code = stall.main([str(path), "--model", "moe-137m", "--capacity", "2"] + argv)
     err = capsys.readouterr().err
     assert code == 2
     assert err.startswith("error: ") and message in err and err.count("\n") == 1
@@ -243,3 +243,4 @@ def test_a_shallower_trace_is_projected_to_the_named_model(small_trace, capsys):
     assert stall.main(["--trace", str(small_trace), "--model", "moe-137m", "--capacity", "2",
                        "--policies", "none", "--format", "json"]) == 0
     assert "projection" not in json.loads(capsys.readouterr().out)["runs"][0]
+

@@ -33,17 +33,19 @@ from cachesim.trace import Trace
 EXTRA = "pip install 'cacheable-moe[cache-policies]'"
 
 
+class EngineError(ValueError):
+    """libCacheSim is absent or stopped; `cachesim.simulate` re-raises it as its SimulationError."""
+
+
 def available() -> bool:
     """Whether the `libcachesim` binding is installed (without loading it)."""
     return importlib.util.find_spec("libcachesim") is not None
 
 
 def require() -> None:
-    """Raises SimulationError naming the extra when the binding is absent."""
+    """Raises EngineError naming the extra when the binding is absent."""
     if not available():
-        from cachesim.simulate import SimulationError
-
-        raise SimulationError(f"this policy runs through libCacheSim, which is not installed: {EXTRA}")
+        raise EngineError(f"this policy runs through libCacheSim, which is not installed: {EXTRA}")
 
 
 def hashpower(num_keys: int) -> int:
@@ -134,11 +136,9 @@ def _run(jobs: list[dict]) -> list[list[int]]:
                           input=task, capture_output=True, text=True, check=False)
     results = [json.loads(line)["misses"] for line in proc.stdout.splitlines() if line.strip()]
     if proc.returncode != 0 or len(results) != len(jobs):
-        from cachesim.simulate import SimulationError
-
         job = jobs[min(len(results), len(jobs) - 1)]
         detail = [line for line in proc.stderr.splitlines() if line.strip()]
-        raise SimulationError(
+        raise EngineError(
             f"libCacheSim stopped (exit {proc.returncode}) replaying {job['policy']} at capacity "
             f"{job['capacity']}: {detail[-1].strip() if detail else 'no message'}")
     return results

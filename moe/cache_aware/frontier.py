@@ -60,7 +60,6 @@ requests.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import itertools
 import math
@@ -68,12 +67,13 @@ import os
 import pathlib
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-from cachesim.policies import ROUNDING_MODES, capacity_from_fraction
+from cachesim.cli_util import CLI, progress
+from cachesim.policies import ROUNDING_MODES, capacity_from_fraction, parse_capacities
 from moe import rundir
 from moe.cache_aware.reroute import CACHE_POLICIES, RerouteError, Setting
 
@@ -90,10 +90,13 @@ class FrontierError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Point:
-    """One evaluated configuration: a routing setting at one cache capacity fraction."""
+    """One evaluated configuration: a routing setting at one cache capacity.
+
+    ``size`` is a fraction of E (a float, rounded per run) or a count (an int).
+    """
 
     setting: Setting
-    fraction: float
+    size: int | float
 
 
 def build_grid(taus: Sequence[float], capacities: Sequence[float], *, epsilons: Sequence[float] = (0.0,),
@@ -106,13 +109,13 @@ def build_grid(taus: Sequence[float], capacities: Sequence[float], *, epsilons: 
         combos = [Setting()] + [Setting(tau=t, cache_prior=c, max_rank=r, epsilon=e)
                                 for t, c, r, e in itertools.product(taus, cache_priors, ranks, epsilons)]
         for setting in dict.fromkeys(combos):  # ordered, unique
-            points.append(Point(setting, float(fraction)))
+            points.append(Point(setting, fraction if isinstance(fraction, int) else float(fraction)))
     return points
 
 
 def primed(points: Sequence[Point]) -> list[Point]:
     """Every point without and with domain priming (for the mixed stream)."""
-    return [Point(dataclasses.replace(p.setting, prime=prime), p.fraction) for p in points for prime in (False, True)]
+    return [Point(dataclasses.replace(p.setting, prime=prime), p.size) for p in points for prime in (False, True)]
 
 
 # ---------------------------------------------------------------- runs
@@ -143,7 +146,7 @@ def load_model(run: Run) -> tuple[Any, Any, Any, int]:
         raise FrontierError(f"{run.path} has no {rundir.CHECKPOINTS}/ directory; train it with main.py first")
     config = ml_collections.ConfigDict(run.config)
     try:
-        step, graphdef, params = checkpoint.restore_params(run.path, config.model)
+        step, graphdef, params = checkpoint.restore_params(run.path, config.model)  # skips corrupt steps
     except checkpoint.CheckpointError as e:
         raise FrontierError(str(e)) from None
     return graphdef, params, config, step
@@ -207,7 +210,7 @@ class EvalOptions:
 
 
 def evaluate_points(model: tuple, points: Sequence[Point], mixed_points: Sequence[Point],
-                    options: EvalOptions) -> tuple[list[dict], dict]:
+                    options: EvalOptions, advance: Callable[[], None] = lambda: None) -> tuple[list[dict], dict]:
     """Every point on each domain stream (and the mixed points on the mixed stream) of one run.
 
     ``model``: what :func:`load_model` returns. Returns (point records without
@@ -225,7 +228,9 @@ def evaluate_points(model: tuple, points: Sequence[Point], mixed_points: Sequenc
     t0, evaluated = time.perf_counter(), 0
 
     def capacity(point: Point) -> int:
-        return capacity_from_fraction(point.fraction, num_experts, options.rounding)
+        if isinstance(point.size, int):
+            return min(point.size, num_experts)
+        return capacity_from_fraction(point.size, num_experts, options.rounding)
 
     def run_stream(tokens, domains, stream_points):
         nonlocal evaluated
@@ -236,10 +241,11 @@ def evaluate_points(model: tuple, points: Sequence[Point], mixed_points: Sequenc
         evaluated += result.ce[0].size * len(settings)
         return result
 
-    records = [_record("domains", p, capacity(p)) for p in points]
+    records = [_record("domains", p, capacity(p), num_experts) for p in points]
     for domain in options.domains:
         data = pipeline.eval_windows(config.data, domain, n_windows=windows, seq_len=seq)
         result = run_stream(data["tokens"], data["domains"], points)
+        advance()
         for s, record in enumerate(records):
             record["domains"][domain] = domain_stats(result, s)
     mixed_windows, run_length = None, None
@@ -249,8 +255,9 @@ def evaluate_points(model: tuple, points: Sequence[Point], mixed_points: Sequenc
                                           n_windows=windows * len(options.domains), seq_len=seq)
         mixed_windows = int(data["tokens"].shape[0])
         result = run_stream(data["tokens"], data["domains"], mixed_points)
+        advance()
         for s, point in enumerate(mixed_points):
-            record = _record("mixed", point, capacity(point))
+            record = _record("mixed", point, capacity(point), num_experts)
             for domain in options.domains:
                 record["domains"][domain] = domain_stats(result, s, DOMAINS.index(domain))
             records.append(record)
@@ -267,9 +274,10 @@ def evaluate_points(model: tuple, points: Sequence[Point], mixed_points: Sequenc
     return records, description
 
 
-def _record(stream: str, point: Point, capacity: int) -> dict:
+def _record(stream: str, point: Point, capacity: int, num_experts: int) -> dict:
+    fraction = point.size if isinstance(point.size, float) else capacity / num_experts
     return {"stream": stream, "label": point.setting.label, "setting": point.setting.as_dict(),
-            "plain": point.setting.is_plain, "capacity_fraction": point.fraction, "capacity": capacity,
+            "plain": point.setting.is_plain, "capacity_fraction": fraction, "capacity": capacity,
             "domains": {}}
 
 
@@ -333,8 +341,11 @@ def frontier_record(run: Run, records: list[dict], description: dict, arm_a: Run
 
 def frontier(run_dirs: Sequence[str | os.PathLike], points: Sequence[Point], *, prime: bool = False,
              options: EvalOptions = EvalOptions(), arm_a_dir: str | os.PathLike | None = None,
-             log=print) -> dict[pathlib.Path, dict]:
-    """Evaluates every run on the grid, writes each run's frontier.json, returns {run_dir: record}."""
+             log=print, advance: Callable[[], None] = lambda: None) -> dict[pathlib.Path, dict]:
+    """Evaluates every run on the grid, writes each run's frontier.json, returns {run_dir: record}.
+
+    ``advance`` is called after each evaluated stream (a domain, or the mixed stream) of each run.
+    """
     if not run_dirs:
         raise FrontierError("no --run given; pass at least one run directory")
     runs = [read_run(p) for p in run_dirs]
@@ -342,6 +353,15 @@ def frontier(run_dirs: Sequence[str | os.PathLike], points: Sequence[Point], *, 
         if not os.access(run.path, os.W_OK):
             raise FrontierError(f"cannot write {run.path / FRONTIER_FILE}: the run directory is read-only")
         check_points(run, points)  # before any model is loaded
+    # The run directories it writes, locked for the whole evaluation: no trainer changes a
+    # checkpoint under it, and no second frontier writes the same file.
+    with rundir.locked(dict.fromkeys(run.path.resolve() for run in runs)):
+        return _frontier(runs, points, prime=prime, options=options, arm_a_dir=arm_a_dir, log=log,
+                         advance=advance)
+
+
+def _frontier(runs: list[Run], points: Sequence[Point], *, prime: bool, options: EvalOptions,
+              arm_a_dir: str | os.PathLike | None, log, advance: Callable[[], None]) -> dict[pathlib.Path, dict]:
     explicit = read_run(arm_a_dir) if arm_a_dir is not None else None
     mixed_points = primed(points) if prime else []
     evaluated: dict[pathlib.Path, tuple[list[dict], dict]] = {}
@@ -351,7 +371,7 @@ def frontier(run_dirs: Sequence[str | os.PathLike], points: Sequence[Point], *, 
         if key not in evaluated:
             log(f"frontier: evaluating {run.name} ({run.path}) on {len(run_points)} settings"
                 + (f" + {len(run_mixed)} mixed-stream settings" if run_mixed else ""))
-            evaluated[key] = evaluate_points(load_model(run), run_points, run_mixed, options)
+            evaluated[key] = evaluate_points(load_model(run), run_points, run_mixed, options, advance)
         return evaluated[key]
 
     out = {}
@@ -389,51 +409,57 @@ def _floats(text: str, name: str) -> list[float]:
 def _max_rank(text: str) -> tuple[int, int]:
     parts = text.split(",")
     if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
-        raise FrontierError(f"--max-rank takes J,M (two non-negative ints), got {text!r}")
+        raise FrontierError(f"--max_rank takes J,M (two non-negative ints), got {text!r}")
     return int(parts[0]), int(parts[1])
 
 
-def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m moe.cache_aware.frontier", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--run", action="append", required=True, help="a run directory (repeatable)")
-    parser.add_argument("--tau", default="0,0.1,0.3,0.5,0.7", help="tolerances τ (comma-separated)")
-    parser.add_argument("--capacity", default="0.25", help="cache capacities as fractions of E")
-    parser.add_argument("--epsilon", default="0", help="elision thresholds ε (0 = off)")
-    parser.add_argument("--cache-prior", default="0", help="Cache-Prior strengths λ (0 = off)")
-    parser.add_argument("--max-rank", action="append", default=[], metavar="J,M",
-                        help="a Max-Rank setting (repeatable); 'off' is always included")
-    parser.add_argument("--prime", action="store_true",
-                        help="also run the mixed-domain stream without and with domain-primed prefetch")
-    parser.add_argument("--reset-per-window", action="store_true",
-                        help="empty the caches at every window (default: they persist across windows)")
-    parser.add_argument("--windows", type=int, default=None, help="windows per domain (default: the run's eval)")
-    parser.add_argument("--batch", type=int, default=None, help="windows per compiled call")
-    parser.add_argument("--policy", default="lru", choices=sorted(CACHE_POLICIES), help="cache policy")
-    parser.add_argument("--rounding", default="ceil", choices=ROUNDING_MODES, help="capacity rounding")
-    parser.add_argument("--mixed-run-length", type=int, default=None, help="tokens per domain run (mixed stream)")
-    parser.add_argument("--arm-a", default=None, help="the arm-A baseline run (default: found among runs/siblings)")
-    return parser.parse_args(argv)
+COMMAND = CLI("python -m moe.cache_aware.frontier", __doc__.split("\n\n")[0], positional="RUN_DIR [RUN_DIR ...]",
+              positional_help="trained run directories")
+COMMAND.define("multi_string", "run", [], "deprecated: pass run directories as positional arguments")
+COMMAND.define("string", "tau", "0,0.1,0.3,0.5,0.7", "tolerances τ (comma-separated)")
+COMMAND.define("string", "capacity", "0.25", "cache capacities: fractions of E (0.25) or counts (4), comma-separated")
+COMMAND.define("string", "epsilon", "0", "elision thresholds ε (0 = off)")
+COMMAND.define("string", "cache_prior", "0", "Cache-Prior strengths λ (0 = off)")
+COMMAND.deprecated("cache-prior", "cache_prior")
+COMMAND.define("multi_string", "max_rank", [], "a Max-Rank setting J,M (repeatable); 'off' is always included")
+COMMAND.deprecated("max-rank", "max_rank")
+COMMAND.define("bool", "prime", False, "also run the mixed-domain stream without and with domain-primed prefetch")
+COMMAND.define("bool", "reset_per_window", False, "empty the caches at every window (default: they persist)")
+COMMAND.deprecated("reset-per-window", "reset_per_window")
+COMMAND.define("integer", "windows", None, "windows per domain (default: the run's eval)")
+COMMAND.define("integer", "batch", None, "windows per compiled call")
+COMMAND.define("enum", "policy", "lru", "cache policy", enum_values=sorted(CACHE_POLICIES))
+COMMAND.define("enum", "rounding", "ceil", "capacity rounding", enum_values=list(ROUNDING_MODES))
+COMMAND.define("integer", "mixed_run_length", None, "tokens per domain run (mixed stream)")
+COMMAND.deprecated("mixed-run-length", "mixed_run_length")
+COMMAND.define("string", "arm_a", None, "the arm-A baseline run (default: found among runs/siblings)")
+COMMAND.deprecated("arm-a", "arm_a")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+    args = COMMAND.parse(argv)
+    if args.run:
+        print("warning: --run is deprecated; pass run directories as positional arguments", file=sys.stderr)
+    args.run = [*args.positional, *args.run]
     try:
-        taus, capacities = _floats(args.tau, "tau"), _floats(args.capacity, "capacity")
-        epsilons, priors = _floats(args.epsilon, "epsilon"), _floats(args.cache_prior, "cache-prior")
+        taus, capacities = _floats(args.tau, "tau"), parse_capacities(args.capacity)
+        epsilons, priors = _floats(args.epsilon, "epsilon"), _floats(args.cache_prior, "cache_prior")
         ranks = [_max_rank(v) for v in args.max_rank]
-        for value in capacities:
-            capacity_from_fraction(value, 1)  # validates the fraction
         if args.windows is not None and args.windows < 1 or args.batch is not None and args.batch < 1:
             raise FrontierError("--windows and --batch must be >= 1")
         points = build_grid(taus, capacities, epsilons=epsilons, cache_priors=priors, max_ranks=ranks)
         options = EvalOptions(windows=args.windows, batch=args.batch, policy=args.policy,
                               carry="reset" if args.reset_per_window else "persist", rounding=args.rounding,
                               mixed_run_length=args.mixed_run_length)
-        frontier(args.run, points, prime=args.prime, options=options, arm_a_dir=args.arm_a,
-                 log=lambda msg: print(msg, file=sys.stderr, flush=True))
-    except (FrontierError, RerouteError, ValueError) as e:
+        streams = len(args.run) * (len(options.domains) + bool(args.prime))
+        with progress("evaluated streams", total=streams) as bar:
+            frontier(args.run, points, prime=args.prime, options=options, arm_a_dir=args.arm_a,
+                     log=lambda msg: print(msg, file=sys.stderr, flush=True), advance=bar.advance)
+    except (FrontierError, RerouteError, ValueError) as e:  # LockedError is a ValueError
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a full disk or a read-only run directory
+        print(f"error: {rundir.os_error_line(e)}", file=sys.stderr)
         return 2
     return 0
 

@@ -14,7 +14,6 @@ leaves a partial rank file.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import os
 import pathlib
@@ -27,6 +26,7 @@ from collections.abc import Callable
 from moe.data.errors import TokenizerError
 from moe.data.store import write_bytes_atomic
 from moe.data.tokenizer import GPT2_RANKS_SHA256, gpt2_ranks_path, sha256_bytes, tiktoken_cache_candidates
+from cachesim.cli_util import CLI
 
 WHISPER_VERSION = "20250625"
 WHISPER_SDIST_NAME = f"openai_whisper-{WHISPER_VERSION}.tar.gz"
@@ -110,17 +110,17 @@ def ensure_gpt2_ranks(*, sdist: str | os.PathLike | None = None,
     return target
 
 
+COMMAND = CLI("python -m moe.data.fetch_tokenizer", (__doc__ or "").split("\n\n")[0])
+COMMAND.define("string", "sdist", None, f"a local {WHISPER_SDIST_NAME} to read instead of downloading (SHA-256 checked)")
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m moe.data.fetch_tokenizer", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sdist", default=None,
-                        help=f"a local {WHISPER_SDIST_NAME} to read instead of downloading (SHA-256 checked)")
-    args = parser.parse_args(argv)
+    args = COMMAND.parse(argv)
     try:
         path = ensure_gpt2_ranks(sdist=args.sdist, log=lambda msg: print(f"fetch_tokenizer: {msg}", file=sys.stderr))
     except (TokenizerError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 1
+        return 2
     print(f"GPT-2 BPE ranks ready: {path} (sha256 {GPT2_RANKS_SHA256})")
     return 0
 

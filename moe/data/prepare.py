@@ -15,7 +15,6 @@ without MANIFEST.json by a killed run is rebuilt; --force rebuilds anyway.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import hashlib
 import importlib.metadata
@@ -35,6 +34,7 @@ from moe.data.document import Document
 from moe.data.errors import DataError, ManifestError, SourceError
 from moe.data.fetch_tokenizer import ensure_gpt2_ranks
 from moe.data.tokenizer import Tokenizer, get_tokenizer, tokenizer_record
+from cachesim.cli_util import CLI, progress
 
 Log = Callable[[str], None]
 _ENCODE_BATCH_CHARS = 1 << 20  # characters per tokenizer call: big enough for threads, small enough to stop early
@@ -163,7 +163,7 @@ def _write_domain(domain_id: int, token_docs: Iterator[np.ndarray], shards: _Sha
     return counts
 
 
-def _build(data_cfg, directory: pathlib.Path, rec: dict, log: Log) -> dict:
+def _build(data_cfg, directory: pathlib.Path, rec: dict, log: Log, advance: Callable[[], None]) -> dict:
     """Writes every data file of ``data_cfg`` into ``directory``; returns the manifest (not yet written)."""
     budgets = config_lib.budgets(data_cfg)
     tok_rec = tokenizer_record(data_cfg.tokenizer)
@@ -203,6 +203,7 @@ def _build(data_cfg, directory: pathlib.Path, rec: dict, log: Log) -> dict:
                                    documents=counts, source=source)
             log(f"{domain}: {n_train:,} train + {n_val:,} validation tokens from "
                 f"{counts['train'] + counts['val']:,} documents ({time.perf_counter() - start:.1f}s)")
+            advance()
         files = [shards.tokens.commit(), shards.domains.commit(), *val_files]
     except BaseException:  # a failure or a kill: leave no temporary files behind
         for writer in writers:
@@ -264,8 +265,11 @@ def verify_cached(directory: pathlib.Path) -> dict:
 
 
 def prepare(data_cfg, out: str | pathlib.Path | None = None, *, force: bool = False,
-            log: Log = stderr_log) -> pathlib.Path:
-    """Prepares (or verifies) the corpus of ``data_cfg`` in ``out`` (default: its data.dir or cache dir)."""
+            log: Log = stderr_log, advance: Callable[[], None] = lambda: None) -> pathlib.Path:
+    """Prepares (or verifies) the corpus of ``data_cfg`` in ``out`` (default: its data.dir or cache dir).
+
+    ``advance`` is called once per prepared domain (progress).
+    """
     rec = config_lib.recipe(data_cfg)
     directory = pathlib.Path(out).expanduser() if out else config_lib.prepared_dir(data_cfg)
     manifest_path = directory / store.MANIFEST
@@ -285,7 +289,7 @@ def prepare(data_cfg, out: str | pathlib.Path | None = None, *, force: bool = Fa
             log(f"{directory} was partly written (no {store.MANIFEST}; {len(leftovers)} files): rebuilding it")
         start = time.perf_counter()
         log(f"preparing the {data_cfg.corpus} corpus ({data_cfg.tokenizer} tokens) in {directory}")
-        manifest = _build(data_cfg, directory, rec, log)
+        manifest = _build(data_cfg, directory, rec, log, advance)
         store.write_json_atomic(manifest_path, manifest)
         _VERIFIED[str(directory.resolve())] = (_stat_key(directory), manifest)
         log(f"done in {time.perf_counter() - start:.1f}s: {directory}")
@@ -295,7 +299,7 @@ def prepare(data_cfg, out: str | pathlib.Path | None = None, *, force: bool = Fa
 # ---------------------------------------------------------------- CLI
 
 
-def _config_from_args(args: argparse.Namespace) -> ml_collections.ConfigDict:
+def _config_from_args(args) -> ml_collections.ConfigDict:
     cfg = config_lib.data_config()
     cfg.corpus, cfg.tokenizer = args.corpus, args.tokenizer
     for name in ("tokens_per_domain", "val_tokens_per_domain", "min_doc_chars", "synthetic_seed"):
@@ -319,29 +323,32 @@ def summary(directory: pathlib.Path) -> str:
     return "\n".join(lines)
 
 
+COMMAND = CLI("python -m moe.data.prepare", (__doc__ or "").split("\n\n")[0])
+COMMAND.define("enum", "corpus", "embedded", "the corpus to prepare", enum_values=list(config_lib.CORPORA))
+COMMAND.define("enum", "tokenizer", "gpt2", "the tokenizer", enum_values=list(config_lib.TOKENIZERS))
+COMMAND.define("string", "out", None, "output directory (default: the cache directory of the recipe)")
+COMMAND.define("bool", "force", False, "rebuild even if --out holds a valid corpus")
+COMMAND.define("integer", "tokens_per_domain", None, "train tokens per domain (0: default)")
+COMMAND.define("integer", "val_tokens_per_domain", None, "validation tokens per domain (0: default)")
+COMMAND.define("integer", "min_doc_chars", None, "documents with at most this many characters are dropped")
+COMMAND.define("integer", "synthetic_seed", None, "corpus=synthetic: the stream's seed")
+COMMAND.define("string", "local_text_field", None, "corpus=local: the JSON field holding a JSONL document")
+for _d in DOMAINS:
+    COMMAND.define("string", f"local_{_d}", None, f"corpus=local: file or directory of {_d} text")
+    COMMAND.define("string", f"paper_{_d}_file", None, f"corpus=paper: local JSONL(.gz) rows for {_d} instead of the hub")
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m moe.data.prepare", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--corpus", default="embedded", choices=config_lib.CORPORA)
-    parser.add_argument("--tokenizer", default="gpt2", choices=config_lib.TOKENIZERS)
-    parser.add_argument("--out", default=None, help="output directory (default: the cache directory of the recipe)")
-    parser.add_argument("--force", action="store_true", help="rebuild even if --out holds a valid corpus")
-    parser.add_argument("--tokens_per_domain", type=int, default=None, help="train tokens per domain (0: default)")
-    parser.add_argument("--val_tokens_per_domain", type=int, default=None)
-    parser.add_argument("--min_doc_chars", type=int, default=None)
-    parser.add_argument("--synthetic_seed", type=int, default=None)
-    parser.add_argument("--local_text_field", default=None)
-    for d in DOMAINS:
-        parser.add_argument(f"--local_{d}", default=None, help=f"corpus=local: file or directory of {d} text")
-        parser.add_argument(f"--paper_{d}_file", default=None,
-                            help=f"corpus=paper: local JSONL(.gz) rows for {d} instead of the hub")
-    args = parser.parse_args(argv)
+    args = COMMAND.parse(argv)
     try:
-        directory = prepare(_config_from_args(args), args.out, force=args.force)
+        if args.positional:
+            raise DataError(f"unexpected arguments {' '.join(args.positional)}; every option is a --flag")
+        with progress("preparing domains", total=len(DOMAINS)) as bar:
+            directory = prepare(_config_from_args(args), args.out, force=args.force, advance=bar.advance)
         print(summary(directory))
     except (DataError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 1
+        return 2
     return 0
 
 

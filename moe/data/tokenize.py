@@ -7,27 +7,31 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
 from moe.data.config import TOKENIZERS
 from moe.data.errors import DataError
 from moe.data.tokenizer import get_tokenizer
+from cachesim.cli_util import CLI
+
+
+COMMAND = CLI("python -m moe.data.tokenize", (__doc__ or "").split("\n\n")[0], positional="TEXT",
+              positional_help='the text to encode ("-" reads standard input)')
+COMMAND.define("enum", "tokenizer", "gpt2", "the tokenizer", enum_values=list(TOKENIZERS))
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m moe.data.tokenize", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("text", help='the text to encode ("-" reads standard input)')
-    parser.add_argument("--tokenizer", default="gpt2", choices=TOKENIZERS)
-    args = parser.parse_args(argv)
-    text = sys.stdin.read() if args.text == "-" else args.text
+    args = COMMAND.parse(argv)
+    if len(args.positional) != 1:
+        print('error: give exactly one TEXT to encode (quote it; "-" reads standard input)', file=sys.stderr)
+        return 2
+    text = sys.stdin.read() if args.positional[0] == "-" else args.positional[0]
     try:
         ids = get_tokenizer(args.tokenizer).encode(text)
     except DataError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 1
+        return 2
     print(json.dumps(ids))
     return 0
 
