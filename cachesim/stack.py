@@ -331,11 +331,17 @@ def _recency_request(s, request, capacities, first: int):
     return jnp.where(iota <= depth, rotated, s), miss
 
 
-def _word_request(w, request, capacities, bits: int, first: int):
+def _word_request(w, request, thresholds, bits: int, first: int):
     """The same on one 32-bit word per lane, slot i in bits [i·bits, (i+1)·bits).
 
     The requested id is found by the classic zero-field test on w XOR (id in
-    every slot): the lowest flagged field is the first slot holding it.
+    every slot): the lowest flagged field is the first slot d holding it, and
+    its flag `lowest` = 1 << (d·bits + bits − 1) gives every mask without a
+    variable shift, a popcount or a select (which XLA:CPU vectorizes poorly):
+    the slots below d are (lowest >> (bits − 1)) − 1, those past it
+    ~((lowest << 1) − 1). Not found (lowest = 0) makes them "all" and "none":
+    the stack shifts down whole, its last id falls off. A request misses at a
+    capacity c iff it is not found or lowest >= `thresholds` (`word_thresholds`).
     """
     slots = 32 // bits
     ones_int = sum(1 << (bits * i) for i in range(slots))
@@ -349,19 +355,20 @@ def _word_request(w, request, capacities, bits: int, first: int):
     v = w ^ (x * ones)
     flags = (v - ones) & ~v & high
     lowest = flags & (~flags + jnp.uint32(1))
-    depth = jnp.where(flags == 0, slots,
-                      (jax.lax.population_count(lowest - jnp.uint32(1)).astype(jnp.int32)
-                       - (bits - 1)) // bits)
-    width = (depth * bits).astype(jnp.uint32)
-    # Slots below the old depth move one down, the old slot of x disappears,
-    # slots past it stay (32-bit shifts by 32 are undefined: masks by case).
-    full = jnp.uint32(0xFFFFFFFF)
-    below = jnp.where(depth >= slots, full, (jnp.uint32(1) << width) - jnp.uint32(1))
-    past = jnp.where(depth >= slots - 1, jnp.uint32(0),
-                     ~((jnp.uint32(1) << (width + jnp.uint32(bits))) - jnp.uint32(1)))
+    below = (lowest >> jnp.uint32(bits - 1)) - jnp.uint32(1)
+    past = ~((lowest << jnp.uint32(1)) - jnp.uint32(1))
     moved = ((w & past) | ((w & below) << jnp.uint32(bits)) | x) & used
-    miss = valid[None] & ((request >= first)[None] | (depth[None] >= capacities))
+    miss = valid[None] & ((request >= first)[None] | (lowest == 0)[None] | (lowest[None] >= thresholds))
     return jnp.where(valid, moved, w), miss
+
+
+def word_thresholds(capacities, bits: int):
+    """Per capacity c, the least slot flag of a depth >= c (`_word_request`):
+    1 << (c·bits + bits − 1), or above every flag when c holds every slot."""
+    slots = 32 // bits
+    c = jnp.minimum(capacities, slots).astype(jnp.uint32)
+    return jnp.where(capacities >= slots, jnp.uint32(0xFFFFFFFF),
+                     jnp.uint32(1) << jnp.minimum(c * bits + bits - 1, 31).astype(jnp.uint32))
 
 
 @functools.partial(jax.jit, static_argnames=("num_experts", "num_chunks", "per_group",
@@ -391,11 +398,13 @@ def replay_recency(requests, guesses, capacities, *, num_experts: int, num_chunk
     bits = slot_bits(num_experts)
 
     def run(inputs, start, lane_capacities):
+        thresholds = word_thresholds(lane_capacities, bits) if packed else None
+
         def body(carry, xs):
             s, misses = carry
             request, step = xs
             if packed:
-                s, miss = _word_request(s, request, lane_capacities, bits, first)
+                s, miss = _word_request(s, request, thresholds, bits, first)
             else:
                 s, miss = _recency_request(s, request, lane_capacities, first)
             group = (step // per_group) % groups

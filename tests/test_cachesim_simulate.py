@@ -115,6 +115,31 @@ def test_chunked_replay_matches_reference_exactly(short_chunks, trace, data):
     np.testing.assert_array_equal(got, _reference_misses(trace, specs))
 
 
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(bits=st.sampled_from([4, 5, 6, 7]), k=st.integers(1, 3), seed=st.integers(0, 2**16),
+       data=st.data())
+def test_packed_recency_words_match_the_reference_at_every_capacity(bits, k, seed, data):
+    """The one-word LRU stack (`stack._word_request`) at every capacity 0..slots,
+    for ids of 4 to 7 bits (8, 6, 5 and 4 slots), from exact and from reversed
+    (wrong) chunk-start stacks."""
+    slots = 32 // bits
+    num_experts = data.draw(st.integers(max(slots, 2 ** (bits - 1) + 1), 2 ** bits))
+    trace = random_trace(seed, 2, 32, k, num_experts, skew=data.draw(st.sampled_from([0.0, 1.0])))
+    capacities = np.tile(np.arange(slots + 1, dtype=np.int32), (trace.num_layers, 1))
+    want = np.array([[ref.count_misses(trace.experts[layer].tolist(), CacheSpec("lru", capacity=int(c)),
+                                       num_experts) for c in range(slots + 1)]
+                     for layer in range(trace.num_layers)])
+    requests, guesses = sim.recency_inputs([trace.experts[l].reshape(-1) for l in range(2)],
+                                           4, 8 * k, slots, num_experts)
+    for wrong in (False, True):
+        start = guesses.copy()
+        if wrong:
+            start[:, 1:] = start[:, 1:, ::-1]
+        misses, _ = stack.replay_recency(requests, stack.pack_words(start, num_experts), capacities,
+                                         num_experts=num_experts, num_chunks=4, per_group=k, packed=True)
+        np.testing.assert_array_equal(np.asarray(misses)[:, 0], want)
+
+
 def test_chunked_replay_rereplays_chunks_whose_guess_was_wrong(short_chunks):
     """Wrong guesses (a reversed stack) and no warm-up: the verification must
     re-replay chunks until the counts are those of one sequential replay."""
