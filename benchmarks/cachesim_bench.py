@@ -29,6 +29,9 @@ One run, same machine, side by side (issue 4):
 * Global vs per-layer LRU and LFU on the Qwen3 traces at the paper's 13.4%
   budget: per layer ceil(0.134·128) = 18 experts each, globally
   ceil(0.134·48·128) = 824 shared, or split uniformly or by demand.
+* Static pins of the reference arm-A and arm-B runs (a-main-s1, b-main-s1) on
+  the second half of each trace: in-sample vs fitted on the first half vs
+  fitted on the other seed's run.
 * With --runs: out-of-sample (fitted on trace_<domain>_train.npz) vs the
   paper's in-sample static pin, from each run's metrics.json.
 
@@ -196,6 +199,34 @@ def global_vs_layer(qwen) -> dict:
     return rows
 
 
+def static_out_of_sample(runs=("a-main-s1", "b-main-s1"), others=("a-main-s2", "b-main-s2")) -> dict:
+    """Static pins of reference arm A and arm B runs scored on the second half of
+    each domain's trace: in-sample (pinned on that half itself, the paper's
+    convention), fitted on the first half (another split), and fitted on the
+    same domain of the arm's other seed (another run)."""
+    fractions = (0.125, 0.25, 0.5)
+    out = {}
+    for run, other_run in zip(runs, others):
+        for domain in DOMAINS:
+            trace = load_trace(REFERENCE / "runs" / run / f"trace_{domain}.npz")
+            other = load_trace(REFERENCE / "runs" / other_run / f"trace_{domain}.npz")
+            half = trace.num_tokens // 2
+            scored = make_trace(trace.experts[:, half:], trace.num_experts, name=domain)
+            fits = {"first_half": make_trace(trace.experts[:, :half], trace.num_experts),
+                    "other_seed": other}
+            specs = [CacheSpec("static", fraction=f, fit=fit) for f in fractions
+                     for fit in (None, "first_half", "other_seed")]
+            (misses,) = sim.simulate([scored], specs, fits=fits)
+            hits = 1 - misses.sum(0) / (scored.num_layers * scored.num_tokens * scored.k)
+            key = f"{run}/{domain}"
+            out[key] = {str(f): {"in_sample": float(hits[3 * i]), "first_half": float(hits[3 * i + 1]),
+                                 "other_seed": float(hits[3 * i + 2])} for i, f in enumerate(fractions)}
+            print(f"  {key:<16}" + "  ".join(
+                f"{100 * float(f):g}%: in {v['in_sample']:.3f} split {v['first_half']:.3f} "
+                f"seed {v['other_seed']:.3f}" for f, v in out[key].items()))
+    return out
+
+
 def static_fits(runs) -> dict:
     """Out-of-sample vs in-sample static pins from each run's metrics.json."""
     out = {}
@@ -281,6 +312,9 @@ def main(argv=None) -> int:
                        "qwen_requests_per_s": qwen_requests / q_run_s})
         print("qwen3-30b-a3b at the paper's 13.4% budget, per layer vs global:")
         result["qwen_global_vs_layer"] = global_vs_layer(qwen)
+    print("static pins on the second half of each reference trace: in-sample vs fitted on the first "
+          "half vs fitted on the other seed's run (hit rates):")
+    result["static_out_of_sample"] = static_out_of_sample()
     if args.runs:
         print("static pins, in-sample (the paper's) vs fitted on the training split:")
         result["static_fits"] = static_fits(args.runs)
