@@ -217,9 +217,9 @@ def run_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence[s
         if lead:
             rundir.write_progress(w, phase="evaluating", step=num_train_steps(c), pid=os.getpid())
         params = host_local(state["params"])
-        final_eval, traces = evaluate_and_trace(c, eval_step, params, windows, log)
+        final_eval, traces, window_losses = evaluate_and_trace(c, eval_step, params, windows, log)
         if lead:
-            write_evaluation(w, final_eval, traces)
+            write_evaluation(w, final_eval, traces, window_losses, window_tokens=c.model.context)
         if finetune and c.predictor.enabled:  # MELINOE's figure: transfers with/without prefetch
             from moe.transfers import transfer_study
             transfers = transfer_study(c, result.graphdef, params, base, log)
@@ -236,12 +236,16 @@ def run_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence[s
     return True
 
 
-def write_evaluation(workdir: pathlib.Path, final_eval: dict, traces: dict) -> None:
-    """trace_<domain>.npz, then final_eval.json."""
+def write_evaluation(workdir: pathlib.Path, final_eval: dict, traces: dict, window_losses: dict | None = None,
+                     *, window_tokens: int | None = None) -> None:
+    """trace_<domain>.npz, eval_windows.npz (per-window mean CE, when given), then final_eval.json (last: it
+    marks the evaluation written)."""
     from cachesim.trace import save_trace
 
     for domain, trace in traces.items():
         save_trace(workdir / rundir.trace_file(domain), trace)
+    if window_losses is not None:
+        rundir.write_eval_windows(workdir, window_losses, window_tokens)
     rundir.write_json(workdir / rundir.FINAL_EVAL, final_eval)
 
 

@@ -8,6 +8,10 @@ that knows what lives in it:
 ``config.json``      the run record: the reference runs' top-level keys, ours,
                      and the full resolved config (``moe.run.config_record``)
 ``final_eval.json``  ``{domain: {val_loss, val_ppl, tokens}}``
+``eval_windows.npz`` per evaluation window, its mean CE (``ce_<domain>``, (N,) float64) and
+                     ``window_tokens``: the paired bootstrap of ``analysis`` resamples them
+``eval.jsonl``       validation during training: one line per evaluation (step, tokens,
+                     per-domain loss/PPL, router statistics)
 ``trace_<d>.npz``    router traces, one per domain (``cachesim.trace`` format)
 ``metrics.json``     mean PPLs and cache metrics; written last by ``main.py``
 ``log.jsonl``        one training record per ``train.log_every`` steps
@@ -34,11 +38,14 @@ import json
 import os
 import pathlib
 import tempfile
+import zipfile
 from collections.abc import Iterable
 from typing import Any
 
 CONFIG = "config.json"
 FINAL_EVAL = "final_eval.json"
+EVAL_WINDOWS = "eval_windows.npz"
+EVAL_LOG = "eval.jsonl"
 METRICS = "metrics.json"
 LOG = "log.jsonl"
 PROGRESS = "progress.json"
@@ -256,6 +263,16 @@ def last_log_record(workdir: PathLike, tail_bytes: int = 8192) -> dict[str, Any]
     return None
 
 
+def read_log(workdir: PathLike) -> list[dict[str, Any]]:
+    """Every complete record of log.jsonl (a line being written is skipped), in file order."""
+    return [r for r in _json_lines(log_path(workdir)) if isinstance(r, dict) and "step" in r]
+
+
+def read_eval_log(workdir: PathLike) -> list[dict[str, Any]]:
+    """Every complete record of eval.jsonl (validation during training), in file order; [] without the file."""
+    return [r for r in _json_lines(pathlib.Path(workdir) / EVAL_LOG) if isinstance(r, dict) and "step" in r]
+
+
 def truncate_log(workdir: PathLike, last_step: int) -> None:
     """Drops log records past a restored step, so a resumed run's log has no duplicates."""
     path = log_path(workdir)
@@ -263,6 +280,48 @@ def truncate_log(workdir: PathLike, last_step: int) -> None:
         return
     kept = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= last_step]
     write_atomic(path, "".join(line + "\n" for line in kept))
+
+
+# ---------------------------------------------------------------- per-window evaluation losses
+
+
+def write_eval_windows(workdir: PathLike, window_losses: dict[str, Any], window_tokens: int) -> None:
+    """eval_windows.npz: each domain's per-window mean CE (``ce_<domain>``) and the window length.
+
+    Written next to final_eval.json so that analysis can bootstrap PPL over
+    evaluation windows (every run of a study is evaluated on the same windows,
+    so run A's window i pairs with run B's). numpy is imported here only: the
+    module stays importable without it.
+    """
+    import io
+
+    import numpy as np
+
+    arrays = {f"ce_{d}": np.asarray(v, dtype=np.float64).reshape(-1) for d, v in window_losses.items()}
+    buffer = io.BytesIO()
+    np.savez(buffer, window_tokens=np.int64(window_tokens), **arrays)
+    write_atomic(pathlib.Path(workdir) / EVAL_WINDOWS, buffer.getvalue())
+
+
+def read_eval_windows(workdir: PathLike) -> tuple[dict[str, Any], int] | None:
+    """({domain: (N,) float64 per-window mean CE}, window tokens) of eval_windows.npz; None without the file."""
+    import numpy as np
+
+    path = pathlib.Path(workdir) / EVAL_WINDOWS
+    if not path.is_file():
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            losses = {name[len("ce_"):]: np.asarray(data[name], dtype=np.float64)
+                      for name in data.files if name.startswith("ce_")}
+            window_tokens = int(data["window_tokens"])
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
+        raise RunDirError(f"{path}: not a readable {EVAL_WINDOWS} ({e}); re-evaluate the run or remove the "
+                          "file") from None
+    if not losses or window_tokens <= 0 or any(v.ndim != 1 or v.size == 0 for v in losses.values()):
+        raise RunDirError(f"{path}: expected ce_<domain> (N,) arrays and a positive window_tokens; "
+                          "re-evaluate the run or remove the file")
+    return losses, window_tokens
 
 
 # ---------------------------------------------------------------- progress

@@ -50,18 +50,20 @@ def test_known_metrics_of_hand_built_traces(tmp_path):
     assert run.domains["code"].facts["expert_counts"][0][:5] == [20, 20, 20, 20, 0]
 
 
-def test_second_load_reads_the_run_dir_cache(tmp_path, count_calls):
+def test_second_load_reads_the_user_cache_and_the_run_dir_is_untouched(tmp_path, count_calls):
     path = write_run(tmp_path, "r")
+    before = sorted(p.name for p in path.iterdir())
     first = load_runs([tmp_path], store=cache.MetricsStore(tmp_path / "user"))
     assert len(count_calls) == 3
-    stored = json.loads((path / cache.CACHE_FILE).read_text())
-    assert set(stored["traces"]) == {"trace_prose.npz", "trace_code.npz", "trace_math.npz"}
-    assert stored["traces"]["trace_code.npz"]["trace_sha256"] == cache.file_sha256(path / "trace_code.npz")
+    shas = {cache.file_sha256(path / f"trace_{d}.npz") for d in DOMAINS}
+    assert {p.stem for p in (tmp_path / "user").glob("*.json")} == shas
+    entry = json.loads((tmp_path / "user" / f"{cache.file_sha256(path / 'trace_code.npz')}.json").read_text())
+    assert entry["trace_sha256"] == cache.file_sha256(path / "trace_code.npz")
     store = cache.MetricsStore(tmp_path / "user")  # a fresh process: empty memo
     second = load_runs([tmp_path], store=store)
     assert len(count_calls) == 3 and store.computed == 0
     assert second[0].domains == first[0].domains
-    assert not (tmp_path / "user").exists()  # writable run dir: nothing in the user cache
+    assert sorted(p.name for p in path.iterdir()) == before  # analysis never writes into a run directory
 
 
 def test_changed_trace_is_recomputed_alone(tmp_path, count_calls):
@@ -76,50 +78,29 @@ def test_changed_trace_is_recomputed_alone(tmp_path, count_calls):
 
 def test_corrupt_cache_file_is_a_miss(tmp_path, count_calls):
     path = write_run(tmp_path, "r")
-    (path / cache.CACHE_FILE).write_text("{truncated")
-    run = load_run(path, store=cache.MetricsStore(tmp_path / "user"))
-    assert len(count_calls) == 3 and run.complete
-    assert json.loads((path / cache.CACHE_FILE).read_text())["version"] == cache.CACHE_VERSION
-
-
-def test_read_only_run_dir_falls_back_to_user_cache(tmp_path, count_calls, monkeypatch):
-    path = write_run(tmp_path, "r")
-    real_write = cache.atomic_write_json
-
-    def refuse_run_dir(target, data):  # root ignores chmod, so simulate a read-only mount
-        if target.parent == path:
-            raise PermissionError(13, "Read-only file system", str(target))
-        real_write(target, data)
-
-    monkeypatch.setattr(cache, "atomic_write_json", refuse_run_dir)
     user = tmp_path / "user"
-    load_run(path, store=cache.MetricsStore(user))
-    shas = {cache.file_sha256(path / f"trace_{d}.npz") for d in DOMAINS}
-    assert {p.stem for p in user.glob("*.json")} == shas
-    assert not (path / cache.CACHE_FILE).exists()
-    store = cache.MetricsStore(user)
-    load_run(path, store=store)
-    assert len(count_calls) == 3 and store.computed == 0
+    user.mkdir()
+    (user / f"{cache.file_sha256(path / 'trace_code.npz')}.json").write_text("{truncated")
+    run = load_run(path, store=cache.MetricsStore(user))
+    assert len(count_calls) == 3 and run.complete
+    entry = json.loads((user / f"{cache.file_sha256(path / 'trace_code.npz')}.json").read_text())
+    assert entry["version"] == cache.CACHE_VERSION
+
+
+def test_an_unwritable_cache_warns_once_and_still_answers(tmp_path, count_calls):
+    path = write_run(tmp_path, "r")
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.warns(UserWarning, match="cannot cache analysis metrics") as caught:
+        run = load_run(path, store=cache.MetricsStore(blocker / "sub"))  # a folder under a file: OSError
+    assert run.complete and len(count_calls) == 3 and len(caught) == 1
 
 
 def test_env_var_names_the_user_cache(tmp_path, monkeypatch):
     monkeypatch.setenv(cache.ENV_CACHE_DIR, str(tmp_path / "c"))
-    assert cache.MetricsStore().cache_dir == tmp_path / "c"
+    assert cache.MetricsStore().cache_dir == tmp_path / "c" / "analysis"  # beside the compile cache (c/jax)
     monkeypatch.delenv(cache.ENV_CACHE_DIR)
     assert cache.default_cache_dir().parts[-3:] == (".cache", "cacheable-moe", "analysis")
-
-
-def test_read_only_permissions_are_respected_even_by_root(tmp_path):
-    path = write_run(tmp_path, "r")
-    path.chmod(0o555)  # like the reference runs: dr-xr-xr-x
-    try:
-        assert not cache.writable_dir(path)
-        load_run(path, store=cache.MetricsStore(tmp_path / "user"))
-        assert len(list((tmp_path / "user").glob("*.json"))) == 3
-        assert sorted(p.name for p in path.iterdir()) == ["config.json", "final_eval.json", "trace_code.npz",
-                                                          "trace_math.npz", "trace_prose.npz"]
-    finally:
-        path.chmod(0o755)
 
 
 def test_identical_traces_in_two_runs_are_computed_once(tmp_path, count_calls):
@@ -128,13 +109,12 @@ def test_identical_traces_in_two_runs_are_computed_once(tmp_path, count_calls):
     store = cache.MetricsStore(tmp_path / "user")
     load_runs([tmp_path], store=store)
     assert store.computed == 1 and len(count_calls) == 1
-    assert (tmp_path / "r2" / cache.CACHE_FILE).exists()
+    assert len(list((tmp_path / "user").glob("*.json"))) == 1
 
 
 def test_parallel_workers_give_the_same_facts(tmp_path):
     write_run(tmp_path, "r", traces={"prose": block_experts(), "code": spread_experts(), "math": sticky_experts()})
     serial = load_runs([tmp_path], store=cache.MetricsStore(tmp_path / "u1"))
-    (tmp_path / "r" / cache.CACHE_FILE).unlink()
     parallel = load_runs([tmp_path], store=cache.MetricsStore(tmp_path / "u2", jobs=2))
     assert parallel[0].domains == serial[0].domains
 
@@ -147,11 +127,11 @@ def test_reuse_by_lag_is_added_to_the_entry_on_first_use(tmp_path, monkeypatch):
     store = cache.MetricsStore(tmp_path / "user")
     run = load_run(path, store=store)
     assert "reuse_by_lag" not in run.domains["code"].facts  # tables do not pay for it
-    curve = store.reuse_by_lag(path, path / "trace_code.npz")
+    curve = store.reuse_by_lag(path / "trace_code.npz")
     # Tokens alternate {0,1}, {2,3}: nothing is shared at odd lags, everything at even ones.
     assert curve == {"1": 0.0, "2": 1.0, "4": 1.0, "8": 1.0, "16": 1.0, "32": 1.0}
     fresh = cache.MetricsStore(tmp_path / "user")
-    assert fresh.reuse_by_lag(path, path / "trace_code.npz") == curve
+    assert fresh.reuse_by_lag(path / "trace_code.npz") == curve
     assert len(calls) == 1 and fresh.computed == 0
 
 
@@ -159,7 +139,7 @@ def test_a_cachesim_change_invalidates_the_cache(tmp_path, count_calls, monkeypa
     path = write_run(tmp_path, "r")
     load_run(path, store=cache.MetricsStore(tmp_path / "user"))
     assert len(count_calls) == 3
-    entry = json.loads((path / cache.CACHE_FILE).read_text())["traces"]["trace_code.npz"]
+    entry = json.loads((tmp_path / "user" / f"{cache.file_sha256(path / 'trace_code.npz')}.json").read_text())
     assert entry["cachesim"] == cache.cachesim_fingerprint() and len(entry["cachesim"]) == 64
     monkeypatch.setattr(cache, "cachesim_fingerprint", lambda: "0" * 64)  # the simulator's code changed
     load_run(path, store=cache.MetricsStore(tmp_path / "user"))
@@ -176,7 +156,9 @@ def test_the_fingerprint_covers_every_module_the_metrics_run():
               "from cachesim.trace import make_trace\n"
               "rng = np.random.default_rng(0)\n"
               "experts = np.stack([[rng.choice(8, 2, replace=False) for _ in range(64)] for _ in range(2)])\n"
-              "paper_metrics(make_trace(experts.astype(np.int16), 8))\n"
+              "trace = make_trace(experts.astype(np.int16), 8)\n"
+              "from analysis.cache import window_misses\n"
+              "window_misses(trace, paper_metrics(trace), 16)\n"
               "print('\\n'.join(m.__file__ for n, m in sys.modules.items()\n"
               "                 if n.split('.')[0] == 'cachesim' and getattr(m, '__file__', None)))\n")
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
@@ -184,4 +166,32 @@ def test_the_fingerprint_covers_every_module_the_metrics_run():
     covered = {p.resolve() for p in cache.metric_sources()}
     assert loaded and loaded <= covered, f"not fingerprinted: {sorted(map(str, loaded - covered))}"
     names = {p.name for p in covered}
-    assert {"stack.py", "simulate.py", "metrics.py", "policies.py", "trace.py"} <= names
+    assert {"stack.py", "simulate.py", "metrics.py", "policies.py", "trace.py", "segments.py", "online.py"} <= names
+
+
+def test_window_misses_are_each_windows_share_of_one_replay(tmp_path):
+    """LRU@25% (4 of 16 experts) over 8-token windows, one cache per layer across the whole trace."""
+    path = write_run(tmp_path, "r", window_tokens=8, traces={"prose": block_experts(), "code": sticky_experts(),
+                                                             "math": alternating_experts()})
+    run = load_run(path, store=cache.MetricsStore(tmp_path / "user"))
+    windows = {d: ev.facts["window_misses"] for d, ev in run.domains.items()}
+    assert {w["segment_tokens"] for w in windows.values()} == {8}
+    # Blocks of 8 tokens on a fresh pair of experts: each block's first token misses 2 per layer.
+    assert windows["prose"]["misses"] == [4] * 8
+    # {0, 1} throughout, and {0,1},{2,3} alternating (4 experts fit): only the first window misses, once per
+    # expert and layer; the cache carries over, so later windows never miss.
+    assert windows["code"]["misses"] == [4, 0, 0, 0, 0]
+    assert windows["math"]["misses"] == [8, 0, 0, 0, 0]
+
+
+def test_a_new_window_length_recomputes_and_keeps_the_reuse_curve(tmp_path, count_calls):
+    path = write_run(tmp_path, "r", window_tokens=8, traces={"code": block_experts()}, losses={"code": 1.0})
+    store = cache.MetricsStore(tmp_path / "user")
+    store.trace_facts({"code": path / "trace_code.npz"}, 8)
+    curve = store.reuse_by_lag(path / "trace_code.npz")
+    fresh = cache.MetricsStore(tmp_path / "user")
+    facts = fresh.trace_facts({"code": path / "trace_code.npz"}, 16)["code"]
+    assert len(count_calls) == 2 and facts["window_misses"]["misses"] == [8] * 4 and facts["reuse_by_lag"] == curve
+    odd = fresh.trace_facts({"code": path / "trace_code.npz"}, 48)["code"]["window_misses"]
+    assert odd["misses"] is None and odd["reason"] == ("the trace has 64 tokens, not a multiple of the 48-token "
+                                                       "evaluation window")
