@@ -1,19 +1,19 @@
-"""Computes per-trace cache metrics once and keeps them in the user's metric cache.
+"""Computes per-trace cache metrics once and keeps them in the user's cache.
 
 Simulating five cache policies at three capacities over a 500k-token trace
 takes seconds; rebuilding tables must not. Each trace's *facts* (cachesim's
 ``paper_metrics``, the per-layer expert usage counts that the pooled
 collapse clause and the heat-maps need, and the LRU@25% demand misses of each
 evaluation window that the bootstrap resamples; reuse at lags 1..1024 is added
-when a figure first asks for it) are stored, keyed by the SHA-256 of the
-trace file, as ``<sha256>.json`` in the metric cache folder (``--cache_dir``,
-else ``$CACHEABLE_MOE_CACHE``, default ``~/.cache/cacheable-moe/analysis``).
-Analysis never writes into the run directories it reads: they are the
-training's record (and the reference runs are read-only). A changed trace has
-a new hash and is recomputed; so is every trace after a change to the
-cachesim sources the metrics come from (their fingerprint is part of each
-entry) or to what is cached here (:data:`CACHE_VERSION`): stale numbers are
-never served.
+when a figure first asks for it) are stored as ``<sha256>.<fingerprint>.json``,
+keyed by the SHA-256 of the trace file and the fingerprint of the metric code,
+in the user cache directory only: ``--cache_dir``, else
+``$CACHEABLE_MOE_CACHE/analysis``, else ``~/.cache/cacheable-moe/analysis``.
+Analysis never writes into the run directories it reads (the released
+reference runs included). A changed trace has a new hash and is recomputed; so
+is every trace after a change to the cachesim sources the metrics come from
+(their fingerprint is part of each entry) or to what is cached here
+(:data:`CACHE_VERSION`): stale numbers are never served.
 """
 
 from __future__ import annotations
@@ -106,11 +106,15 @@ def cachesim_fingerprint() -> str:
 
 
 def default_cache_dir() -> Path:
-    """The metric cache: ``analysis`` under the project's cache folder ($CACHEABLE_MOE_CACHE or
-    ~/.cache/cacheable-moe, moe.runtime.cache_root)."""
-    from moe import runtime
+    """``$CACHEABLE_MOE_CACHE/analysis``, else ``~/.cache/cacheable-moe/analysis`` (as the data cache)."""
+    env = os.environ.get(ENV_CACHE_DIR)
+    return (Path(env) if env else Path.home() / ".cache" / "cacheable-moe") / "analysis"
 
-    return Path(runtime.cache_root()) / "analysis"
+
+def entry_path(cache_dir: Path, sha: str) -> Path:
+    """``<sha256>.<fingerprint>.json``: keyed by both, so checkouts with other metric code (other
+    worktrees, branches, versions) sharing one user cache never overwrite each other's entries."""
+    return cache_dir / f"{sha}.{cachesim_fingerprint()[:16]}.json"
 
 
 def file_sha256(path: str | os.PathLike) -> str:
@@ -255,9 +259,9 @@ class MetricsStore:
 
     # -- lookup ---------------------------------------------------------------------------
     def _lookup(self, sha: str) -> dict | None:
-        """The trace's facts from this process's memo or the cache folder (None: not computed yet)."""
+        """The trace's facts from this process's memo or the user cache (None: not computed yet)."""
         if sha not in self._memo:
-            entry = _read_json_or_none(self.cache_dir / f"{sha}.json")
+            entry = _read_json_or_none(entry_path(self.cache_dir, sha))
             if not _valid(entry, sha):
                 return None
             self._memo[sha] = _facts(entry)
@@ -335,12 +339,12 @@ class MetricsStore:
                 pool.shutdown(wait=True, cancel_futures=True)
 
     def _persist(self, sha: str, facts: dict[str, Any]) -> None:
-        """Stores one trace's facts in the cache folder (a failure warns once: the numbers are still right)."""
+        """Stores one trace's facts in the user cache; a failure only costs a recomputation later (warned once)."""
         try:
             self.cache_dir.mkdir(parents=True, exist_ok=True)
-            atomic_write_json(self.cache_dir / f"{sha}.json", _entry(sha, facts))
+            atomic_write_json(entry_path(self.cache_dir, sha), _entry(sha, facts))
         except OSError as e:
             if not self._warned:
-                warnings.warn(f"cannot cache analysis metrics ({e}); set {ENV_CACHE_DIR} or --cache_dir to a "
-                              "writable folder", stacklevel=2)
+                warnings.warn(f"cannot cache analysis metrics in {self.cache_dir} ({e}); set {ENV_CACHE_DIR} or "
+                              "--cache_dir to a writable folder", stacklevel=2)
                 self._warned = True

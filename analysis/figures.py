@@ -236,7 +236,7 @@ def val_curves(run: Run) -> dict[str, tuple[list[float], list[float]]]:
     per_step = _tokens_per_step(run)
     path = run.path / rundir.EVAL_LOG
     curves: dict[str, tuple[list[float], list[float]]] = {}
-    for record in latest_attempt(rundir.read_eval_log(run.path)):
+    for record in latest_attempt(rundir.read_log(run.path, name=rundir.EVAL_LOG)):
         domains = record.get("domains")
         at = _record_tokens(record, per_step)
         if not isinstance(domains, dict) or at is None:

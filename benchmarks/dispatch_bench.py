@@ -1,10 +1,25 @@
-"""Train-step throughput of the smoke config for every dispatcher, side by side.
+"""Train-step tokens/s, compiled memory and executed expert FLOPs of every dispatcher, side by side.
 
-    python benchmarks/dispatch_bench.py [--size smoke] [--steps 20]
+    python benchmarks/dispatch_bench.py [--size smoke] [--batch B] [--dtype float32|bfloat16]
+        [--remat none|full|dots] [--steps 10] [--rounds 3] [--block_sizes 32,64,128] [--save]
 
-Same process, same machine, same random batches; the first (compiling) step is
-excluded. The last line is a JSON object; `fastest` is what `model.dispatch=auto`
-should select on this backend (moe.dispatch.AUTO_DISPATCH).
+One process, one train state shared by every dispatcher's compiled step (the
+parameter tree does not depend on the dispatcher), the same random batches;
+the compiling step is excluded and the dispatchers are timed in alternating
+rounds, each keeping its best round, so load on a shared machine hits them
+alike (``vs_dense_median``: the median of the per-round ratios to dense, for
+load that drifts within a round). The sparse dispatchers run once per block size. An entry whose compiled
+step exceeds --max_gib is compiled (its memory is reported) but not run, with
+the reason printed.
+
+Per entry: tokens/s, MFU (routed model FLOPs / peak, where the peak of the
+device is known), compiled step bytes, and ``expert_flop_ratio`` = rows that
+go through an expert's SwiGLU ÷ the N·k routed rows (padding rows counted;
+the routing is the model's own on the first batch). The last line is JSON;
+``auto`` is moe.dispatch.AUTO_DISPATCH for this backend and
+``auto_is_fastest`` whether it is the fastest dropless entry of this run.
+``--save`` merges the JSON into benchmarks/results/dispatch_<backend>.json,
+the file AUTO_DISPATCH is derived from.
 """
 
 from __future__ import annotations
@@ -12,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pathlib
 import sys
 import time
 
@@ -20,51 +36,232 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from flax import nnx  # noqa: E402
 
 from configs import arm_b  # noqa: E402
 from configs.base import num_train_steps  # noqa: E402
-from moe.dispatch import AUTO_DISPATCH, DISPATCHERS  # noqa: E402
+from moe.dispatch import (AUTO_DISPATCH, DISPATCHERS, DROPLESS, expert_capacity, padded_rows,  # noqa: E402
+                          padded_rows_bound)
+from moe.model import build_model, param_counts  # noqa: E402
+from moe.run import compiled_memory  # noqa: E402
 from moe.train import init_state, make_optimizer, make_train_step  # noqa: E402
+
+RESULTS = pathlib.Path(__file__).resolve().parent / "results"
+SPARSE = ("sparse", "sparse_batched")  # the dispatchers that take a block size
+# Dense bf16 tensor-core peaks (TFLOP/s) by device kind, for MFU; --peak_tflops overrides.
+PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "L4": 121.0, "A10": 125.0}
+
+
+def entry_label(name: str, block_size: int | None) -> str:
+    return f"{name}/b{block_size}" if block_size else name
+
+
+def bench_config(args, name: str, block_size: int | None):
+    config = arm_b.get_config(args.size)
+    config.model.dispatch = name
+    config.model.block_size = block_size or 0
+    if args.batch:
+        config.train.batch_size = args.batch
+    if args.dtype:
+        config.model.compute_dtype = args.dtype
+    if args.remat:
+        config.model.remat = args.remat
+    return config
+
+
+def executed_rows(name: str, block_size: int | None, topk: np.ndarray, config) -> int | None:
+    """Rows through an expert SwiGLU, summed over layers, for routing ``topk`` (L, N, k).
+
+    dense: every expert on every token; capacity: E·C buffer rows; sparse: the
+    padded groups (the loop stops after the last one); sparse_batched: all
+    blocks of the static bound; ragged/tokamax on CPU: XLA expands ragged_dot
+    into a masked matmul of all N·k rows against every expert. None: unknown
+    (a native grouped kernel's tile padding is not visible from here).
+    """
+    layers, n, k = topk.shape
+    e = config.model.num_experts
+    if name == "dense":
+        return layers * e * n
+    if name == "capacity":
+        return layers * e * expert_capacity(n, k, e, config.model.capacity_factor)
+    if name == "sparse":
+        return int(sum(padded_rows(jnp.asarray(t), e, block_size) for t in topk))
+    if name == "sparse_batched":
+        return layers * padded_rows_bound(n * k, e, block_size)
+    if name in ("ragged", "tokamax") and jax.default_backend() == "cpu":
+        return layers * e * n * k
+    return None
+
+
+def model_flops_per_token(config) -> float:
+    """Routed train FLOPs per token: 6·active params (tied head included) + causal attention (PaLM's 12·L·d·T)."""
+    model = nnx.eval_shape(lambda: build_model(config.model, config.seed))
+    m = config.model
+    return 6.0 * param_counts(model)["params_active"] + 12.0 * m.n_layers * m.d_model * m.context
+
+
+def peak_flops(override_tflops: float) -> float | None:
+    if override_tflops:
+        return override_tflops * 1e12
+    kind = jax.devices()[0].device_kind
+    return next((tf * 1e12 for key, tf in PEAK_TFLOPS.items() if key in kind), None)
+
+
+def routing(graphdef, params, tokens) -> np.ndarray:
+    """The model's top-k choices on ``tokens``: (L, B·T, k)."""
+    def topk(p, t):
+        return nnx.merge(graphdef, p)(t)[1].topk
+    out = np.asarray(jax.jit(topk)(params, tokens))
+    return out.reshape(out.shape[0], -1, out.shape[-1])
+
+
+def random_batches(config, count: int = 2) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(0)
+    shape = (config.train.batch_size, config.model.context + 1)
+    return [{"tokens": rng.integers(0, config.model.vocab_size, shape, dtype=np.int32),
+             "domains": rng.integers(0, 3, shape, dtype=np.int32)} for _ in range(count)]
+
+
+def timed_steps(step, state, batches, steps: int):
+    """(state, seconds for ``steps`` steps)."""
+    t0 = time.perf_counter()
+    for i in range(steps):
+        state, metrics = step(state, batches[i % len(batches)])
+    jax.block_until_ready(metrics)
+    return state, time.perf_counter() - t0
 
 
 def step_throughput(size: str, dispatch: str, steps: int) -> float:
+    """Train-step tokens/s of one dispatcher at a config size (used by data_bench)."""
     config = arm_b.get_config(size)
     config.model.dispatch = dispatch
     tx = make_optimizer(config.optim, num_train_steps(config))
     graphdef, state = init_state(config, tx)
-    step = make_train_step(graphdef, tx, config)
-    rng = np.random.default_rng(0)
-    shape = (config.train.batch_size, config.model.context + 1)
-    batches = [{"tokens": rng.integers(0, config.model.vocab_size, shape, dtype=np.int32),
-                "domains": rng.integers(0, 3, shape, dtype=np.int32)} for _ in range(4)]
-    state, metrics = step(state, batches[0])  # compile
-    jax.block_until_ready(metrics)
-    t0 = time.perf_counter()
-    for i in range(steps):
-        state, metrics = step(state, batches[i % 4])
-    jax.block_until_ready(metrics)
-    return steps * config.train.batch_size * config.model.context / (time.perf_counter() - t0)
+    step, batches = make_train_step(graphdef, tx, config), random_batches(config)
+    state, _ = timed_steps(step, state, batches, 1)  # compile
+    _, seconds = timed_steps(step, state, batches, steps)
+    return steps * config.train.batch_size * config.model.context / seconds
+
+
+def entries(args) -> list[tuple[str, int | None]]:
+    names = args.dispatchers.split(",") if args.dispatchers else list(DISPATCHERS)
+    unknown = [n for n in names if n not in DISPATCHERS]
+    if unknown:
+        raise SystemExit(f"unknown dispatchers {unknown}; registered here: {', '.join(DISPATCHERS)}")
+    blocks = [int(b) for b in args.block_sizes.split(",")]
+    return [(n, b) for n in names for b in (blocks if n in SPARSE else [None])]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", default="smoke")
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--batch", type=int, default=0, help="rows of context tokens (0: the size's default)")
+    parser.add_argument("--dtype", default="", help="compute dtype (default: the size's)")
+    parser.add_argument("--remat", default="", help="remat policy (default: the size's)")
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per round")
+    parser.add_argument("--rounds", type=int, default=3, help="0: compile only (memory, FLOP ratios)")
+    parser.add_argument("--dispatchers", default="", help="comma list (default: every registered one)")
+    parser.add_argument("--block_sizes", default="32,64,128", help="block sizes of the sparse dispatchers")
+    parser.add_argument("--max_gib", type=float, default=8.0, help="compile but do not run larger steps")
+    parser.add_argument("--peak_tflops", type=float, default=0.0, help="device peak for MFU (default: by kind)")
+    parser.add_argument("--save", action="store_true", help="merge into benchmarks/results/dispatch_<backend>.json")
+    parser.add_argument("--tag", default="", help="suffix of the saved run's key (several runs of one shape)")
     args = parser.parse_args()
-    results = {}
-    for name in DISPATCHERS:
-        results[name] = step_throughput(args.size, name, args.steps)
-        print(f"{name:9s} {results[name]:10,.0f} tokens/s", flush=True)
-    base = results["dense"]
-    for name, r in results.items():
-        print(f"{name:9s} {r / base:5.2f}x dense")
-    dropless = {k: v for k, v in results.items() if k != "capacity"}
-    fastest = max(dropless, key=dropless.get)
+
     backend = jax.default_backend()
-    print(json.dumps({"backend": backend, "size": args.size, "tokens_per_s": results,
-                      "fastest_dropless": fastest, "auto": AUTO_DISPATCH.get(backend),
-                      "auto_is_fastest": AUTO_DISPATCH.get(backend) == fastest}))
+    todo = entries(args)
+    first = bench_config(args, *todo[0])
+    tx = make_optimizer(first.optim, num_train_steps(first))
+    graphdef, state = init_state(first, tx)
+    batches = random_batches(first)
+    topk = routing(graphdef, state["params"], batches[0]["tokens"][:, :-1])
+    tokens_per_step = first.train.batch_size * first.model.context
+    routed_rows = topk.size
+    print(f"{backend} {jax.devices()[0].device_kind}: {args.size} {first.train.batch_size}x{first.model.context} "
+          f"{first.model.compute_dtype} remat={first.model.remat}", flush=True)
+
+    compiled, result = {}, {"tokens_per_s": {}, "compiled_bytes": {}, "expert_flop_ratio": {}, "skipped": {}}
+    for name, block in todo:
+        label, config = entry_label(name, block), bench_config(args, name, block)
+        g = nnx.graphdef(nnx.eval_shape(lambda c=config: build_model(c.model, c.seed)))
+        t0 = time.perf_counter()
+        step = make_train_step(g, tx, config).lower(state, batches[0]).compile()
+        step_bytes = compiled_memory(step)[0]
+        rows = executed_rows(name, block, topk, config)
+        result["compiled_bytes"][label] = step_bytes
+        result["expert_flop_ratio"][label] = None if rows is None else rows / routed_rows
+        if step_bytes > args.max_gib * 2**30:
+            result["skipped"][label] = f"compiled step {step_bytes / 2**30:.1f} GiB > --max_gib {args.max_gib:g}"
+            print(f"{label:20s} skipped: {result['skipped'][label]}", flush=True)
+            continue
+        if args.rounds:
+            state, _ = timed_steps(step, state, batches, 1)  # first run: allocation, caches
+            compiled[label] = step
+        print(f"{label:20s} compiled in {time.perf_counter() - t0:5.1f}s, {step_bytes / 2**30:6.2f} GiB", flush=True)
+
+    per_round = {label: [] for label in compiled}
+    for r in range(args.rounds):
+        for label, step in compiled.items():
+            state, seconds = timed_steps(step, state, batches, args.steps)
+            per_round[label].append(args.steps * tokens_per_step / seconds)
+        print(f"round {r + 1}/{args.rounds}: " + ", ".join(f"{k} {v[-1]:,.0f}" for k, v in per_round.items()),
+              flush=True)
+    best = {label: max(v) for label, v in per_round.items()}
+    result["tokens_per_s_rounds"] = per_round
+    # The load of a shared machine drifts over minutes, so a best round can fall in a
+    # quiet spell for one entry and not another: also the median of each round's ratio
+    # to dense (the entries of one round ran close together).
+    if "dense" in per_round:
+        result["vs_dense_median"] = {k: float(np.median(np.divide(v, per_round["dense"])))
+                                     for k, v in per_round.items()}
+
+    peak, flops = peak_flops(args.peak_tflops), model_flops_per_token(first)
+    result["tokens_per_s"] = best
+    result["mfu"] = {k: (v * flops / peak if peak else None) for k, v in best.items()}
+    base, median = best.get("dense"), result.get("vs_dense_median", {})
+    for label, tps in best.items():
+        ratio = result["expert_flop_ratio"][label]
+        print(f"{label:20s} {tps:10,.1f} tokens/s" + (f"  {tps / base:5.2f}x dense" if base else "")
+              + (f" (median round {median[label]:4.2f}x)" if label in median else "")
+              + f"  {result['compiled_bytes'][label] / 2**30:6.2f} GiB"
+              + (f"  expert FLOPs {ratio:5.2f}x routed" if ratio else "")
+              + (f"  MFU {result['mfu'][label]:.1%}" if peak else ""))
+    dropless = {k: v for k, v in best.items() if k.split("/")[0] in DROPLESS}
+    fastest = max(dropless, key=dropless.get) if dropless else None
+    auto_name, auto_block = AUTO_DISPATCH.get(backend, (None, None))
+    auto = entry_label(auto_name, auto_block if auto_name in SPARSE else None) if auto_name else None
+    result.update({
+        "backend": backend, "device": jax.devices()[0].device_kind, "size": args.size,
+        "batch": [first.train.batch_size, first.model.context], "dtype": first.model.compute_dtype,
+        "remat": first.model.remat, "steps": args.steps, "rounds": args.rounds, "tag": args.tag,
+        "model_flops_per_token": flops, "fastest_dropless": fastest, "auto": auto,
+        "auto_is_fastest": auto == fastest,
+        "auto_vs_fastest": best[auto] / best[fastest] if auto in best and fastest else None,
+        "auto_vs_dense": best[auto] / base if auto in best and base else None,
+    })
+    if fastest:
+        print(f"fastest dropless: {fastest}; auto = {auto}: "
+              + ("still the fastest" if result["auto_is_fastest"] else "NOT the fastest")
+              + (f" ({result['auto_vs_fastest']:.2f}x the fastest)" if result["auto_vs_fastest"] else ""))
+    if args.save:
+        save(result)
+    print(json.dumps(result))
+
+
+def run_key(result: dict) -> str:
+    key = f"{result['size']}/{result['batch'][0]}x{result['batch'][1]}/{result['dtype']}/remat={result['remat']}"
+    return f"{key}/{result['tag']}" if result.get("tag") else key
+
+
+def save(result: dict) -> None:
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"dispatch_{result['backend']}.json"
+    saved = json.loads(path.read_text()) if path.exists() else {"runs": {}}
+    saved["runs"][run_key(result)] = result
+    path.write_text(json.dumps(saved, indent=1, sort_keys=True) + "\n")
+    print(f"saved to {path}", flush=True)
 
 
 if __name__ == "__main__":

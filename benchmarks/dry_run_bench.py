@@ -4,7 +4,7 @@
 
 Runs `main.py --dry_run` (memory-optimised XLA:CPU scheduler) per size, and with
 --variants also the 137m step without remat and with the dense dispatcher, to
-show which lever buys what. The last line is one JSON object.
+show which lever buys what (the default dispatch is `auto`: `sparse` on CPU). The last line is one JSON object.
 """
 
 from __future__ import annotations
@@ -34,12 +34,13 @@ def main() -> None:
     runs = [(size, size, ()) for size in args.sizes.split(",")]
     if args.variants:
         runs += [("137m/remat=none", "137m", ("--config.model.remat=none",)),
+                 ("137m/dispatch=dense", "137m", ("--config.model.dispatch=dense",)),
                  ("137m/dispatch=ragged", "137m", ("--config.model.dispatch=ragged",)),
                  ("137m/dispatch=capacity", "137m", ("--config.model.dispatch=capacity",))]
     for name, arg, overrides in runs:
         r = dry_run(arg, *overrides)
         results[name] = {k: r[k] for k in ("params_total", "params_active", "train_step_bytes", "train_step_gib",
-                                           "fits_device_memory", "memory_breakdown", "dispatch", "remat",
+                                           "fits_device_memory", "memory_breakdown", "dispatch", "block_size", "remat",
                                            "compile_s")}
         ok = r["params_total"] == SPEC_PARAMS.get(arg, r["params_total"])
         print(f"{name:24s} params {r['params_total']:>12,} ({'= SPEC' if ok else 'MISMATCH'}) active "

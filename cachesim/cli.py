@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import pandas as pd
 
 from cachesim import metrics
-from cachesim.cli_util import CLI, UsageError, comma_list, write_output
+from cachesim.cli_util import CLI, UsageError, comma_list, progress, write_output
 from cachesim.policies import (POLICIES, RECENCY_MODES, ROUNDING_MODES, CacheSpec, CacheSpecError, parse_capacities,
                                spec_for)
 from cachesim.simulate import SimulationError, simulate
@@ -147,8 +147,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not paths:
             raise CacheSpecError("no trace given; pass one or more trace .npz files")
         specs = _specs(args)
-        traces = [load_trace(path) for path in paths]
-        records = cache_records(paths, traces, specs, args.layers or ["all"])
+        with progress("loading traces, then one compiled replay", total=len(paths) + 1) as bar:
+            traces = []
+            for path in paths:
+                traces.append(load_trace(path))
+                bar.advance()
+            records = cache_records(paths, traces, specs, args.layers or ["all"])
+            bar.advance()
     except (TraceError, CacheSpecError, SimulationError, UsageError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -160,3 +160,43 @@ def parse_app_flags(argv: list[str]) -> list[str]:
             message = (f"unknown config key {message.strip(chr(34) + chr(39))!r}: check the --config.x=y "
                        "override against the config file")
         fail(message)
+
+
+class Progress:
+    """Counts, rate and ETA of a long job on stderr (rich), silent when stderr is not a terminal (CI, logs).
+
+    ``with progress("simulating", total=12) as bar: ... bar.advance()``; ``total=None`` shows a
+    spinner with the count. Shared by every CLI so that they all look and behave alike.
+    """
+
+    def __init__(self, description: str, total: int | None = None, *, enabled: bool | None = None):
+        self.description, self.total = description, total
+        self.enabled = sys.stderr.isatty() if enabled is None else enabled
+        self._progress = self._task = None
+
+    def __enter__(self) -> Progress:
+        if self.enabled:
+            from rich.console import Console
+            from rich import progress as rp
+
+            class Rate(rp.ProgressColumn):
+                def render(self, task):
+                    return rp.Text(f"{task.speed:,.1f}/s" if task.speed else "")
+
+            self._progress = rp.Progress(rp.SpinnerColumn(), rp.TextColumn("{task.description}"), rp.BarColumn(),
+                                         rp.MofNCompleteColumn(), Rate(), rp.TimeElapsedColumn(),
+                                         rp.TimeRemainingColumn(), console=Console(stderr=True))
+            self._progress.start()
+            self._task = self._progress.add_task(self.description, total=self.total)
+        return self
+
+    def advance(self, steps: int = 1, description: str | None = None) -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, advance=steps, **({"description": description} if description else {}))
+
+    def __exit__(self, *exc) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+
+
+progress = Progress

@@ -31,8 +31,8 @@ from typing import Any
 
 import pandas as pd
 
-from cachesim.cli_util import CLI, write_output
-from cachesim.timed.compare import compare_policies, prepare
+from cachesim.cli_util import CLI, progress, write_output
+from cachesim.timed.compare import choose, compare_policies, prepare
 from cachesim.timed.engine import PrefetchConfig, run_timed
 from cachesim.timed.metrics import json_safe, run_header, summarize, write_jsonl
 from cachesim.timed.prefetch import ADMISSIONS, SOURCES
@@ -67,17 +67,6 @@ def _format_table(run: dict[str, Any]) -> str:
     table = pd.DataFrame([row(r) for r in run["results"]]).to_string(
         index=False, na_rep="-", float_format=lambda v: f"{v:.3f}")
     return head + "\n" + table
-
-
-def _split(text: str, allowed: Sequence[str], what: str) -> list[str]:
-    words = [w.strip() for w in text.split(",") if w.strip()]
-    if words == ["all"]:
-        return list(allowed)
-    bad = [w for w in words if w not in allowed]
-    if bad or not words:
-        raise StallConfigError(f"unknown {what} {bad or text!r}; use a comma list of "
-                               f"{', '.join(allowed)} or all")
-    return words
 
 
 COMMAND = CLI("python -m cachesim.stall", "Expected foreground stall per committed token of a router trace on a "
@@ -125,8 +114,15 @@ def _run_cli(args) -> list[dict[str, Any]]:
         raise StallConfigError("--model is required: a model preset (e.g. qwen3-235b-a22b) or a JSON path")
     hardware = load_hardware(args.hardware)
     base_model = load_model(args.model, args.quant)
-    admissions = _split(args.policies, ADMISSIONS, "policies")
+    admissions = choose(args.policies, ADMISSIONS, "policies")
     speculation = Speculation.parse(args.width, args.accept)
+    budgets_text = args.budget or ""
+    per_trace = 1 + sum(1 for a in admissions if a != "none") * max(1, len([b for b in budgets_text.split(",") if b]))
+    with progress("timed decode runs", total=len(args.trace) * per_trace) as bar:
+        return _runs(args, admissions, speculation, hardware, base_model, bar)
+
+
+def _runs(args, admissions, speculation, hardware, base_model, bar) -> list[dict[str, Any]]:
     runs = []
     for path in args.trace:
         trace = load_trace(path)
@@ -149,7 +145,8 @@ def _run_cli(args) -> list[dict[str, Any]]:
             rows = [summarize(result)]
         else:
             rows = compare_policies(work, admissions, budgets, source=args.source,
-                                    queue_slots=args.queue, max_candidates=args.max_candidates)
+                                    queue_slots=args.queue, max_candidates=args.max_candidates,
+                                    on_run=bar.advance)
         runs.append({"trace": work.trace_name, "trace_path": str(path),
                      "model": work.model.name, "quant": work.model.quant,
                      "hardware": hardware.name, "cache": work.residency.label,

@@ -60,7 +60,7 @@ def parse_arg(arg: str | None) -> dict[str, str]:
     return out
 
 
-def _set_dotted(config: ml_collections.ConfigDict, dotted: str, raw: str) -> None:
+def _set_dotted(config: ml_collections.ConfigDict, dotted: str, raw: str, option: str | None = None) -> None:
     *parents, leaf = dotted.split(".")
     node = config
     for p in parents:
@@ -69,8 +69,10 @@ def _set_dotted(config: ml_collections.ConfigDict, dotted: str, raw: str) -> Non
     try:
         node[leaf] = type(current)(float(raw)) if isinstance(current, (int, float)) and not isinstance(
             current, bool) else type(current)(raw)
-    except ValueError as e:
-        raise ConfigError(f"bad value {raw!r} for {dotted}: {e}") from None
+    except ValueError:
+        name = f"{option}= ({dotted})" if option else dotted
+        kind = "a number" if isinstance(current, (int, float)) else f"a {type(current).__name__}"
+        raise ConfigError(f"bad value {raw!r} for {name}: pass {kind}, e.g. {option or dotted}={current}") from None
 
 
 def base_config(arm: str, arg: str | None, arm_defaults: dict | None = None) -> ml_collections.ConfigDict:
@@ -102,6 +104,7 @@ def base_config(arm: str, arg: str | None, arm_defaults: dict | None = None) -> 
         # "auto" picks the fastest dispatcher measured per backend (benchmarks/dispatch_bench.py).
         dispatch="auto",
         capacity_factor=1.25,  # only for dispatch="capacity"
+        block_size=0,          # rows per block of the sparse dispatchers; 0 = measured per backend (AUTO_DISPATCH)
         remat="full",          # a named policy from moe.model.REMAT_POLICIES
         compute_dtype="bfloat16",  # parameters and optimizer state are always float32 (SPEC §2)
         # Fine-tuning options (arm M), off by default so the parameter tree is SPEC §2's:
@@ -133,6 +136,10 @@ def base_config(arm: str, arg: str | None, arm_defaults: dict | None = None) -> 
         log_every=50 if size in ("137m", "340m") else 10,
         ckpt_every=2000 if size in ("137m", "340m") else 100,
         keep_checkpoints=3,
+        # Validation during training: every eval_every steps (0 = never), the first eval_windows
+        # held-out windows of each domain: val loss / PPL per domain and router metrics.
+        eval_every=1000 if size in ("137m", "340m") else (50 if size == "smoke" else 0),
+        eval_windows=8 if size in ("137m", "340m") else 4,
         trainable="",  # regex over parameter paths the optimiser updates; "" = all (moe.train.trainable_filter)
     ))
     c.eval = ml_collections.ConfigDict(dict(
@@ -140,6 +147,10 @@ def base_config(arm: str, arg: str | None, arm_defaults: dict | None = None) -> 
         batch_size=8,
         trace_probs=False,  # also store (L, T, E) float16 router probabilities in traces
         cache_metrics=True,  # cachesim metrics per domain into metrics.json
+    ))
+    c.log = ml_collections.ConfigDict(dict(
+        tensorboard=True,  # TensorBoard event files in the run directory, beside log.jsonl
+        wandb="",          # a Weights & Biases project to log to as well ("" = off)
     ))
     if size in ("smoke", "tiny"):
         # CPU sizes: XLA:CPU has no fast bf16 matmul and remat only trades speed for
@@ -155,7 +166,7 @@ def base_config(arm: str, arg: str | None, arm_defaults: dict | None = None) -> 
     for dotted, value in (arm_defaults or {}).items():
         _set_dotted(c, dotted, str(value))
     for key, value in opts.items():
-        _set_dotted(c, ARG_ALIASES[key], value)
+        _set_dotted(c, ARG_ALIASES[key], value, option=key)
     return c
 
 

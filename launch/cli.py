@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "tokenize": ("moe.data.tokenize", "print a text's token ids"),
     "fetch-tokenizer": ("moe.data.fetch_tokenizer", "fetch GPT-2's BPE ranks (SHA-256 checked)"),
     "frontier": ("moe.cache_aware.frontier", "the cache-coupled rerouting frontier of trained runs"),
+    "decode": ("moe.decode", "decode a run with its experts offloaded; measured vs modelled stall"),
     "simulate": ("cachesim", "replay router traces through expert caches"),
     "profile": ("cachesim.profile", "the routing profile of traces"),
     "import-trace": ("cachesim.importers", "convert a recorded router trace to the .npz format"),

@@ -79,7 +79,7 @@ def make_slots(parallel: int, cpus: Sequence[int], gpus: Sequence[str]) -> list[
     return [Slot(i, c, gpus[i] if gpus else None) for i, c in enumerate(split_cpus(cpus, parallel))]
 
 
-# What launch.distributed reads to start a multi-process run.
+# What moe.distributed reads to start a multi-process run.
 _MULTI_PROCESS_VARS = ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID",
                        "SLURM_PROCID", "SLURM_NTASKS")
 

@@ -55,7 +55,7 @@ class RunJob(submitit.helpers.Checkpointable):
         prepare_jax_env()
         from absl import logging
         logging.set_verbosity(logging.WARNING)  # as main.py: no per-checkpoint INFO lines
-        from launch.distributed import initialize_from_slurm
+        from moe.distributed import initialize_from_slurm
         initialize_from_slurm()
         import jax
         lead = jax.process_index() == 0

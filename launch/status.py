@@ -131,6 +131,8 @@ def format_duration(seconds: float | None) -> str:
 
 def format_table(status: dict[str, Any]) -> str:
     """A table of the runs (through pandas), then one summary line."""
+    import pandas as pd  # here: a finished sweep's restart should not pay pandas' import
+
     rows = []
     for r in status["runs"]:
         pct = f"{100 * r['progress']:3.0f}%" if r["progress"] is not None else "   ?"

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
-from moe.dispatch import DISPATCHERS, ExpertWeights, select_dispatch
+from moe.dispatch import DISPATCHERS, ExpertWeights, select_block_size, select_dispatch
 
 # Named rematerialisation policies for the per-block jax.checkpoint.
 REMAT_POLICIES = {
@@ -42,6 +42,19 @@ class RouterOutput(NamedTuple):
     # (..., B, T, E) float32 p of the frozen base router on the same input; only
     # when the model keeps one (arm M's rank-matching loss), else None.
     base_probs: jax.Array | None = None
+
+
+class KVCache(NamedTuple):
+    """One attention layer's keys and values for autoregressive decoding.
+
+    k, v: (B, S, H, D) in the compute dtype, S the most positions a window holds;
+    length: int32 scalar, the positions written so far (every stream of the batch
+    is at the same position, so one length serves them all).
+    """
+
+    k: jax.Array
+    v: jax.Array
+    length: jax.Array
 
 
 class Routing(NamedTuple):
@@ -81,11 +94,17 @@ class RMSNorm(nnx.Module):
         return (y * self.scale[...]).astype(x.dtype)
 
 
-def rope(x: jax.Array, base: float) -> jax.Array:
-    """Rotary embedding on (B, T, H, D) with the half-split layout."""
+def rope(x: jax.Array, base: float, positions: jax.Array | None = None) -> jax.Array:
+    """Rotary embedding on (B, T, H, D) with the half-split layout.
+
+    ``positions`` (T,) are the absolute positions of the T rows (default 0..T-1);
+    a decode step passes its offset into the KV cache so a token is rotated
+    exactly as at that position of a full-sequence forward.
+    """
     t, d = x.shape[1], x.shape[-1]
     inv_freq = base ** (-jnp.arange(0, d, 2, dtype=jnp.float32) / d)
-    angles = jnp.arange(t, dtype=jnp.float32)[:, None] * inv_freq[None, :]  # (T, D/2)
+    pos = jnp.arange(t, dtype=jnp.float32) if positions is None else positions.astype(jnp.float32)
+    angles = pos[:, None] * inv_freq[None, :]  # (T, D/2)
     cos, sin = jnp.cos(angles)[None, :, None, :], jnp.sin(angles)[None, :, None, :]
     x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
     return jnp.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1).astype(x.dtype)
@@ -117,12 +136,34 @@ class Attention(nnx.Module):
         self.qkv = nnx.Linear(d, 3 * d, use_bias=False, kernel_init=_fan_in_init(), dtype=dtype, rngs=rngs)
         self.out = nnx.Linear(d, d, use_bias=False, kernel_init=_fan_in_init(), dtype=dtype, rngs=rngs)
 
-    def __call__(self, x):
+    def init_cache(self, batch: int, max_len: int) -> KVCache:
+        """An empty KV cache of ``max_len`` positions for ``batch`` streams."""
+        shape = (batch, max_len, self.n_heads, self.head_dim)
+        return KVCache(jnp.zeros(shape, self.dtype), jnp.zeros(shape, self.dtype), jnp.zeros((), jnp.int32))
+
+    def __call__(self, x, *, cache: KVCache | None = None):
+        """Causal self-attention over x (B, T, d).
+
+        Without ``cache`` (training, evaluation) the T rows attend among themselves.
+        With one, x holds the next T positions of each stream: they are rotated at
+        their absolute positions, written into the cache, and attend to every
+        cached position up to their own; returns (y, updated cache).
+        """
         b, t, _ = x.shape
+        positions = None if cache is None else cache.length + jnp.arange(t, dtype=jnp.int32)
         q, k, v = jnp.split(self.qkv(x).reshape(b, t, 3 * self.n_heads, self.head_dim), 3, axis=2)
-        q, k = rope(q, self.rope_base), rope(k, self.rope_base)
-        y = jax.nn.dot_product_attention(q, k, v, is_causal=True)
-        return self.out(y.reshape(b, t, -1))
+        q, k = rope(q, self.rope_base, positions), rope(k, self.rope_base, positions)
+        if cache is None:
+            y = jax.nn.dot_product_attention(q, k, v, is_causal=True)
+            return self.out(y.reshape(b, t, -1))
+        start = (0, cache.length, 0, 0)
+        keys = jax.lax.dynamic_update_slice(cache.k, k.astype(cache.k.dtype), start)
+        values = jax.lax.dynamic_update_slice(cache.v, v.astype(cache.v.dtype), start)
+        # Query i (at position length+i) sees cached positions <= its own; the rest
+        # of the buffer is unwritten.
+        visible = jnp.arange(keys.shape[1])[None, :] <= positions[:, None]  # (T, S)
+        y = jax.nn.dot_product_attention(q, keys, values, mask=visible[None, None])
+        return self.out(y.reshape(b, t, -1)), KVCache(keys, values, cache.length + t)
 
 
 class MoELayer(nnx.Module):
@@ -130,6 +171,7 @@ class MoELayer(nnx.Module):
         d, f, e = cfg.d_model, cfg.d_ff, cfg.num_experts
         self.k, self.dtype, self.capacity_factor = cfg.top_k, dtype, cfg.capacity_factor
         self.dispatch = DISPATCHERS[select_dispatch(cfg.dispatch)]
+        self.block_size = select_block_size(cfg.block_size)  # 0: the measured one for the backend
         # The router runs in float32 (SPEC §2): small, and its softmax feeds the losses.
         self.router = nnx.Linear(d, e, use_bias=False, kernel_init=_fan_in_init(), rngs=rngs)
         init = nnx.initializers.normal(0.02)
@@ -177,7 +219,8 @@ class MoELayer(nnx.Module):
         weights = self.expert_weights() if weights is None else weights
         weights = ExpertWeights(*(w.astype(self.dtype) for w in weights))
         y, dropped = self.dispatch(x.reshape(-1, d).astype(self.dtype), topk.reshape(-1, topk.shape[-1]),
-                                   gates.reshape(-1, gates.shape[-1]), weights, capacity_factor=self.capacity_factor)
+                                   gates.reshape(-1, gates.shape[-1]), weights, capacity_factor=self.capacity_factor,
+                                   block_size=self.block_size)
         return y.reshape(*lead, d).astype(x.dtype), dropped
 
     def __call__(self, x, route_fn: RouteFn | None = None) -> tuple[jax.Array, RouterOutput]:
@@ -200,9 +243,26 @@ class Block(nnx.Module):
         self.moe_norm = RMSNorm(cfg.d_model)
         self.moe = MoELayer(cfg, dtype, rngs=rngs)
 
+    def attend(self, x, cache: KVCache | None = None):
+        """The block up to its experts: (x + Attn(RMSNorm(x)), the MoE layer's input, updated cache or None).
+
+        A decode that fetches expert weights between routing and mixing calls
+        this, then ``moe.route`` and ``finish``; ``__call__`` is the same three
+        pieces in one go.
+        """
+        out = self.attn(self.attn_norm(x), cache=cache)
+        attended, cache = (out, None) if cache is None else out
+        x = x + attended
+        return x, self.moe_norm(x), cache
+
+    def finish(self, x, h, topk, gates, weights: ExpertWeights | None = None):
+        """The residual after the experts: x + MoE mixture of h for the given choices."""
+        y, _ = self.moe.mix(h, topk, gates, weights)
+        return x + y
+
     def __call__(self, x, route_fn: RouteFn | None = None):
-        x = x + self.attn(self.attn_norm(x))
-        y, router = self.moe(self.moe_norm(x), route_fn)
+        x, h, _ = self.attend(x)
+        y, router = self.moe(h, route_fn)
         return x + y, router
 
 
@@ -242,9 +302,19 @@ class MoETransformer(nnx.Module):
         stacked = RouterOutput(*(None if parts[0] is None else jnp.stack(parts) for parts in zip(*routers)))
         return self.final_norm(x), stacked
 
+    def init_cache(self, batch: int, max_len: int) -> list[KVCache]:
+        """Empty KV caches, one per block, for decoding ``batch`` streams of up to ``max_len`` positions."""
+        return [block.attn.init_cache(batch, max_len) for block in self.blocks]
+
     def head_weights(self) -> jax.Array:
         """The tied LM head, (V, d): logits = hidden @ head_weights().T."""
         return self.embed.embedding[...]
+
+    def logits(self, hidden: jax.Array) -> jax.Array:
+        """float32 logits of final-normed hidden states (..., d) -> (..., V), computed as the LM loss does:
+        compute-dtype operands, float32 accumulation."""
+        return jnp.einsum("...d,vd->...v", hidden.astype(self.dtype), self.head_weights().astype(self.dtype),
+                          preferred_element_type=jnp.float32)
 
 
 def param_counts(model: MoETransformer) -> dict[str, int]:

@@ -6,14 +6,13 @@ The run directory is the contract with ``analysis/`` and ``launch/``:
 ``checkpoints/``. Every JSON file is written to a temporary path and renamed,
 so a killed run never leaves a half-written artifact.
 
-In a multi-process run (``launch.distributed``) every process trains, saves
+In a multi-process run (``moe.distributed``) every process trains, saves
 checkpoints (Orbax coordinates them) and evaluates its own copy of the trained
 weights; only process 0 prepares the data first, prints and writes files.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import pathlib
 import subprocess
@@ -72,6 +71,19 @@ def config_record(config: ml_collections.ConfigDict, counts: dict[str, int]) -> 
 # ---------------------------------------------------------------- dry run
 
 
+def compiled_memory(compiled) -> tuple[int, dict[str, int]]:
+    """(bytes a compiled step holds at its peak, the breakdown): arguments + outputs − donated + temporaries."""
+    mem = compiled.memory_analysis()
+    breakdown = {
+        "arguments": int(mem.argument_size_in_bytes),
+        "outputs": int(mem.output_size_in_bytes),
+        "aliased": int(mem.alias_size_in_bytes),
+        "temporaries": int(mem.temp_size_in_bytes),
+        "generated_code": int(mem.generated_code_size_in_bytes),
+    }
+    return breakdown["arguments"] + breakdown["outputs"] - breakdown["aliased"] + breakdown["temporaries"], breakdown
+
+
 def dry_run(config: ml_collections.ConfigDict) -> dict[str, Any]:
     """Builds and compiles the train step on abstract shapes; nothing is allocated or trained."""
     config = resolve(config)
@@ -85,15 +97,7 @@ def dry_run(config: ml_collections.ConfigDict) -> dict[str, Any]:
     t0 = time.perf_counter()
     compiled = make_train_step(graphdef, tx, config).lower(abstract_state, batch).compile()
     compile_s = time.perf_counter() - t0
-    mem = compiled.memory_analysis()
-    breakdown = {
-        "arguments": int(mem.argument_size_in_bytes),
-        "outputs": int(mem.output_size_in_bytes),
-        "aliased": int(mem.alias_size_in_bytes),
-        "temporaries": int(mem.temp_size_in_bytes),
-        "generated_code": int(mem.generated_code_size_in_bytes),
-    }
-    step_bytes = breakdown["arguments"] + breakdown["outputs"] - breakdown["aliased"] + breakdown["temporaries"]
+    step_bytes, breakdown = compiled_memory(compiled)
     budget = int(config.device_memory_gib * 2**30)
     return {
         **counts,
@@ -104,6 +108,7 @@ def dry_run(config: ml_collections.ConfigDict) -> dict[str, Any]:
         "memory_breakdown": breakdown,
         "batch": [config.train.batch_size, config.model.context],
         "dispatch": config.model.dispatch,
+        "block_size": config.model.block_size,
         "remat": config.model.remat,
         "backend": jax.default_backend(),
         "compile_s": compile_s,
@@ -174,10 +179,18 @@ def run_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence[s
     if not lead:
         log = silent
     workdirs = [pathlib.Path(w) for w in workdirs]
-    for c, w in zip(configs, workdirs):
-        w.mkdir(parents=True, exist_ok=True)
-        check_same_config(w, c)
+    # One writer per run directory, for the whole call: a second process fails here at once.
+    # Multi-process: process 0 writes the files and holds the locks (flock may not span hosts).
+    with rundir.locked(workdirs if lead else []):
+        for c, w in zip(configs, workdirs):  # before any file is written
+            rundir.check_identity(w, c.to_dict())
+        return _run_locked(configs, workdirs, batching=batching, log=log, stop_after=stop_after, lead=lead)
 
+
+def _run_locked(configs: list[ml_collections.ConfigDict], workdirs: list[pathlib.Path], *, batching: str,
+                log: Callable[[str], None], stop_after: int | None, lead: bool) -> bool:
+    """:func:`run_group`'s work, under the run directories' locks, after their identity checks."""
+    ref = configs[0]
     finetune, base = None, None
     if finetunes(ref):  # fine-tunes a finished run: check it before preparing anything
         from moe import finetune
@@ -220,7 +233,8 @@ def run_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence[s
         final_eval, traces, window_losses = evaluate_and_trace(c, eval_step, params, windows, log)
         if lead:
             write_evaluation(w, final_eval, traces, window_losses, window_tokens=c.model.context)
-        if finetune and c.predictor.enabled:  # MELINOE's figure: transfers with/without prefetch
+        # MELINOE's figure (transfers with/without prefetch); a plain run started from weights has no predictor
+        if finetune and "predictor" in c and c.predictor.enabled:
             from moe.transfers import transfer_study
             transfers = transfer_study(c, result.graphdef, params, base, log)
             if lead:
@@ -261,17 +275,3 @@ def prepare_data_once(data_cfg, lead: bool) -> pathlib.Path:
     data_dir = pipeline.ensure_prepared(data_cfg) if lead else None
     multihost_utils.sync_global_devices("cacheable-moe: data prepared")
     return data_dir or pipeline.ensure_prepared(data_cfg)
-
-
-def check_same_config(workdir: pathlib.Path, config: ml_collections.ConfigDict) -> None:
-    """Refuses to resume a workdir that was started with a different model/loss/data config."""
-    path = workdir / rundir.CONFIG
-    if not path.exists() or not rundir.has_checkpoints(workdir):
-        return
-    old = rundir.read_json(path).get("config", {})
-    new = config.to_dict()
-    keys = ("model", "loss", "optim", "data", "seed", "arm", "init_from")
-    diff = [k for k in keys if json.dumps(old.get(k), sort_keys=True) != json.dumps(new.get(k), sort_keys=True)]
-    if diff:
-        raise ValueError(f"workdir {workdir} holds a run with a different config ({', '.join(diff)} differ); "
-                         "use a new --workdir or the original config")

@@ -1,11 +1,25 @@
 #!/usr/bin/env bash
-# Idempotent fresh-machine set-up: creates/reuses .venv in the repo root, installs the
-# pinned dependency closure (requirements.lock) plus this project (editable), and fetches
-# the GPT-2 BPE rank file offline-safely (from the openai-whisper sdist on PyPI).
-# Re-running is fast: installation is skipped while requirements.lock and pyproject.toml
-# are unchanged.
+# Idempotent fresh-machine set-up: creates/reuses .venv in the repo root, installs the pinned
+# runtime and test closures (requirements.lock, requirements-test.lock) plus this project
+# (editable), and fetches the GPT-2 BPE rank file offline-safely (from the openai-whisper sdist
+# on PyPI). Re-running is fast: installation is skipped while the locks and pyproject.toml are
+# unchanged.
+#
+#   bash scripts/setup.sh           # CPU (the default)
+#   bash scripts/setup.sh --cuda    # also the CUDA build of the pinned jax and the gpu extra (tokamax)
+#
+# (CUDA=1 bash scripts/setup.sh does the same as --cuda.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+CUDA=${CUDA:-0}
+for arg in "$@"; do
+  case "$arg" in
+    --cuda) CUDA=1 ;;
+    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    *) echo "setup: unknown option $arg (use --cuda or nothing)" >&2; exit 2 ;;
+  esac
+done
 
 PY=${PYTHON:-python3}
 if ! "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
@@ -14,11 +28,19 @@ if ! "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; th
 fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 
-stamp=.venv/.installed-$(cat requirements.lock pyproject.toml | sha256sum | cut -c1-16)
+locks="requirements.lock requirements-test.lock"
+[ "$CUDA" = 1 ] && locks="$locks requirements-gpu.lock"
+stamp=.venv/.installed-$(cat $locks pyproject.toml | sha256sum | cut -c1-16)-cuda$CUDA
 if [ ! -f "$stamp" ]; then
   echo "setup: installing pinned dependencies into .venv ..."
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -r requirements.lock
+  .venv/bin/python -m pip install -q -r requirements.lock -r requirements-test.lock
+  if [ "$CUDA" = 1 ]; then
+    # The CUDA build of exactly the pinned jax (its plugin and CUDA wheels), then the gpu extra's closure.
+    jax_pin=$(sed -n 's/^jax==\(.*\)$/\1/p' requirements.lock)
+    .venv/bin/python -m pip install -q "jax[cuda12]==${jax_pin}" "jaxlib==${jax_pin}"
+    .venv/bin/python -m pip install -q -r requirements-gpu.lock
+  fi
   .venv/bin/python -m pip install -q --no-deps -e .
   rm -f .venv/.installed-*
   touch "$stamp"

@@ -50,20 +50,28 @@ def test_known_metrics_of_hand_built_traces(tmp_path):
     assert run.domains["code"].facts["expert_counts"][0][:5] == [20, 20, 20, 20, 0]
 
 
-def test_second_load_reads_the_user_cache_and_the_run_dir_is_untouched(tmp_path, count_calls):
+def files_of(path: pathlib.Path) -> dict[str, bytes]:
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def user_entry(user: pathlib.Path, trace: pathlib.Path) -> dict:
+    return json.loads(cache.entry_path(user, cache.file_sha256(trace)).read_text())
+
+
+def test_second_load_reads_the_user_cache_and_the_run_dir_is_never_written(tmp_path, count_calls):
     path = write_run(tmp_path, "r")
-    before = sorted(p.name for p in path.iterdir())
-    first = load_runs([tmp_path], store=cache.MetricsStore(tmp_path / "user"))
+    before = files_of(path)
+    user = tmp_path / "user"
+    first = load_runs([tmp_path], store=cache.MetricsStore(user))
     assert len(count_calls) == 3
     shas = {cache.file_sha256(path / f"trace_{d}.npz") for d in DOMAINS}
-    assert {p.stem for p in (tmp_path / "user").glob("*.json")} == shas
-    entry = json.loads((tmp_path / "user" / f"{cache.file_sha256(path / 'trace_code.npz')}.json").read_text())
-    assert entry["trace_sha256"] == cache.file_sha256(path / "trace_code.npz")
-    store = cache.MetricsStore(tmp_path / "user")  # a fresh process: empty memo
+    assert set(user.glob("*.json")) == {cache.entry_path(user, sha) for sha in shas}
+    assert user_entry(user, path / "trace_code.npz")["trace_sha256"] == cache.file_sha256(path / "trace_code.npz")
+    store = cache.MetricsStore(user)  # a fresh process: empty memo
     second = load_runs([tmp_path], store=store)
     assert len(count_calls) == 3 and store.computed == 0
     assert second[0].domains == first[0].domains
-    assert sorted(p.name for p in path.iterdir()) == before  # analysis never writes into a run directory
+    assert files_of(path) == before  # writable, yet untouched: analysis never writes its inputs
 
 
 def test_changed_trace_is_recomputed_alone(tmp_path, count_calls):
@@ -79,28 +87,45 @@ def test_changed_trace_is_recomputed_alone(tmp_path, count_calls):
 def test_corrupt_cache_file_is_a_miss(tmp_path, count_calls):
     path = write_run(tmp_path, "r")
     user = tmp_path / "user"
-    user.mkdir()
-    (user / f"{cache.file_sha256(path / 'trace_code.npz')}.json").write_text("{truncated")
+    load_run(path, store=cache.MetricsStore(user))
+    entry = cache.entry_path(user, cache.file_sha256(path / "trace_code.npz"))
+    entry.write_text("{truncated")
     run = load_run(path, store=cache.MetricsStore(user))
-    assert len(count_calls) == 3 and run.complete
-    entry = json.loads((user / f"{cache.file_sha256(path / 'trace_code.npz')}.json").read_text())
-    assert entry["version"] == cache.CACHE_VERSION
+    assert len(count_calls) == 4 and run.complete
+    assert json.loads(entry.read_text())["version"] == cache.CACHE_VERSION
 
 
-def test_an_unwritable_cache_warns_once_and_still_answers(tmp_path, count_calls):
+def test_an_unwritable_user_cache_only_warns(tmp_path, count_calls, monkeypatch):
     path = write_run(tmp_path, "r")
-    blocker = tmp_path / "file"
-    blocker.write_text("")
-    with pytest.warns(UserWarning, match="cannot cache analysis metrics") as caught:
-        run = load_run(path, store=cache.MetricsStore(blocker / "sub"))  # a folder under a file: OSError
-    assert run.complete and len(count_calls) == 3 and len(caught) == 1
+    before = files_of(path)
+
+    def refuse(target, data):  # root ignores chmod, so simulate a read-only cache
+        raise PermissionError(13, "Read-only file system", str(target))
+
+    monkeypatch.setattr(cache, "atomic_write_json", refuse)
+    with pytest.warns(UserWarning, match="cannot cache analysis metrics"):
+        run = load_run(path, store=cache.MetricsStore(tmp_path / "user"))
+    assert run.complete and len(count_calls) == 3
+    assert files_of(path) == before  # no fallback into the run directory
 
 
 def test_env_var_names_the_user_cache(tmp_path, monkeypatch):
     monkeypatch.setenv(cache.ENV_CACHE_DIR, str(tmp_path / "c"))
-    assert cache.MetricsStore().cache_dir == tmp_path / "c" / "analysis"  # beside the compile cache (c/jax)
+    assert cache.MetricsStore().cache_dir == tmp_path / "c" / "analysis"  # as the data cache: $CACHE/data
     monkeypatch.delenv(cache.ENV_CACHE_DIR)
     assert cache.default_cache_dir().parts[-3:] == (".cache", "cacheable-moe", "analysis")
+
+
+def test_read_only_run_dirs_are_read_as_they_are(tmp_path):
+    path = write_run(tmp_path, "r")
+    path.chmod(0o555)  # like the reference runs: dr-xr-xr-x
+    try:
+        load_run(path, store=cache.MetricsStore(tmp_path / "user"))
+        assert len(list((tmp_path / "user").glob("*.json"))) == 3
+        assert sorted(p.name for p in path.iterdir()) == ["config.json", "final_eval.json", "trace_code.npz",
+                                                          "trace_math.npz", "trace_prose.npz"]
+    finally:
+        path.chmod(0o755)
 
 
 def test_identical_traces_in_two_runs_are_computed_once(tmp_path, count_calls):
@@ -139,11 +164,17 @@ def test_a_cachesim_change_invalidates_the_cache(tmp_path, count_calls, monkeypa
     path = write_run(tmp_path, "r")
     load_run(path, store=cache.MetricsStore(tmp_path / "user"))
     assert len(count_calls) == 3
-    entry = json.loads((tmp_path / "user" / f"{cache.file_sha256(path / 'trace_code.npz')}.json").read_text())
+    entry = user_entry(tmp_path / "user", path / "trace_code.npz")
     assert entry["cachesim"] == cache.cachesim_fingerprint() and len(entry["cachesim"]) == 64
+    real = cache.cachesim_fingerprint
     monkeypatch.setattr(cache, "cachesim_fingerprint", lambda: "0" * 64)  # the simulator's code changed
     load_run(path, store=cache.MetricsStore(tmp_path / "user"))
     assert len(count_calls) == 6
+    # Another checkout with the first code, sharing the user cache: its entries were kept, not overwritten.
+    monkeypatch.setattr(cache, "cachesim_fingerprint", real)
+    store = cache.MetricsStore(tmp_path / "user")
+    load_run(path, store=store)
+    assert store.computed == 0 and len(list((tmp_path / "user").glob("*.json"))) == 6
 
 
 def test_the_fingerprint_covers_every_module_the_metrics_run():

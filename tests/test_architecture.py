@@ -20,7 +20,7 @@ ALLOWED = {
     "cachesim": set(),
     "moe": {"configs", "losses", "cachesim"},
     "analysis": {"moe", "cachesim"},  # moe.rundir: the run-directory contract (stdlib only)
-    "launch": {"configs", "moe", "analysis"},
+    "launch": {"configs", "moe", "analysis", "cachesim"},  # cachesim.cli_util: the one CLI convention
 }
 
 

@@ -15,7 +15,7 @@ COMMANDS = [
     "cachesim.cli", "cachesim.profile", "cachesim.stall", "cachesim.bandwidth", "cachesim.importers",
     "analysis.tables", "analysis.verdict", "analysis.figures", "analysis.profile",
     "moe.cache_aware.frontier", "moe.data.prepare", "moe.data.tokenize", "moe.data.fetch_tokenizer",
-    "launch.status",
+    "launch.status", "moe.decode.cli",
 ]
 # absl apps on the global FLAGS (they define their flags at import or under __main__): run as processes.
 APPS = [["main.py"], ["-m", "launch.sweep"], ["-m", "launch.vmap_seeds"]]
@@ -86,3 +86,17 @@ def test_bad_flags_are_one_line_and_exit_2(capsys):
         assert exc.value.code == 2
         err = capsys.readouterr().err
         assert err.startswith("error: ") and err.count("\n") == 1 and "no_such_flag" in err
+
+
+def test_progress_shows_counts_on_a_terminal_and_nothing_otherwise(capsys, monkeypatch):
+    from cachesim.cli_util import progress
+
+    with progress("replaying", total=3, enabled=True) as bar:
+        for _ in range(3):
+            bar.advance()
+    shown = capsys.readouterr().err
+    assert "replaying" in shown and "3/3" in shown
+    monkeypatch.setattr("sys.stderr.isatty", lambda: False, raising=False)
+    with progress("quiet", total=2) as bar:  # CI and logs: not a terminal
+        bar.advance(2)
+    assert capsys.readouterr().err == ""

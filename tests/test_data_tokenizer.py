@@ -159,7 +159,7 @@ def test_fetch_error_is_one_line(isolated_caches, monkeypatch, capsys):
         raise TokenizerError("could not download openai-whisper==20250625 from PyPI (no network)")
     monkeypatch.setattr(fetch_tokenizer, "pip_download_sdist", unreachable)
     monkeypatch.delenv(fetch_tokenizer.SDIST_ENV, raising=False)
-    assert fetch_tokenizer.main([]) == 1
+    assert fetch_tokenizer.main([]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("error: could not download openai-whisper==20250625")
 

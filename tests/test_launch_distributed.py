@@ -1,4 +1,4 @@
-"""launch.distributed (SLURM / JAX_* env -> jax.distributed.initialize kwargs), and one run over
+"""moe.distributed (SLURM / JAX_* env -> jax.distributed.initialize kwargs), and one run over
 1 device, 2 devices in one process and 2 processes of 1 device each: the same losses."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from launch import distributed
+from moe import distributed
 from launch_fixtures import ARM_B, TINY_FLAGS, solo_run  # noqa: F401 (fixture)
 
 SLURM = {"SLURM_JOB_ID": "4242", "SLURM_PROCID": "3", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1",

@@ -82,6 +82,6 @@ def test_slot_env_keeps_workers_single_process():
     base = {"SLURM_JOB_ID": "7", "SLURM_PROCID": "1", "SLURM_NTASKS": "4", "JAX_NUM_PROCESSES": "2",
             "JAX_PROCESS_ID": "1", "JAX_COORDINATOR_ADDRESS": "h:1", "PATH": "/bin"}
     env = resources.slot_env(base, resources.Slot(0, (0,), None))
-    from launch.distributed import requested_kwargs
+    from moe.distributed import requested_kwargs
     assert requested_kwargs(env) is None
     assert env["PATH"] == "/bin" and env["SLURM_JOB_ID"] == "7"

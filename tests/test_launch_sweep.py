@@ -101,7 +101,7 @@ def test_dry_run_prints_estimates_and_refuses_jobs_that_do_not_fit(tmp_path):
     assert refused.returncode == 2, refused.stderr
     # Six runs: the λ=0.05 seeds share a vmapped job; one compile serves every job (same shapes).
     assert "6 runs in 5 job(s), 1 distinct train-step shape(s) compiled" in refused.stdout
-    assert refused.stdout.count("main.py --config=") == 4 and refused.stdout.count("launch.vmap_seeds") == 1
+    assert refused.stdout.count("-m moe.main --config=") == 4 and refused.stdout.count("launch.vmap_seeds") == 1
     table = [line.split() for line in refused.stdout.splitlines() if line.startswith("b-lam")]
     assert len(table) == 5 and all(row[-1] == "NO" for row in table)
     group = next(row for row in table if row[0] == "b-lam0.05-s1+b-lam0.05-s2")

@@ -1,5 +1,7 @@
 """The model: SPEC §2 sizes, routing, causality, remat on/off equality."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -58,22 +60,24 @@ def test_model_is_causal():
     assert not np.allclose(ha[:, 10:], hb[:, 10:])
 
 
-@pytest.mark.parametrize("policy", ["full", "dots"])
-def test_remat_on_and_off_give_equal_loss_and_grads(policy):
+@functools.lru_cache(maxsize=None)
+def _loss_and_grads(remat, dispatch):
     tokens = jax.random.randint(jax.random.key(3), (2, 16), 0, 97)
+    model = build_model(model_cfg(remat=remat, dispatch=dispatch, block_size=4), seed=0)
+    graphdef, params = nnx.split(model, nnx.Param)
 
-    def loss_and_grads(remat):
-        model = build_model(model_cfg(remat=remat), seed=0)
-        graphdef, params = nnx.split(model, nnx.Param)
+    def loss(params):
+        m = nnx.merge(graphdef, params)
+        hidden, router = m(tokens)
+        return jnp.mean(hidden.astype(jnp.float32) ** 2) + jnp.mean(router.probs ** 2)
 
-        def loss(params):
-            m = nnx.merge(graphdef, params)
-            hidden, router = m(tokens)
-            return jnp.mean(hidden.astype(jnp.float32) ** 2) + jnp.mean(router.probs ** 2)
+    return jax.jit(jax.value_and_grad(loss))(params)
 
-        return jax.jit(jax.value_and_grad(loss))(params)
 
-    (v0, g0), (v1, g1) = loss_and_grads("none"), loss_and_grads(policy)
+@pytest.mark.parametrize("policy", ["full", "dots"])
+@pytest.mark.parametrize("dispatch", ["dense", "sparse"])
+def test_remat_on_and_off_give_equal_loss_and_grads(policy, dispatch):
+    (v0, g0), (v1, g1) = _loss_and_grads("none", dispatch), _loss_and_grads(policy, dispatch)
     np.testing.assert_allclose(v0, v1, rtol=1e-6)
     for a, b in zip(jax.tree.leaves(g0), jax.tree.leaves(g1)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
@@ -83,3 +87,24 @@ def test_same_seed_same_parameters_different_seed_different():
     p = [jax.tree.leaves(nnx.state(build_model(model_cfg(), seed=s), nnx.Param)) for s in (0, 0, 1)]
     assert all(np.array_equal(a, b) for a, b in zip(p[0], p[1]))
     assert not all(np.array_equal(a, b) for a, b in zip(p[0], p[2]))
+
+
+def test_sparse_dispatch_gives_the_dense_loss_and_gradients_on_tiny():
+    from configs import arm_b
+    from moe.train import compute_loss
+
+    config = arm_b.get_config("tiny,lam=0.05,mu=0.1")
+    rng = np.random.default_rng(0)
+    shape = (config.train.batch_size, config.model.context + 1)
+    batch = {"tokens": jnp.asarray(rng.integers(0, config.model.vocab_size, shape), jnp.int32),
+             "domains": jnp.asarray(rng.integers(0, 3, shape), jnp.int32)}
+
+    def loss_and_grads(dispatch):
+        config.model.dispatch, config.model.block_size = dispatch, 8
+        graphdef, params = nnx.split(build_model(config.model, config.seed), nnx.Param)
+        return jax.jit(jax.value_and_grad(lambda p: compute_loss(nnx.merge(graphdef, p), batch, config)[0]))(params)
+
+    (v0, g0), (v1, g1) = loss_and_grads("dense"), loss_and_grads("sparse")
+    np.testing.assert_allclose(v1, v0, rtol=1e-6)
+    for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g0)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7)

@@ -6,7 +6,7 @@ prefetching never changes it; the no-prefetch run is the baseline S_0 of eta.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from cachesim.policies import CacheSpec
@@ -19,14 +19,17 @@ from cachesim.trace import Trace
 
 def compare_policies(work: Workload, admissions: Sequence[str], budgets: Sequence[float], *,
                      source: str = "prev_token", queue_slots: int = 32,
-                     max_candidates: int | None = None) -> list[dict[str, Any]]:
+                     max_candidates: int | None = None,
+                     on_run: Callable[[], None] = lambda: None) -> list[dict[str, Any]]:
     """Runs every admission policy at every byte budget on one workload.
 
     The residency of `work` is shared; the no-prefetch run is simulated once as
     the baseline S_0 of eta, and reported once (budgets do not apply to it).
+    ``on_run`` is called after each timed run (progress).
     """
     baseline = run_timed(work, PrefetchConfig(admission="none", source=source,
                                               queue_slots=queue_slots))
+    on_run()
     base = summarize(baseline)
     rows = []
     if "none" in admissions:
@@ -39,6 +42,7 @@ def compare_policies(work: Workload, admissions: Sequence[str], budgets: Sequenc
                                                     budget_bytes=budget, queue_slots=queue_slots,
                                                     max_candidates=max_candidates))
             rows.append(summarize(result, base["stall_per_token_s"]))
+            on_run()
     return rows
 
 
@@ -76,3 +80,15 @@ def prepare(trace: Trace, model: ModelShape, hardware: Hardware, *, cache: str =
     return build_workload(trace, model, hardware, spec, speculation=speculation,
                           placement=placement, placement_warmup=placement_warmup,
                           max_tokens=max_tokens)
+
+
+def choose(text: str, allowed: Sequence[str], what: str) -> list[str]:
+    """A comma list of names from ``allowed`` (or ``all``); StallConfigError naming ``what`` otherwise."""
+    words = [w.strip() for w in text.split(",") if w.strip()]
+    if words == ["all"]:
+        return list(allowed)
+    bad = [w for w in words if w not in allowed]
+    if bad or not words:
+        raise StallConfigError(f"unknown {what} {bad or text!r}; use a comma list of "
+                               f"{', '.join(allowed)} or all")
+    return words

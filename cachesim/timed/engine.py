@@ -16,7 +16,8 @@ Timeline of one decode step j (positions evaluated together, see
 4. The layer computes its experts one at a time (memory-bound: `expert_s`
    each), in request order among those ready; when none is ready it waits for
    the next read to land. That waiting is the stall W_{j,l} = finish - n -
-   sum(expert_s), the time the forward path waits for expert bytes.
+   sum(expert_s), the time the forward path waits for expert bytes. Then the
+   layer's `tail_s` (compute after its experts, 0 unless the model sets it).
 5. After the last layer, `token_s` (LM head, sampling) ends the step; the step
    commits A_j tokens.
 
@@ -37,7 +38,7 @@ import numpy as np
 
 from cachesim.policies import CacheSpec
 from cachesim.timed.io import DONE, IOQueue, Transfer
-from cachesim.timed.prefetch import admission_key, check_admission, make_source
+from cachesim.timed.prefetch import admission_key, check_admission, expected_avoided_s, make_source
 from cachesim.timed.residency import (Residency, Speculation, StepPlan, home_tiers,
                                       make_step_plan, residency_pass, step_unions)
 from cachesim.timed.spec import (ComputeTimes, Hardware, ModelShape, StallConfigError,
@@ -274,7 +275,7 @@ def run_timed(work: Workload, prefetch: PrefetchConfig = PrefetchConfig(),
     expert_bytes = model.expert_bytes.tolist()
     expert_s = times.expert_s.tolist()
     home = work.home.tolist()
-    attn_s, token_s = times.attn_s, times.token_s
+    attn_s, token_s, tail_s = times.attn_s, times.token_s, times.tail_s
     read_s = [[hardware.tiers[t].read_time(b) for t, b in zip(trow, brow)]
               for trow, brow in zip(home, expert_bytes)]
     unions, misses = work.unions, work.misses
@@ -301,7 +302,7 @@ def run_timed(work: Workload, prefetch: PrefetchConfig = PrefetchConfig(),
     clock = 0.0
     first_need = None
     memo: dict | None = {} if memoize else None
-    nominal_gap = attn_s + float(np.mean(times.expert_s)) * model.k + token_s / num_layers
+    nominal_gap = attn_s + float(np.mean(times.expert_s)) * model.k + tail_s + token_s / num_layers
 
     for j in range(num_steps):
         io.allowance = prefetch.budget_bytes
@@ -399,8 +400,8 @@ def run_timed(work: Workload, prefetch: PrefetchConfig = PrefetchConfig(),
             need_a[j, layer] = need
             finish_a[j, layer] = finish
             stall_a[j, layer] = finish - need - slices
-            compute_a[j, layer] = attn_s + slices
-            clock = finish
+            compute_a[j, layer] = attn_s + slices + tail_s
+            clock = finish + tail_s
         overhead[j] = token_s
         clock += token_s
         step_end[j] = clock
@@ -475,9 +476,8 @@ class _Staging:
                         r for d, r in backlog[tier] if d <= deadline)
                 if itself is not None:  # a queued prefetch does not wait for itself
                     ahead -= itself.remaining
-                expected_need = now + (deadline - order) * gap
-                ready = now + ahead / hardware.tiers[tier].bandwidth_Bps + read
-                avoided = max(0.0, read - max(0.0, ready - expected_need))
+                avoided = expected_avoided_s(now, ahead / hardware.tiers[tier].bandwidth_Bps, read,
+                                             now + (deadline - order) * gap)
             return admission_key(policy, prob, nbytes, deadline, tie, avoided, read)
 
         pool = []

@@ -172,6 +172,18 @@ def make_source(name: str, *, unions: list[list[list[int]]], num_layers: int, nu
     raise StallConfigError(f"unknown prefetch source {name!r}; use one of {SOURCES}")
 
 
+def expected_avoided_s(now: float, backlog_s: float, read_s: float, expected_need_s: float) -> float:
+    """esv_per_byte's avoided stall: the part of a read that lands before its estimated need.
+
+    The read starts once `backlog_s` of earlier prefetch bytes on its tier have
+    moved and takes `read_s`; the target is expected to need it at
+    `expected_need_s` (absolute times, like `now`). Shared by the timed model
+    and the measured decode (`moe.offload`), so both rank by the same value.
+    """
+    ready = now + backlog_s + read_s
+    return max(0.0, read_s - max(0.0, ready - expected_need_s))
+
+
 def admission_key(policy: str, prob: float, nbytes: float, deadline: int, seq: int,
                   avoided_s: float, read_s: float) -> tuple | None:
     """The ranking key of one candidate (smaller first), or None to refuse it."""

@@ -163,6 +163,9 @@ class ModelShape:
       attn_compute_s, expert_compute_s, token_compute_s: optional overrides of
         the roofline times (per layer before the experts, per expert, per token
         after the last layer); None derives them from tier-0 bandwidth.
+      tail_compute_s: per layer, compute after all its experts are done (an
+        engine that mixes a layer's experts in one call once every byte is in
+        spends its mixing time here, with expert_compute_s = 0); default 0.
     """
 
     name: str
@@ -179,6 +182,7 @@ class ModelShape:
     attn_compute_s: float | None = None
     expert_compute_s: float | None = None
     token_compute_s: float | None = None
+    tail_compute_s: float = 0.0
 
     def __post_init__(self):
         for field in ("num_layers", "num_experts", "k"):
@@ -199,7 +203,7 @@ class ModelShape:
         for field in ("layer_dense_bytes", "embedding_bytes", "head_bytes", "final_norm_bytes"):
             if getattr(self, field) < 0:
                 raise StallConfigError(f"model {self.name!r}: {field} must be >= 0")
-        for field in ("attn_compute_s", "expert_compute_s", "token_compute_s"):
+        for field in ("attn_compute_s", "expert_compute_s", "token_compute_s", "tail_compute_s"):
             value = getattr(self, field)
             if value is not None and not (value >= 0 and math.isfinite(value)):
                 raise StallConfigError(f"model {self.name!r}: {field} must be >= 0 or None")
@@ -257,11 +261,13 @@ class ModelShape:
 @dataclasses.dataclass(frozen=True)
 class ComputeTimes:
     """Decode compute per step: `attn_s` per layer before its experts are needed,
-    `expert_s[l, e]` per expert computed, `token_s` after the last layer."""
+    `expert_s[l, e]` per expert computed, `tail_s` per layer once its experts are
+    done, `token_s` after the last layer."""
 
     attn_s: float
     expert_s: np.ndarray
     token_s: float
+    tail_s: float = 0.0
 
 
 def compute_times(model: ModelShape, hardware: Hardware) -> ComputeTimes:
@@ -281,7 +287,7 @@ def compute_times(model: ModelShape, hardware: Hardware) -> ComputeTimes:
     token = (model.token_compute_s if model.token_compute_s is not None
              else (model.head_bytes + model.final_norm_bytes) / bw)
     return ComputeTimes(attn_s=float(attn), expert_s=expert,
-                        token_s=float(token) + hardware.token_overhead_s)
+                        token_s=float(token) + hardware.token_overhead_s, tail_s=float(model.tail_compute_s))
 
 
 # ---------------------------------------------------------------- presets

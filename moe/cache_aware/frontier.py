@@ -67,12 +67,12 @@ import os
 import pathlib
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-from cachesim.cli_util import CLI
+from cachesim.cli_util import CLI, progress
 from cachesim.policies import ROUNDING_MODES, capacity_from_fraction, parse_capacities
 from moe import rundir
 from moe.cache_aware.reroute import CACHE_POLICIES, RerouteError, Setting
@@ -146,7 +146,7 @@ def load_model(run: Run) -> tuple[Any, Any, Any, int]:
         raise FrontierError(f"{run.path} has no {rundir.CHECKPOINTS}/ directory; train it with main.py first")
     config = ml_collections.ConfigDict(run.config)
     try:
-        step, graphdef, params = checkpoint.restore_params(run.path, config.model)
+        step, graphdef, params = checkpoint.restore_params(run.path, config.model)  # skips corrupt steps
     except checkpoint.CheckpointError as e:
         raise FrontierError(str(e)) from None
     return graphdef, params, config, step
@@ -210,7 +210,7 @@ class EvalOptions:
 
 
 def evaluate_points(model: tuple, points: Sequence[Point], mixed_points: Sequence[Point],
-                    options: EvalOptions) -> tuple[list[dict], dict]:
+                    options: EvalOptions, advance: Callable[[], None] = lambda: None) -> tuple[list[dict], dict]:
     """Every point on each domain stream (and the mixed points on the mixed stream) of one run.
 
     ``model``: what :func:`load_model` returns. Returns (point records without
@@ -245,6 +245,7 @@ def evaluate_points(model: tuple, points: Sequence[Point], mixed_points: Sequenc
     for domain in options.domains:
         data = pipeline.eval_windows(config.data, domain, n_windows=windows, seq_len=seq)
         result = run_stream(data["tokens"], data["domains"], points)
+        advance()
         for s, record in enumerate(records):
             record["domains"][domain] = domain_stats(result, s)
     mixed_windows, run_length = None, None
@@ -254,6 +255,7 @@ def evaluate_points(model: tuple, points: Sequence[Point], mixed_points: Sequenc
                                           n_windows=windows * len(options.domains), seq_len=seq)
         mixed_windows = int(data["tokens"].shape[0])
         result = run_stream(data["tokens"], data["domains"], mixed_points)
+        advance()
         for s, point in enumerate(mixed_points):
             record = _record("mixed", point, capacity(point), num_experts)
             for domain in options.domains:
@@ -339,8 +341,11 @@ def frontier_record(run: Run, records: list[dict], description: dict, arm_a: Run
 
 def frontier(run_dirs: Sequence[str | os.PathLike], points: Sequence[Point], *, prime: bool = False,
              options: EvalOptions = EvalOptions(), arm_a_dir: str | os.PathLike | None = None,
-             log=print) -> dict[pathlib.Path, dict]:
-    """Evaluates every run on the grid, writes each run's frontier.json, returns {run_dir: record}."""
+             log=print, advance: Callable[[], None] = lambda: None) -> dict[pathlib.Path, dict]:
+    """Evaluates every run on the grid, writes each run's frontier.json, returns {run_dir: record}.
+
+    ``advance`` is called after each evaluated stream (a domain, or the mixed stream) of each run.
+    """
     if not run_dirs:
         raise FrontierError("no --run given; pass at least one run directory")
     runs = [read_run(p) for p in run_dirs]
@@ -348,6 +353,15 @@ def frontier(run_dirs: Sequence[str | os.PathLike], points: Sequence[Point], *, 
         if not os.access(run.path, os.W_OK):
             raise FrontierError(f"cannot write {run.path / FRONTIER_FILE}: the run directory is read-only")
         check_points(run, points)  # before any model is loaded
+    # The run directories it writes, locked for the whole evaluation: no trainer changes a
+    # checkpoint under it, and no second frontier writes the same file.
+    with rundir.locked(dict.fromkeys(run.path.resolve() for run in runs)):
+        return _frontier(runs, points, prime=prime, options=options, arm_a_dir=arm_a_dir, log=log,
+                         advance=advance)
+
+
+def _frontier(runs: list[Run], points: Sequence[Point], *, prime: bool, options: EvalOptions,
+              arm_a_dir: str | os.PathLike | None, log, advance: Callable[[], None]) -> dict[pathlib.Path, dict]:
     explicit = read_run(arm_a_dir) if arm_a_dir is not None else None
     mixed_points = primed(points) if prime else []
     evaluated: dict[pathlib.Path, tuple[list[dict], dict]] = {}
@@ -357,7 +371,7 @@ def frontier(run_dirs: Sequence[str | os.PathLike], points: Sequence[Point], *, 
         if key not in evaluated:
             log(f"frontier: evaluating {run.name} ({run.path}) on {len(run_points)} settings"
                 + (f" + {len(run_mixed)} mixed-stream settings" if run_mixed else ""))
-            evaluated[key] = evaluate_points(load_model(run), run_points, run_mixed, options)
+            evaluated[key] = evaluate_points(load_model(run), run_points, run_mixed, options, advance)
         return evaluated[key]
 
     out = {}
@@ -437,10 +451,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         options = EvalOptions(windows=args.windows, batch=args.batch, policy=args.policy,
                               carry="reset" if args.reset_per_window else "persist", rounding=args.rounding,
                               mixed_run_length=args.mixed_run_length)
-        frontier(args.run, points, prime=args.prime, options=options, arm_a_dir=args.arm_a,
-                 log=lambda msg: print(msg, file=sys.stderr, flush=True))
-    except (FrontierError, RerouteError, ValueError) as e:
+        streams = len(args.run) * (len(options.domains) + bool(args.prime))
+        with progress("evaluated streams", total=streams) as bar:
+            frontier(args.run, points, prime=args.prime, options=options, arm_a_dir=args.arm_a,
+                     log=lambda msg: print(msg, file=sys.stderr, flush=True), advance=bar.advance)
+    except (FrontierError, RerouteError, ValueError) as e:  # LockedError is a ValueError
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a full disk or a read-only run directory
+        print(f"error: {rundir.os_error_line(e)}", file=sys.stderr)
         return 2
     return 0
 

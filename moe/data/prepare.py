@@ -34,7 +34,7 @@ from moe.data.document import Document
 from moe.data.errors import DataError, ManifestError, SourceError
 from moe.data.fetch_tokenizer import ensure_gpt2_ranks
 from moe.data.tokenizer import Tokenizer, get_tokenizer, tokenizer_record
-from cachesim.cli_util import CLI
+from cachesim.cli_util import CLI, progress
 
 Log = Callable[[str], None]
 _ENCODE_BATCH_CHARS = 1 << 20  # characters per tokenizer call: big enough for threads, small enough to stop early
@@ -163,7 +163,7 @@ def _write_domain(domain_id: int, token_docs: Iterator[np.ndarray], shards: _Sha
     return counts
 
 
-def _build(data_cfg, directory: pathlib.Path, rec: dict, log: Log) -> dict:
+def _build(data_cfg, directory: pathlib.Path, rec: dict, log: Log, advance: Callable[[], None]) -> dict:
     """Writes every data file of ``data_cfg`` into ``directory``; returns the manifest (not yet written)."""
     budgets = config_lib.budgets(data_cfg)
     tok_rec = tokenizer_record(data_cfg.tokenizer)
@@ -203,6 +203,7 @@ def _build(data_cfg, directory: pathlib.Path, rec: dict, log: Log) -> dict:
                                    documents=counts, source=source)
             log(f"{domain}: {n_train:,} train + {n_val:,} validation tokens from "
                 f"{counts['train'] + counts['val']:,} documents ({time.perf_counter() - start:.1f}s)")
+            advance()
         files = [shards.tokens.commit(), shards.domains.commit(), *val_files]
     except BaseException:  # a failure or a kill: leave no temporary files behind
         for writer in writers:
@@ -264,8 +265,11 @@ def verify_cached(directory: pathlib.Path) -> dict:
 
 
 def prepare(data_cfg, out: str | pathlib.Path | None = None, *, force: bool = False,
-            log: Log = stderr_log) -> pathlib.Path:
-    """Prepares (or verifies) the corpus of ``data_cfg`` in ``out`` (default: its data.dir or cache dir)."""
+            log: Log = stderr_log, advance: Callable[[], None] = lambda: None) -> pathlib.Path:
+    """Prepares (or verifies) the corpus of ``data_cfg`` in ``out`` (default: its data.dir or cache dir).
+
+    ``advance`` is called once per prepared domain (progress).
+    """
     rec = config_lib.recipe(data_cfg)
     directory = pathlib.Path(out).expanduser() if out else config_lib.prepared_dir(data_cfg)
     manifest_path = directory / store.MANIFEST
@@ -285,7 +289,7 @@ def prepare(data_cfg, out: str | pathlib.Path | None = None, *, force: bool = Fa
             log(f"{directory} was partly written (no {store.MANIFEST}; {len(leftovers)} files): rebuilding it")
         start = time.perf_counter()
         log(f"preparing the {data_cfg.corpus} corpus ({data_cfg.tokenizer} tokens) in {directory}")
-        manifest = _build(data_cfg, directory, rec, log)
+        manifest = _build(data_cfg, directory, rec, log, advance)
         store.write_json_atomic(manifest_path, manifest)
         _VERIFIED[str(directory.resolve())] = (_stat_key(directory), manifest)
         log(f"done in {time.perf_counter() - start:.1f}s: {directory}")
@@ -339,7 +343,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.positional:
             raise DataError(f"unexpected arguments {' '.join(args.positional)}; every option is a --flag")
-        directory = prepare(_config_from_args(args), args.out, force=args.force)
+        with progress("preparing domains", total=len(DOMAINS)) as bar:
+            directory = prepare(_config_from_args(args), args.out, force=args.force, advance=bar.advance)
         print(summary(directory))
     except (DataError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
