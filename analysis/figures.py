@@ -294,6 +294,39 @@ def budget_overlays(runs: Sequence[Run], curves: Mapping[str, Any]) -> list[tupl
     return out
 
 
+def overlay_title(label: str, reference: str) -> str:
+    return f"{label} vs {reference}: hit rate vs cache budget (seed means)"
+
+
+# -- shared by the CLI and analysis.study --------------------------------------------------------
+TRAINING_CURVES_TITLE = "Training loss and validation PPL against tokens"
+USAGE_TITLE = "Expert usage (one colour scale)"
+
+
+def budget_curves(run: Run, *, dense: bool = False) -> dict[str, dict[str, tuple[list[float], list[float]]]]:
+    """A run's hit rate per policy against capacity: simulated on BUDGET_FRACTIONS (``dense``), else the
+    three cached paper capacities."""
+    if not dense:
+        return cached_budget_curves(run)
+    from cachesim.trace import load_trace
+
+    return simulated_budget_curves({d: load_trace(ev.trace_path) for d, ev in run.domains.items()})
+
+
+def run_usage(runs: Sequence[Run]) -> tuple[dict[str, dict[str, np.ndarray]], float]:
+    """({run: {domain: (L, E) usage fractions}}, the largest fraction: the colour scale they share)."""
+    usage = {r.name: usage_fractions({d: ev.facts["expert_counts"] for d, ev in r.domains.items()},
+                                     {d: ev.metrics["num_tokens"] for d, ev in r.domains.items()}) for r in runs}
+    vmax = max((float(np.max(u)) for per_run in usage.values() for u in per_run.values()), default=1.0)
+    return usage, vmax
+
+
+def draw_dose_response(points: Sequence[Mapping[str, Any]], stem: Path) -> list[Path]:
+    """dose_response_points drawn with the RQ1 gates."""
+    return plots.dose_response(points, stem, miss_gate=verdict.RQ1_MIN_MISS_REDUCTION,
+                               ppl_gate=verdict.RQ1_MAX_PPL_COST)
+
+
 # -- the CLI ----------------------------------------------------------------------------------
 def make_figures(paths: Sequence[str], out: Path, *, store: MetricsStore, budget_runs: str = "") -> list[Path]:
     """Draws every figure the inputs support, with progress on a terminal; returns the written files."""
@@ -318,27 +351,18 @@ def make_figures(paths: Sequence[str], out: Path, *, store: MetricsStore, budget
 def _figure_tasks(runs: Sequence[Run], complete: Sequence[Run], trace_dirs: Sequence[Path], out: Path,
                   store: MetricsStore, dense: set[str]) -> list[Callable[[], list[Path]]]:
     """One callable per figure (or per run's data), in drawing order: the unit of the progress bar."""
-    from cachesim.trace import load_trace
-
     tasks: list[Callable[[], list[Path]]] = []
     points = dose_response_points(complete)
     if points:
-        tasks.append(lambda: plots.dose_response(points, out / "dose_response", miss_gate=verdict.RQ1_MIN_MISS_REDUCTION,
-                                                 ppl_gate=verdict.RQ1_MAX_PPL_COST))
+        tasks.append(lambda: draw_dose_response(points, out / "dose_response"))
     if runs:
         tasks.append(lambda: plots.training_curves(training_curve_data(runs), out / "training_curves",
-                                                   title="Training loss and validation PPL against tokens"))
+                                                   title=TRAINING_CURVES_TITLE))
     curves: dict[str, Any] = {}
-    usage = {r.name: usage_fractions({d: ev.facts["expert_counts"] for d, ev in r.domains.items()},
-                                     {d: ev.metrics["num_tokens"] for d, ev in r.domains.items()}) for r in complete}
-    # One colour scale for every run's usage map (the combined figure and each run's own).
-    vmax = max((float(np.max(u)) for per_run in usage.values() for u in per_run.values()), default=1.0)
+    usage, vmax = run_usage(complete)  # one colour scale for every run's map (the combined figure's and its own)
 
     def run_figures(r: Run) -> list[Path]:
-        if r.name in dense:
-            curves[r.name] = simulated_budget_curves({d: load_trace(ev.trace_path) for d, ev in r.domains.items()})
-        else:
-            curves[r.name] = cached_budget_curves(r)
+        curves[r.name] = budget_curves(r, dense=r.name in dense)
         paths = plots.hit_vs_budget(curves[r.name], out / f"hit_vs_budget_{_slug(r.name)}", title=f"{r.name}: hit "
                                     f"rate vs cache budget (per layer, {summary.format_tokens(r.tokens)} tokens)")
         paths += plots.expert_usage({r.name: usage[r.name]}, out / f"usage_{_slug(r.name)}",
@@ -357,14 +381,12 @@ def _figure_tasks(runs: Sequence[Run], complete: Sequence[Run], trace_dirs: Sequ
         paths = []
         for label, reference, series in budget_overlays(complete, curves):
             paths += plots.hit_vs_budget_overlay(series, out / f"hit_vs_budget_A_vs_{_slug(label)}",
-                                                 title=f"{label} vs {reference}: hit rate vs cache budget "
-                                                       "(seed means)")
+                                                 title=overlay_title(label, reference))
         return paths
 
     if complete:
         tasks.append(overlays)
-        tasks.append(lambda: plots.expert_usage(usage, out / "usage_runs", title="Expert usage (one colour scale)",
-                                                vmax=vmax))
+        tasks.append(lambda: plots.expert_usage(usage, out / "usage_runs", title=USAGE_TITLE, vmax=vmax))
         reuse: dict[str, tuple[list[int], list[float]]] = {}
         tasks += [lambda r=r: reuse.update({r.name: cached_reuse_curve(r, store)}) or [] for r in complete]
         head = next(iter(complete[0].domains.values())).metrics
@@ -377,8 +399,6 @@ def _figure_tasks(runs: Sequence[Run], complete: Sequence[Run], trace_dirs: Sequ
 
 def _trace_folder_figures(folder: Path, out: Path) -> list[Path]:
     """A real model's trace folder (e.g. Qwen3): dense hit vs budget, reuse vs lag and usage maps."""
-    from cachesim.metrics import usage_fraction
-
     traces = load_traces(folder)
     name = _slug(folder.name)
     written = plots.hit_vs_budget(simulated_budget_curves(traces), out / f"hit_vs_budget_{name}",
@@ -386,9 +406,15 @@ def _trace_folder_figures(folder: Path, out: Path) -> list[Path]:
     first = next(iter(traces.values()))
     written += plots.reuse_vs_lag({d: reuse_curve(t) for d, t in traces.items()}, out / f"reuse_vs_lag_{name}",
                                   title=f"{folder.name}: reuse vs lag", chance=first.k / first.num_experts)
-    written += plots.expert_usage({"": {d: usage_fraction(t) for d, t in traces.items()}}, out / f"usage_{name}",
-                                  title=f"{folder.name}: expert usage")
+    written += draw_trace_usage(traces, out / f"usage_{name}", title=f"{folder.name}: expert usage")
     return written
+
+
+def draw_trace_usage(traces: Mapping[str, Any], stem: Path, *, title: str) -> list[Path]:
+    """A trace folder's usage maps ({domain: cachesim Trace}); E >= 64 gets plots' log scale, sorted experts."""
+    from cachesim.metrics import usage_fraction
+
+    return plots.expert_usage({"": {d: usage_fraction(t) for d, t in traces.items()}}, stem, title=title)
 
 
 COMMAND = cli.run_command("python -m analysis.figures", __doc__.split("\n\n")[0])

@@ -155,8 +155,11 @@ def render_latex(table: Table) -> str:
 
 
 def _csv_cell(value: Any) -> Any:
+    """A list as 'a;b' (a CI: 'low;high'), a mapping as 'key=value;...' (a seed spread: 'n=2;mean=...')."""
     if isinstance(value, (list, tuple)):
         return ";".join(str(v) for v in value)
+    if isinstance(value, dict):
+        return ";".join(f"{k}={v}" for k, v in value.items())
     return value
 
 

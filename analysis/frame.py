@@ -35,7 +35,7 @@ from analysis import cache, cli, summary
 from analysis import runs as runs_lib
 from analysis.runs import Run
 
-_ID_KEYS = ("run", "arm", "lam", "mu", "seed", "tokens", "size")
+ID_KEYS = ("run", "arm", "lam", "mu", "seed", "tokens", "size")
 
 
 def config_columns(record: Mapping[str, Any]) -> dict[str, Any]:
@@ -79,7 +79,7 @@ def runs_frame(runs: Sequence[Run]) -> pd.DataFrame:
         run_part.update(_interval_columns(row))
         run_part["baseline"] = ", ".join(row["baseline"]) if row["baseline"] else None
         for domain, values in row["domains"].items():
-            records.append({**{k: row[k] for k in _ID_KEYS}, "params": r.params, "path": str(r.path),
+            records.append({**{k: row[k] for k in ID_KEYS}, "params": r.params, "path": str(r.path),
                             "domain": domain, "val_loss": r.domains[domain].val_loss, **values, **run_part,
                             **config_columns(r.config)})
     return pd.DataFrame.from_records(records)
@@ -96,7 +96,17 @@ def load_runs(paths: str | os.PathLike | Sequence[str | os.PathLike], *, cache_d
     runs`` lists them with what they lack). See :mod:`analysis.frame` for the
     columns.
     """
-    if isinstance(paths, (str, os.PathLike)):
-        paths = [paths]
+    return runs_frame(load_study(paths, cache_dir=cache_dir, jobs=jobs))
+
+
+def load_study(paths: str | os.PathLike | Sequence[str | os.PathLike], *,
+               cache_dir: str | os.PathLike | None = None, jobs: int | None = None) -> list[Run]:
+    """Every run directory under ``paths`` (a study root, or several), with cache metrics, in the tables' order.
+
+    Incomplete runs are kept (``Run.complete`` is False, ``Run.problems`` says
+    why); the frames and figures use the complete ones. ``cache_dir`` and
+    ``jobs`` as for the CLIs (default: the user cache, ``cli.default_jobs()``).
+    """
+    roots = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
     store = cache.MetricsStore(cache_dir=cache_dir, jobs=cli.default_jobs() if jobs is None else jobs)
-    return runs_frame(runs_lib.load_runs(paths, store=store))
+    return sorted(runs_lib.load_runs(roots, store=store), key=summary.sort_key)

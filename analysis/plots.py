@@ -1,8 +1,9 @@
 """Matplotlib drawings of the study's figures, from plain data (no file discovery here).
 
 Every function takes already-computed numbers, draws one figure and saves it
-as ``<stem>.png`` and ``<stem>.pdf`` (Agg backend, written via temp files so
-an interrupted run never leaves a truncated figure). They return the paths.
+as ``<stem>.png`` and ``<stem>.pdf`` (or as the one ``.png``/``.pdf`` file a
+stem with that suffix names; Agg backend, written via temp files so an
+interrupted run never leaves a truncated figure). They return the paths.
 """
 
 from __future__ import annotations
@@ -28,11 +29,14 @@ _POLICY_STYLE = {"lru": ("LRU", "-", "o"), "lru_token": ("LRU (token)", "-.", "o
 
 
 def save_figure(fig: plt.Figure, stem: Path) -> list[Path]:
-    """Saves ``fig`` as PNG and PDF next to ``stem``, atomically, and closes it."""
+    """Saves ``fig`` atomically and closes it: as ``<stem>.png`` and ``<stem>.pdf``, or, when ``stem`` ends
+    in ``.png`` or ``.pdf``, as that one file (analysis.study's ``write_*`` functions)."""
+    stem = Path(stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
+    fmt = stem.suffix.lstrip(".").lower()
+    targets = [(stem, fmt)] if fmt in FORMATS else [(stem.with_name(f"{stem.name}.{f}"), f) for f in FORMATS]
     paths = []
-    for fmt in FORMATS:
-        path = stem.with_name(f"{stem.name}.{fmt}")
+    for path, fmt in targets:
         buffer = io.BytesIO()
         fig.savefig(buffer, format=fmt, dpi=150, metadata=_metadata(fmt))
         rundir.write_atomic(path, buffer.getvalue())

@@ -129,3 +129,46 @@ def test_seed_spread():
     spread = intervals.seed_spread([0.01, 0.02, 0.03])
     assert (spread.n, spread.low, spread.high) == (3, 0.01, 0.03)
     assert spread.mean == pytest.approx(0.02) and spread.sd == pytest.approx(0.01)
+
+
+# -- exact, against a plain-numpy loop and by hand ---------------------------------------------------
+def _plain_numpy_bootstrap(per_domain, statistic, resamples, seed):
+    """The percentile bootstrap written out: one generator seeded with ``seed``; per batch of resamples, each
+    domain in turn draws (resamples, N_d) window indices; each resample's window means go through the
+    statistic; the interval is the 2.5th and 97.5th percentile (linear interpolation)."""
+    rng = np.random.default_rng(seed)
+    drawn = {d: rng.integers(0, m.shape[1], (resamples, m.shape[1])) for d, m in per_domain.items()}
+    values = []
+    for r in range(resamples):
+        means = {d: np.array([[np.mean(row[drawn[d][r]])] for row in m]) for d, m in per_domain.items()}
+        values.append(float(np.squeeze(statistic(means))))
+    return tuple(np.percentile(values, [2.5, 97.5]))
+
+
+def test_a_tiny_hand_built_sample_matches_the_plain_loop_exactly():
+    """Two domains of 5 and 4 windows, A and B, fixed seed: the same draws give the same interval, to rounding."""
+    per_domain = {"prose": np.array([[3.0, 3.2, 2.9, 3.1, 3.4], [3.1, 3.2, 3.0, 3.3, 3.4]]),
+                  "code": np.array([[1.0, 1.5, 1.2, 0.9], [1.0, 1.4, 1.3, 1.1]])}
+
+    def statistic(means):
+        return intervals.delta_ppl(means, [1], [0])
+
+    for seed in (0, 5):
+        low, high = intervals.paired_bootstrap(per_domain, statistic, n_resamples=300, seed=seed)
+        expected = _plain_numpy_bootstrap(per_domain, statistic, 300, seed)
+        assert (float(low), float(high)) == pytest.approx(expected, rel=1e-12)
+        assert low < high
+
+
+def test_two_windows_by_hand():
+    """One domain, two windows. A's CE is 1 in both; B's is 1 and 1 + ln 1.21. A resample of two windows
+    takes B's mean CE to 1, 1 + ln(1.21)/2 or 1 + ln 1.21 (p = 1/4, 1/2, 1/4), i.e. ΔPPL = 0, +10% or +21%:
+    with 999 resamples both tails hold more than 2.5% of them, so the 95% interval is [0, 0.21] exactly.
+    The point ΔPPL (+10%) is inside."""
+    per_domain = {"d": np.array([[1.0, 1.0], [1.0, 1.0 + math.log(1.21)]])}
+    low, high = intervals.paired_bootstrap(per_domain, lambda m: intervals.delta_ppl(m, [1], [0]), n_resamples=999)
+    assert float(low) == pytest.approx(0.0, abs=1e-12) and float(high) == pytest.approx(0.21, rel=1e-12)
+    # The miss reduction: A misses 10 per window, B 5 and 10 -> resampled reductions 1/2, 1/4, 0.
+    misses = {"d": np.array([[10.0, 10.0], [5.0, 10.0]])}
+    low, high = intervals.paired_bootstrap(misses, lambda m: intervals.miss_reduction(m, [1], [0]), n_resamples=999)
+    assert (float(low), float(high)) == pytest.approx((0.0, 0.5), abs=1e-12)
