@@ -1,15 +1,16 @@
-"""Computes per-trace cache metrics once and keeps them next to the run.
+"""Computes per-trace cache metrics once and keeps them in the user's cache.
 
 Simulating five cache policies at three capacities over a 500k-token trace
 takes seconds; rebuilding tables must not. Each trace's *facts* (cachesim's
 ``paper_metrics`` and the per-layer expert usage counts that the pooled
 collapse clause and the heat-maps need; reuse at lags 1..1024 is added when a
-figure first asks for it) are stored, keyed by the SHA-256 of the
-trace file, in ``<run>/analysis_cache.json``. When the run directory is not
-writable (the read-only reference runs) they go to a user cache directory
-(``$CACHEABLE_MOE_CACHE``, default ``~/.cache/cacheable-moe/analysis``) as
-``<sha256>.json``. A changed trace has a new hash and is recomputed; so is
-every trace after a change to the cachesim sources the metrics come from
+figure first asks for it) are stored as ``<sha256>.<fingerprint>.json``, keyed
+by the SHA-256 of the trace file and the fingerprint of the metric code, in the
+user cache directory only: ``--cache-dir``, else
+``$CACHEABLE_MOE_CACHE/analysis``, else ``~/.cache/cacheable-moe/analysis``.
+Analysis never writes into the run directories it reads (the released
+reference runs included). A changed trace has a new hash and is recomputed; so
+is every trace after a change to the cachesim sources the metrics come from
 (their fingerprint is part of each entry) or to what is cached here
 (:data:`CACHE_VERSION`): stale numbers are never served.
 """
@@ -33,7 +34,6 @@ import numpy as np
 
 from moe import rundir
 
-CACHE_FILE = "analysis_cache.json"
 # Bump when the cached fields or the metric semantics they come from change.
 CACHE_VERSION = 1
 ENV_CACHE_DIR = "CACHEABLE_MOE_CACHE"
@@ -102,9 +102,15 @@ def cachesim_fingerprint() -> str:
 
 
 def default_cache_dir() -> Path:
-    """User cache for metrics of traces in read-only run directories."""
+    """``$CACHEABLE_MOE_CACHE/analysis``, else ``~/.cache/cacheable-moe/analysis`` (as the data cache)."""
     env = os.environ.get(ENV_CACHE_DIR)
-    return Path(env) if env else Path.home() / ".cache" / "cacheable-moe" / "analysis"
+    return (Path(env) if env else Path.home() / ".cache" / "cacheable-moe") / "analysis"
+
+
+def entry_path(cache_dir: Path, sha: str) -> Path:
+    """``<sha256>.<fingerprint>.json``: keyed by both, so checkouts with other metric code (other
+    worktrees, branches, versions) sharing one user cache never overwrite each other's entries."""
+    return cache_dir / f"{sha}.{cachesim_fingerprint()[:16]}.json"
 
 
 def file_sha256(path: str | os.PathLike) -> str:
@@ -170,18 +176,6 @@ def atomic_write_json(path: Path, data: Any) -> None:
     rundir.write_json(path, data, indent=None)
 
 
-def writable_dir(path: Path) -> bool:
-    """Whether analysis may write into ``path``.
-
-    Permission bits decide, even for root (who may write anyway): a folder
-    marked read-only, like the reference runs (dr-xr-xr-x), is left untouched.
-    """
-    try:
-        return os.access(path, os.W_OK) and bool(os.stat(path).st_mode & 0o222)
-    except OSError:
-        return False
-
-
 class MetricsStore:
     """Compute-or-load of trace facts, memoised by content hash for one process.
 
@@ -207,18 +201,13 @@ class MetricsStore:
         return self._sha_memo[key]
 
     # -- lookup ---------------------------------------------------------------------------
-    def _lookup(self, run_dir: Path, trace_path: Path, sha: str, run_cache: Any) -> dict | None:
-        if sha in self._memo:
-            return self._memo[sha]
-        candidates = []
-        if isinstance(run_cache, dict) and isinstance(run_cache.get("traces"), dict):
-            candidates.append(run_cache["traces"].get(trace_path.name))
-        candidates.append(_read_json_or_none(self.cache_dir / f"{sha}.json"))
-        for entry in candidates:
-            if _valid(entry, sha):
-                self._memo[sha] = _facts(entry)
-                return self._memo[sha]
-        return None
+    def _lookup(self, sha: str) -> dict | None:
+        if sha not in self._memo:
+            entry = _read_json_or_none(entry_path(self.cache_dir, sha))
+            if not _valid(entry, sha):
+                return None
+            self._memo[sha] = _facts(entry)
+        return self._memo[sha]
 
     def trace_facts(self, run_dir: str | os.PathLike, traces: Mapping[str, Path]) -> dict[str, dict[str, Any]]:
         """``{domain: facts}`` for the traces of one run directory (computing what is missing)."""
@@ -237,7 +226,7 @@ class MetricsStore:
             facts = {**facts, "reuse_by_lag": compute_reuse_by_lag(trace_path)}
             sha = self.sha256(trace_path)
             self._memo[sha] = facts
-            self._persist(run_dir, {trace_path: (sha, facts)})
+            self._persist(sha, facts)
         return facts["reuse_by_lag"]
 
     def prefetch(self, jobs: Mapping[Path, Mapping[str, Path]]) -> None:
@@ -247,19 +236,15 @@ class MetricsStore:
         run keeps what it finished. Identical trace contents (copied runs) are
         computed once.
         """
-        places: dict[str, list[tuple[Path, Path]]] = {}  # sha -> [(run dir, trace path)] lacking facts
-        for run_dir, traces in jobs.items():
-            run_dir = Path(run_dir)
-            run_cache = _read_json_or_none(run_dir / CACHE_FILE)
+        missing: dict[str, Path] = {}  # sha -> a trace with that content lacking facts
+        for traces in jobs.values():
             for path in traces.values():
-                path = Path(path)
                 sha = self.sha256(path)
-                if self._lookup(run_dir, path, sha, run_cache) is None:
-                    places.setdefault(sha, []).append((run_dir, path))
-        for sha, facts in self._compute({sha: where[0][1] for sha, where in places.items()}):
+                if self._lookup(sha) is None:
+                    missing.setdefault(sha, Path(path))
+        for sha, facts in self._compute(missing):
             self._memo[sha] = facts
-            for run_dir, path in places[sha]:
-                self._persist(run_dir, {path: (sha, facts)})
+            self._persist(sha, facts)
 
     # -- compute and store ----------------------------------------------------------------
     def _compute(self, paths: Mapping[str, Path]) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -279,27 +264,13 @@ class MetricsStore:
             # On an error (a bad trace) do not wait for the remaining traces.
             pool.shutdown(wait=True, cancel_futures=True)
 
-    def _persist(self, run_dir: Path, new: Mapping[Path, tuple[str, dict[str, Any]]]) -> None:
-        """Stores into the run directory, else (read-only) into the user cache dir."""
-        if not new:
-            return
-        if writable_dir(run_dir):
-            try:
-                current = _read_json_or_none(run_dir / CACHE_FILE)
-                traces = current.get("traces", {}) if isinstance(current, dict) else {}
-                traces = traces if isinstance(traces, dict) else {}
-                for path, (sha, facts) in new.items():
-                    traces[path.name] = _entry(sha, facts)
-                atomic_write_json(run_dir / CACHE_FILE, {"version": CACHE_VERSION, "traces": traces})
-                return
-            except OSError:
-                pass  # E.g. a read-only mount: fall through to the user cache.
+    def _persist(self, sha: str, facts: dict[str, Any]) -> None:
+        """Stores one trace's facts in the user cache; a failure only costs a recomputation later."""
         try:
             self.cache_dir.mkdir(parents=True, exist_ok=True)
-            for sha, facts in new.values():
-                atomic_write_json(self.cache_dir / f"{sha}.json", _entry(sha, facts))
+            atomic_write_json(entry_path(self.cache_dir, sha), _entry(sha, facts))
         except OSError as e:
             if not self._warned:
-                warnings.warn(f"cannot cache analysis metrics ({e}); set {ENV_CACHE_DIR} to a writable folder",
-                              stacklevel=2)
+                warnings.warn(f"cannot cache analysis metrics in {self.cache_dir} ({e}); set {ENV_CACHE_DIR} or "
+                              "--cache-dir to a writable folder", stacklevel=2)
                 self._warned = True

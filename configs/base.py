@@ -68,7 +68,7 @@ def parse_arg(arg: str | None) -> dict[str, str]:
     return out
 
 
-def _set_dotted(config: ml_collections.ConfigDict, dotted: str, raw: str) -> None:
+def _set_dotted(config: ml_collections.ConfigDict, dotted: str, raw: str, option: str | None = None) -> None:
     *parents, leaf = dotted.split(".")
     node = config
     for p in parents:
@@ -77,8 +77,10 @@ def _set_dotted(config: ml_collections.ConfigDict, dotted: str, raw: str) -> Non
     try:
         node[leaf] = type(current)(float(raw)) if isinstance(current, (int, float)) and not isinstance(
             current, bool) else type(current)(raw)
-    except ValueError as e:
-        raise ConfigError(f"bad value {raw!r} for {dotted}: {e}") from None
+    except ValueError:
+        name = f"{option}= ({dotted})" if option else dotted
+        kind = "a number" if isinstance(current, (int, float)) else f"a {type(current).__name__}"
+        raise ConfigError(f"bad value {raw!r} for {name}: pass {kind}, e.g. {option or dotted}={current}") from None
 
 
 def base_config(arm: str, arg: str | None, arm_defaults: dict | None = None) -> ml_collections.ConfigDict:
@@ -172,7 +174,7 @@ def base_config(arm: str, arg: str | None, arm_defaults: dict | None = None) -> 
     for dotted, value in (arm_defaults or {}).items():
         _set_dotted(c, dotted, str(value))
     for key, value in opts.items():
-        _set_dotted(c, ARG_ALIASES[key], value)
+        _set_dotted(c, ARG_ALIASES[key], value, option=key)
     return c
 
 

@@ -145,23 +145,17 @@ def run_inline(jobs: list[Job], states: Mapping[str, RunState], *, retries: int,
         writer.update(force=True)
 
         started, error, finished = time.time(), None, False
-        locks = [rundir.try_lock(s.workdir) for s in job.runs]
         with run_logs(job, echo) as log:
             try:
                 log(f"=== attempt {states[job.runs[0].name].attempts} (inline) at {rundir.now_iso()}")
-                if None in locks:
-                    raise RuntimeError("another process holds the run dir lock (a worker of an earlier sweep "
-                                       "still running?); rerun when it has exited")
-                finished = run_in_process(job, log)
+                # In-process: run_group's own acquire of these locks is re-entrant.
+                with rundir.locked(s.workdir for s in job.runs):
+                    finished = run_in_process(job, log)
             except KeyboardInterrupt:
                 pass
             except Exception as e:  # noqa: BLE001 — a failing run must not stop the sweep
                 error = f"{type(e).__name__}: {e}".splitlines()[0][:400]
                 log(traceback.format_exc().rstrip())
-            finally:
-                for fd in locks:
-                    if fd is not None:
-                        os.close(fd)
         at = first_step_at(job, os.getpid())
         if at is not None and at >= started:
             for s in job.runs:

@@ -128,10 +128,11 @@ class LocalExecutor:
         reader = (job.runs[0].workdir / rundir.LAUNCH_LOG).open("rb")
         reader.seek(output.tell())
         try:
-            # The worker inherits the run-dir locks: they are released when it exits, whoever dies first.
+            # The worker inherits the run-dir locks (and is told their fds, so its own acquire reuses
+            # them): they are released when it exits, whoever dies first.
             proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT,
-                                    env=slot_env(self.env, slot), preexec_fn=_child_setup(slot.cpus),
-                                    start_new_session=True, pass_fds=locks)
+                                    env={**slot_env(self.env, slot), **rundir.lock_env(locks)},
+                                    preexec_fn=_child_setup(slot.cpus), start_new_session=True, pass_fds=locks)
         finally:
             output.close()
             for fd in locks:

@@ -188,6 +188,38 @@ def merge_overrides(grid: Sequence[Mapping[str, Any]], cli: Mapping[str, Any]) -
     return out
 
 
+def check_arg_honoured(config_file: str, config: ml_collections.ConfigDict,
+                       grid: Sequence[Mapping[str, Any]]) -> None:
+    """Refuses an option of the config argument (``:tiny,seed=2``) that the sweep's grid overrides.
+
+    ``tokens=`` is honoured by the grid (it replaces the budgets); an option the
+    grid itself varies (``lam``, ``mu``, ``seed``...) would be silently replaced
+    in every run, so it is an error naming the option.
+    """
+    from configs.base import ARG_ALIASES, parse_arg
+
+    _, arg = split_config_file(config_file)
+    for option in parse_arg(arg):
+        if option == "size":
+            continue
+        key = ARG_ALIASES[option]
+        wanted = get_dotted(config, key)
+        replaced = sorted({format_number(e[key]) if isinstance(e[key], float) else str(e[key])
+                           for e in grid if key in e and e[key] != wanted})
+        if replaced:
+            raise PlanError(f"{config_file}: the sweep's grid sets {key} itself ({', '.join(replaced)}), so "
+                            f"{option}= in the config argument would be ignored; drop it (pick runs with --only)")
+
+
+def planned_config(spec: RunSpec) -> dict[str, Any]:
+    """The run's config as the sweep plans it (unresolved), with ``init_from`` recorded as resolve() does."""
+    from moe import rundir  # stdlib-only module: planning stays jax-free
+    config = build_config(spec.config_file, spec.overrides).to_dict()
+    if config.get("init_from"):
+        config["init_from"] = rundir.absolute_path(config["init_from"])
+    return config
+
+
 def varying_keys(entries: Sequence[Mapping[str, Any]]) -> list[str]:
     keys = sorted({k for e in entries for k in e})
     return [k for k in keys if len({repr(e.get(k, _MISSING)) for e in entries}) > 1]
@@ -208,7 +240,9 @@ def expand(config_file: str, root: str | pathlib.Path, cli_overrides: Mapping[st
     module = load_config_module(path)
     if not hasattr(module, "sweep"):
         raise PlanError(f"{path} has no sweep(arg) function listing the runs; add one (see configs/arm_b.py)")
-    entries = merge_overrides(module.sweep(arg), dict(cli_overrides or {}))
+    grid = module.sweep(arg)
+    check_arg_honoured(config_file, module.get_config(arg), grid)
+    entries = merge_overrides(grid, dict(cli_overrides or {}))
     if not entries:
         raise PlanError(f"{config_file}: sweep() returned no runs")
     configs = []

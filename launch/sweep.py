@@ -10,7 +10,9 @@ The config file's ``sweep(arg)`` lists the runs; each gets a readable name
 (``b-lam0.05-s1``, plus the token budget when the grid mixes budgets) and a
 workdir ``ROOT/<name>``. ``--config.x=y`` applies to every run. Re-running the
 same command skips runs with ``DONE``, resumes unfinished ones from their newest
-checkpoint and retries failed ones; ``ROOT/status.json`` (and
+checkpoint and retries failed ones; a run directory trained with other settings
+than planned is refused (``--rerun_changed``: moved to ``ROOT/.superseded/`` and
+trained afresh); ``ROOT/status.json`` (and
 ``python -m launch.status ROOT``) shows progress. When every run is done the
 analysis tables and verdict are written to ``ROOT/analysis/``.
 """
@@ -48,6 +50,9 @@ _VMAP_SEEDS = flags.DEFINE_integer("vmap_seeds", 0, "Train up to this many seeds
 _SEED_BATCHING = flags.DEFINE_enum("seed_batching", "auto", ["auto", "vmap", "unrolled"],
                                    "How a --vmap_seeds group shares its jit (launch.vmap_seeds): auto picks the "
                                    "mode measured fastest for the backend and run length.")
+_RERUN_CHANGED = flags.DEFINE_bool("rerun_changed", False, "Runs whose directory holds results of other settings "
+                                   "than this sweep plans are refused; with this flag they are moved, kept, to "
+                                   "ROOT/.superseded/<name>.<time>/ and trained afresh.")
 _ONLY = flags.DEFINE_list("only", [], "Only the runs whose names match these shell patterns, e.g. 'b-lam0.05-*'.")
 _ANALYSIS = flags.DEFINE_bool("analysis", True, "Write analysis tables and the verdict when the sweep is done.")
 _VERBOSE = flags.DEFINE_bool("verbose", False, "Echo every worker's output (prefixed with its run name).")
@@ -90,6 +95,47 @@ def initial_states(specs):
             st.state = "done"
         states[spec.name] = st
     return states
+
+
+def changed_runs(specs) -> dict[str, dict]:
+    """``{name: identity diff}`` of the runs whose directory holds results of other settings than planned.
+
+    A run counts as done (or resumable) only if its recorded identity
+    (moe.rundir.identity) equals the planned one; the fields only the worker
+    can resolve (auto dispatch, the vocabulary) are left to its own check.
+    """
+    from moe import rundir
+    from launch.plan import planned_config
+
+    changed = {}
+    for spec in specs:
+        recorded = rundir.recorded_config(spec.workdir) if rundir.has_results(spec.workdir) else None
+        if recorded is None:
+            continue  # nothing trained yet, or not a run of this codebase (the worker refuses that itself)
+        planned = planned_config(spec)
+        diff = rundir.identity_diff(recorded, planned, ignore=rundir.unresolved_fields(planned))
+        if diff:
+            changed[spec.name] = diff
+    return changed
+
+
+def settle_changed(specs, root: pathlib.Path, rerun_changed: bool, echo=print) -> None:
+    """Refuses runs trained with other settings (one line), or with ``--rerun_changed`` moves them aside."""
+    from moe import rundir
+
+    changed = changed_runs(specs)
+    if not changed:
+        return
+    if not rerun_changed:
+        shown = "; ".join(f"{name}: {rundir.describe_diff(diff, limit=3)}" for name, diff in list(changed.items())[:3])
+        more = f"; and {len(changed) - 3} more run(s)" if len(changed) > 3 else ""
+        raise SweepError(f"{len(changed)} run(s) under {root} were trained with other settings than this sweep "
+                         f"plans ({shown}{more}); pass --rerun_changed to keep them under "
+                         f"{root / rundir.SUPERSEDED}/ and train them afresh, or use another --root")
+    by_name = {s.name: s for s in specs}
+    for name in changed:
+        kept = rundir.supersede(by_name[name].workdir)
+        echo(f"{name}: trained with other settings; moved to {kept}, training it afresh")
 
 
 def validate_runs(specs) -> None:
@@ -235,6 +281,7 @@ def sweep(argv_command: Sequence[str]) -> int:
         return dry_run(specs)
 
     with root_lock(root):
+        settle_changed(specs, root, _RERUN_CHANGED.value)
         states = initial_states(specs)
         pending = [s for s in specs if states[s.name].state != "done"]
         if pending:
@@ -286,9 +333,11 @@ def dry_run(specs) -> int:
     jobs = plan_jobs(specs, _VMAP_SEEDS.value, _SEED_BATCHING.value)
     estimator = memory.MemoryEstimator()
     estimates = []
+    changed = changed_runs(specs)
     for job in jobs:  # read-only: a dry run writes nothing, not even a missing DONE
         finished = all(rundir.is_done(s.workdir) or rundir.is_complete(s.workdir) for s in job.runs)
-        print(("[done] " if finished else "") + shlex.join(job.command()))
+        mark = ("[changed] " if any(s.name in changed for s in job.runs) else "[done] " if finished else "")
+        print(mark + shlex.join(job.command()))
         e = estimator.estimate(job.runs[0], seeds=len(job.runs))
         estimates.append(dataclasses.replace(e, run=job.name) if job.vmapped else e)
     print(memory.format_estimates(estimates), end="")
@@ -334,8 +383,12 @@ def main(argv: Sequence[str]) -> int:
     logging.set_verbosity(logging.WARNING)
     try:
         return sweep(["python", "-m", "launch.sweep", *sys.argv[1:]])
-    except ValueError as e:  # SweepError, PlanError, ResourceError, ConfigError, DataError, ...
+    except ValueError as e:  # SweepError, PlanError, ResourceError, ConfigError, DataError, LockedError, ...
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a read-only or full --root
+        from moe import rundir
+        print(f"error: {rundir.os_error_line(e)}", file=sys.stderr)
         return 2
 
 

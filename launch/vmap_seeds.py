@@ -64,6 +64,10 @@ def _main(argv: Sequence[str]) -> int:
     except (ConfigError, DataError, CheckpointError, NonFiniteLossError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # a full disk or a read-only workdir
+        from moe import rundir
+        print(f"error: {rundir.os_error_line(e)}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -13,13 +13,27 @@ Three items per step directory:
 Orbax writes each step into a temporary directory and renames it when
 complete, so a run killed mid-save leaves the previous checkpoints intact and
 the partial one is ignored (and cleaned up) on restart.
+
+After each save the size and SHA-256 of every file of the step go into the
+step's ``checksums.json`` (Orbax restores items by name and ignores it; its
+retention deletes it with the step). Restoring verifies them: a resuming run
+moves a corrupt newest step aside (``checkpoints.quarantine/<step>``, one
+warning line) and resumes from the newest intact step; readers of another
+run's checkpoints (evaluation, ``init_from``, the frontier) skip corrupt steps
+without moving anything. A step without ``checksums.json`` (saved by older
+code, or by a process killed between Orbax's commit and the hashing) is
+restored unverified.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
+import os
 import pathlib
-from typing import Any
+import sys
+from typing import Any, Callable
 
 import jax
 import ml_collections
@@ -35,7 +49,104 @@ ITEMS = ("state", "data", "router")
 
 
 class CheckpointError(RuntimeError):
-    pass
+    """A checkpoint cannot be used; the message (one line) names the step and the fix."""
+
+
+def _one_line(e: BaseException) -> str:
+    # Orbax / tensorstore errors span many lines; the first says what failed.
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}"
+
+
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------- checksums
+
+
+def step_dir(workdir: str | pathlib.Path, step: int) -> pathlib.Path:
+    return rundir.checkpoint_dir(workdir) / str(step)
+
+
+def _step_files(directory: pathlib.Path) -> list[pathlib.Path]:
+    return sorted(p for p in directory.rglob("*") if p.is_file() and p.name != rundir.CHECKSUMS)
+
+
+def _sha256(path: pathlib.Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def write_checksums(directory: pathlib.Path) -> None:
+    """``checksums.json`` of a finished step: every file's size and SHA-256, by path inside the step."""
+    files = {str(p.relative_to(directory)): {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+             for p in _step_files(directory)}
+    rundir.write_json(directory / rundir.CHECKSUMS, {"version": 1, "files": files})
+
+
+def step_problem(directory: pathlib.Path) -> str | None:
+    """What is wrong with a saved step (a short phrase), or None when intact or unverifiable (no checksums)."""
+    path = directory / rundir.CHECKSUMS
+    if not path.is_file():
+        return None
+    try:
+        files = json.loads(path.read_text())["files"]
+        entries = [(directory / name, int(e["bytes"]), str(e["sha256"])) for name, e in files.items()]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return f"its {rundir.CHECKSUMS} is unreadable"
+    for file, size, sha in entries:
+        name = file.relative_to(directory)
+        if not file.is_file():
+            return f"{name} is missing"
+        if file.stat().st_size != size:
+            return f"{name} has {file.stat().st_size} bytes, {size} were saved"
+        if _sha256(file) != sha:
+            return f"{name} differs from the SHA-256 saved with it"
+    return None
+
+
+def _quarantine_target(workdir: str | pathlib.Path, step: int) -> pathlib.Path:
+    folder = pathlib.Path(workdir).absolute() / rundir.QUARANTINE
+    target, n = folder / str(step), 1
+    while target.exists():  # the same step quarantined before (a rerun that corrupted it again)
+        n += 1
+        target = folder / f"{step}.{n}"
+    return target
+
+
+def newest_intact_step(workdir: str | pathlib.Path, *, move: bool,
+                       warn: Callable[[str], None] = _stderr) -> int | None:
+    """The newest step whose files match their checksums; None when the run has no checkpoint.
+
+    Corrupt newer steps get one warning line each; ``move`` (the run's own,
+    locked writer) moves them to ``checkpoints.quarantine/`` so Orbax never sees
+    them again. CheckpointError when steps exist but none is intact (nothing is
+    moved then: the run stays as it was).
+    """
+    steps = rundir.checkpoint_steps(workdir)
+    corrupt: list[tuple[int, str]] = []
+    for step in reversed(steps):
+        problem = step_problem(step_dir(workdir, step))
+        if problem is None:
+            break
+        corrupt.append((step, problem))
+    else:
+        if steps:
+            listed = "; ".join(f"step {s}: {p}" for s, p in corrupt)
+            raise CheckpointError(f"no intact checkpoint in {rundir.checkpoint_dir(workdir)} ({listed}); nothing to "
+                                  "resume from: train afresh in a new --workdir (this one is left as it is)")
+        return None
+    for bad, problem in corrupt:
+        if move:
+            target = _quarantine_target(workdir, bad)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.rename(step_dir(workdir, bad), target)
+            warn(f"warning: checkpoint step {bad} of {workdir} is corrupt ({problem}); moved it to {target} "
+                 f"and resuming from step {step}")
+        else:
+            warn(f"warning: checkpoint step {bad} of {workdir} is corrupt ({problem}); using step {step}")
+    return step
 
 
 def manager(workdir: str | pathlib.Path, *, keep: int) -> ocp.CheckpointManager:
@@ -81,8 +192,9 @@ def latest_step(workdir: str | pathlib.Path) -> int | None:
 
 
 def restore_params(workdir: str | pathlib.Path, model_cfg: ml_collections.ConfigDict, *,
-                   sharding: jax.sharding.Sharding | None = None) -> tuple[int, Any, nnx.State]:
-    """(step, graphdef, params) of the run's newest checkpoint: the parameters only.
+                   sharding: jax.sharding.Sharding | None = None,
+                   warn: Callable[[str], None] = _stderr) -> tuple[int, Any, nnx.State]:
+    """(step, graphdef, params) of the run's newest intact checkpoint: the parameters only.
 
     For evaluation, fine-tuning and the frontier: Orbax restores just the
     ``params`` subtree of the state item, so no optimizer is built and its
@@ -94,7 +206,7 @@ def restore_params(workdir: str | pathlib.Path, model_cfg: ml_collections.Config
     sharding = sharding or jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     graphdef, shapes = abstract_model(model_cfg)
     target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), shapes)
-    step = latest_step(workdir)
+    step = newest_intact_step(workdir, move=False, warn=warn)
     if step is None:
         raise CheckpointError(f"{workdir} has no checkpoint under {rundir.CHECKPOINTS}/; train the run with "
                               "main.py first (or point at a run that saved one)")
@@ -105,20 +217,24 @@ def restore_params(workdir: str | pathlib.Path, model_cfg: ml_collections.Config
             {"params": target}, restore_args={"params": restore_args}, partial_restore=True)))
     except Exception as e:  # noqa: BLE001 — re-raised with the fix named
         raise CheckpointError(f"cannot restore the parameters of {workdir} checkpoint step {step}: "
-                              f"{type(e).__name__}: {e}; its config.json must describe the run that wrote "
+                              f"{_one_line(e)}; its config.json must describe the run that wrote "
                               "the checkpoint") from e
     finally:
         mgr.close()
     return int(step), graphdef, restored["state"]["params"]
 
 
-def save(mgr: ocp.CheckpointManager, step: int, state: Any, data_state: dict, router_state: dict) -> None:
+def save(mgr: ocp.CheckpointManager, step: int, state: Any, data_state: dict, router_state: dict, *,
+         lead: bool = True) -> None:
+    """Saves one step (synchronously); the lead process then records its files' checksums."""
     mgr.save(step, args=ocp.args.Composite(
         state=ocp.args.StandardSave(state),
         data=ocp.args.JsonSave(data_state),
         router=ocp.args.StandardSave(router_state),
     ), force=True)
     mgr.wait_until_finished()
+    if lead:  # multi-process: Orbax committed every process's files before save returned
+        write_checksums(pathlib.Path(mgr.directory) / str(step))
 
 
 def restore_latest(mgr: ocp.CheckpointManager, abstract_state: Any) -> tuple[int, Any, dict] | None:
@@ -132,9 +248,11 @@ def restore_latest(mgr: ocp.CheckpointManager, abstract_state: Any) -> tuple[int
             data=ocp.args.JsonRestore(),
         ))
     except Exception as e:  # noqa: BLE001 — re-raised with the fix named
+        # The run's identity was checked before (moe.rundir.check_identity) and the step's files
+        # match their checksums (when it has them): what remains is damage Orbax alone sees.
         raise CheckpointError(
-            f"cannot restore checkpoint step {step} in {mgr.directory}: {type(e).__name__}: {e}. "
-            "The config must match the one the run was started with (or use a fresh --workdir).") from e
+            f"cannot restore checkpoint step {step} in {mgr.directory}: {_one_line(e)}; move that step out of "
+            f"{rundir.CHECKPOINTS}/ (e.g. into {rundir.QUARANTINE}/) to resume from the one before") from e
     return step, restored["state"], restored["data"]
 
 

@@ -10,7 +10,6 @@ naming the fix, and :func:`resolve` fills the derived fields (the measured
 from __future__ import annotations
 
 import math
-import pathlib
 
 import ml_collections
 
@@ -64,6 +63,14 @@ def validate(c: ml_collections.ConfigDict) -> None:
         raise ConfigError(f"optim.warmup_frac must be in [0, 1), got {o.warmup_frac}")
     if o.weight_decay < 0 or o.clip_norm <= 0:
         raise ConfigError("optim.weight_decay must be >= 0 and optim.clip_norm > 0")
+    for name in ("b1", "b2"):  # b = 1 never forgets: Adam's bias correction divides by 1 - b^t = 0
+        if not 0 <= o[name] < 1:
+            raise ConfigError(f"optim.{name} must be in [0, 1), got {o[name]} (the paper uses b1=0.9, b2=0.95)")
+    if not o.eps > 0:  # eps = 0 divides 0 by 0 for every weight whose gradient is still 0
+        raise ConfigError(f"optim.eps must be > 0, got {o.eps} (default 1e-8)")
+    for name in ("init_div", "final_div"):  # the schedule divides by both
+        if not (math.isfinite(o[name]) and o[name] > 0):
+            raise ConfigError(f"optim.{name} must be a finite number > 0, got {o[name]} (defaults 25 and 1e4)")
     if t.batch_size <= 0 or t.tokens < t.batch_size * m.context:
         raise ConfigError(
             f"train.tokens={t.tokens} is less than one batch ({t.batch_size}x{m.context}); raise train.tokens")
@@ -82,7 +89,7 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     config = ml_collections.ConfigDict(config.to_dict())
     validate(config)
     if config.init_from:  # recorded as an absolute path, whatever the working directory
-        config.init_from = str(pathlib.Path(config.init_from).absolute())
+        config.init_from = rundir.absolute_path(config.init_from)
     config.model.dispatch = select_dispatch(config.model.dispatch)
     config.model.block_size = select_block_size(config.model.block_size)
     vocab = pipeline.vocab_size(config.data)

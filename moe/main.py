@@ -6,10 +6,15 @@
 ``--config`` takes a config file's path, or the name of one of the package's
 configs from anywhere (``--config=arm_b.py:smoke``, ``--config=arm_b:smoke``).
 
-Rerunning with the same --workdir resumes from the newest checkpoint; SIGTERM
-checkpoints and exits cleanly. One run over several processes (hosts): start
-the same command in each, under ``srun`` or with JAX_COORDINATOR_ADDRESS=host:port,
-JAX_NUM_PROCESSES=N and JAX_PROCESS_ID=i set (moe/distributed.py).
+Rerunning with the same --workdir resumes from the newest intact checkpoint
+(only the fields in ``moe.rundir.RESUMABLE_FIELDS`` may change); SIGTERM
+checkpoints and exits cleanly. One process writes a workdir at a time. One run
+over several processes (hosts): start the same command in each, under ``srun``
+or with JAX_COORDINATOR_ADDRESS=host:port, JAX_NUM_PROCESSES=N and
+JAX_PROCESS_ID=i set (moe/distributed.py).
+
+Bad input, a diverged run, a full disk or a busy workdir end in one
+``error: ...`` line and exit code 2.
 """
 
 from __future__ import annotations
@@ -22,59 +27,175 @@ from moe import runtime
 runtime.set_xla_flags()
 
 import json  # noqa: E402
+import pathlib  # noqa: E402
+import shlex  # noqa: E402
 
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Arm config file, e.g. configs/arm_b.py:smoke.",
-                                          lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (created; an existing run resumes).")
-_DRY_RUN = flags.DEFINE_bool("dry_run", False, "Compile the train step and print sizes and memory as JSON.")
+
+class _Flags:
+    """This script's flags, in a FlagValues of their own.
+
+    Not absl's global FLAGS: ``launch.sweep`` defines a ``--config`` there too, and
+    tests parse and run ``main`` in-process next to it. Each parse builds fresh
+    flags, so nothing of an earlier command line survives into the next.
+    """
+
+    def __init__(self, argv: list[str]):
+        self.values = flags.FlagValues()
+        # sys_argv: config_flags finds the --config.x=y overrides in this argv, not in sys.argv.
+        self.config = config_flags.DEFINE_config_file(
+            "config", None, "Arm config file, e.g. configs/arm_b.py:smoke.", flag_values=self.values,
+            lock_config=True, sys_argv=argv)
+        self.workdir = flags.DEFINE_string("workdir", None, "Run directory (created; an existing run resumes).",
+                                           flag_values=self.values)
+        self.dry_run = flags.DEFINE_bool("dry_run", False, "Compile the train step and print sizes and memory as "
+                                         "JSON.", flag_values=self.values)
+        self.argv = list(argv)
+
+
+_FLAGS: _Flags | None = None
 
 
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     from configs.base import ConfigError
-    from moe.data.errors import DataError
+    from moe import rundir
     from moe.checkpoint import CheckpointError
+    from moe.data.errors import DataError
     from moe.train import NonFiniteLossError
 
     # Orbax and absl log every checkpoint step at INFO; the run prints its own progress.
     logging.set_verbosity(logging.WARNING)
     try:
-        config = _CONFIG.value
+        config = _FLAGS.config.value
         config.to_dict()  # forces the deferred load error, if any
     except OSError as e:  # config_flags defers a missing/broken config file to first use
         detail = " ".join(str(e).split())
         print(f"error: cannot load the --config file: {detail}", file=sys.stderr)
         return 2
+    workdir = _FLAGS.workdir.value
     try:
-        if _DRY_RUN.value:
+        if _FLAGS.dry_run.value:
             from moe.run import dry_run
             print(json.dumps(dry_run(config)))
             return 0
-        if not _WORKDIR.value:
+        if not workdir:
             raise ConfigError("--workdir is required to train (e.g. --workdir=runs/my-run)")
         # Several processes (JAX_NUM_PROCESSES/JAX_PROCESS_ID/JAX_COORDINATOR_ADDRESS, or a
         # multi-task srun): join them before jax picks its devices; process 0 writes the run dir.
         from moe.distributed import initialize_from_env
         initialize_from_env()
-        runtime.enable_compile_cache()
+        runtime.enable_compile_cache()  # the persistent compile cache, unless the caller configured one
         from moe.run import run
-        run(config, _WORKDIR.value, log=lambda msg: print(msg, flush=True))
+        run(config, workdir, log=lambda msg: print(msg, flush=True))
         return 0  # finished, or checkpointed after SIGTERM: rerun to resume
-    except (ConfigError, DataError, CheckpointError, NonFiniteLossError, ValueError) as e:
+    except NonFiniteLossError as e:
+        print(f"error: {e}; {retry_advice(_FLAGS.argv, e, config)}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a full disk, a read-only workdir: the file and the fix, not a traceback
+        print(f"error: {rundir.os_error_line(e, workdir)}", file=sys.stderr)
+        return 2
+    except (ConfigError, DataError, CheckpointError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
 
+# ---------------------------------------------------------------- after a divergence
+
+
+def retry_advice(argv: list[str], error, config) -> str:
+    """What to run after a divergence: this command in a fresh workdir, from the last finite weights, at half the LR.
+
+    Rerunning the same command would diverge at the same step (same state, same
+    data), and the workdir's identity forbids another LR; a new workdir started
+    with ``init_from`` the diverged run's newest (finite) checkpoint does neither.
+    A run with a frozen base router (arm M) restarts from its own base instead, so
+    its rank-matching reference stays the base run's router.
+    """
+    workdir = pathlib.Path(str(error.workdir or _FLAGS.workdir.value))
+    lr = float(config.optim.peak_lr) / 2
+    retry = fresh_workdir(workdir, lr)
+    flags_out = {"workdir": str(retry), "config.optim.peak_lr": repr(lr)}
+    if config.run_name:  # a named run (a sweep's): the retry gets its own name, as its own directory
+        flags_out["config.run_name"] = retry.name
+    if error.checkpoint_step is not None and not config.model.base_router:
+        flags_out["config.init_from"] = str(workdir.absolute())
+        start = f"from its step-{error.checkpoint_step} weights"
+    else:
+        start = "from scratch" if not config.init_from else f"from {config.init_from} again"
+    command = [sys.executable, *replace_flags(argv, flags_out)]
+    return f"to train a new run {start} with half the learning rate: {shlex.join(command)}"
+
+
+def replace_flags(argv: list[str], values: dict[str, str]) -> list[str]:
+    """``argv`` with every ``--name=v`` / ``--name v`` of ``values`` dropped, then ``--name=value`` appended."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        name = arg[2:].split("=", 1)[0] if arg.startswith("--") else None
+        if name in values:
+            skip = "=" not in arg  # the value is the next argument
+            continue
+        out.append(arg)
+    return out + [f"--{name}={value}" for name, value in values.items()]
+
+
+def fresh_workdir(workdir: pathlib.Path, lr: float) -> pathlib.Path:
+    """``<workdir>-lr<lr>``, numbered when that exists: the retry never lands on a run directory."""
+    base = workdir.with_name(f"{workdir.name}-lr{lr:g}")
+    candidate, n = base, 1
+    while candidate.exists():
+        n += 1
+        candidate = base.with_name(f"{base.name}-{n}")
+    return candidate
+
+
+# ---------------------------------------------------------------- flags
+
+
 def parse_flags(argv: list[str]) -> list[str]:
-    """absl's parser, but ``--help`` exits 0, ``--config`` also finds the package's configs by name, and a bad
-    config file, option or override is one line, exit 2."""
-    from cachesim.cli_util import parse_app_flags
+    """Parses this script's flags (then absl's own) from ``argv``; bad input is one line and exit 2.
+
+    ``--config`` also finds the package's configs by name (``configs.locate``), from any directory.
+    """
     from configs import locate_in_argv
-    return parse_app_flags(locate_in_argv(argv))
+
+    global _FLAGS
+    argv = locate_in_argv(argv)
+    parsed = _Flags(argv)
+    try:
+        rest = parsed.values(argv, known_only=True)
+        if any(a in ("--help", "-h", "--helpshort", "--helpfull", "-?") for a in rest[1:]):
+            print(parsed.values.get_help())
+            sys.exit(0)
+        remaining = flags.FLAGS(rest)  # absl's flags (--verbosity, ...); an unknown flag is an error
+    except Exception as e:  # noqa: BLE001 — config_flags raises assorted types
+        print(f"error: {flag_error(e)}", file=sys.stderr)
+        sys.exit(2)
+    _FLAGS = parsed
+    return remaining
+
+
+def flag_error(e: BaseException) -> str:
+    """The innermost cause of a flag error, in one line: our own ConfigError messages name the fix."""
+    cause = e
+    while True:
+        inner = cause.__cause__ or (None if cause.__suppress_context__ else cause.__context__)
+        if inner is None:
+            break
+        cause = inner
+    message = " ".join(str(cause).split()) or type(cause).__name__
+    if isinstance(cause, (KeyError, AttributeError)):
+        key = message.strip(chr(34) + chr(39))
+        return f"unknown config key {key!r}: check the --config.x=y override against the config file"
+    if isinstance(cause, flags.UnrecognizedFlagError):
+        return f"{message}; see python main.py --help"
+    return message
 
 
 def run_cli() -> None:

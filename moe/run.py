@@ -13,7 +13,6 @@ weights; only process 0 prepares the data first, prints and writes files.
 
 from __future__ import annotations
 
-import json
 import os
 import pathlib
 import subprocess
@@ -180,10 +179,18 @@ def run_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence[s
     if not lead:
         log = silent
     workdirs = [pathlib.Path(w) for w in workdirs]
-    for c, w in zip(configs, workdirs):
-        w.mkdir(parents=True, exist_ok=True)
-        check_same_config(w, c)
+    # One writer per run directory, for the whole call: a second process fails here at once.
+    # Multi-process: process 0 writes the files and holds the locks (flock may not span hosts).
+    with rundir.locked(workdirs if lead else []):
+        for c, w in zip(configs, workdirs):  # before any file is written
+            rundir.check_identity(w, c.to_dict())
+        return _run_locked(configs, workdirs, batching=batching, log=log, stop_after=stop_after, lead=lead)
 
+
+def _run_locked(configs: list[ml_collections.ConfigDict], workdirs: list[pathlib.Path], *, batching: str,
+                log: Callable[[str], None], stop_after: int | None, lead: bool) -> bool:
+    """:func:`run_group`'s work, under the run directories' locks, after their identity checks."""
+    ref = configs[0]
     finetune, base = None, None
     if finetunes(ref):  # fine-tunes a finished run: check it before preparing anything
         from moe import finetune
@@ -223,10 +230,11 @@ def run_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence[s
         if lead:
             rundir.write_progress(w, phase="evaluating", step=num_train_steps(c), pid=os.getpid())
         params = host_local(state["params"])
-        final_eval, traces = evaluate_and_trace(c, eval_step, params, windows, log)
+        final_eval, traces, window_losses = evaluate_and_trace(c, eval_step, params, windows, log)
         if lead:
-            write_evaluation(w, final_eval, traces)
-        if finetune and c.predictor.enabled:  # MELINOE's figure: transfers with/without prefetch
+            write_evaluation(w, final_eval, traces, window_losses, window_tokens=c.model.context)
+        # MELINOE's figure (transfers with/without prefetch); a plain run started from weights has no predictor
+        if finetune and "predictor" in c and c.predictor.enabled:
             from moe.transfers import transfer_study
             transfers = transfer_study(c, result.graphdef, params, base, log)
             if lead:
@@ -242,12 +250,16 @@ def run_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence[s
     return True
 
 
-def write_evaluation(workdir: pathlib.Path, final_eval: dict, traces: dict) -> None:
-    """trace_<domain>.npz, then final_eval.json."""
+def write_evaluation(workdir: pathlib.Path, final_eval: dict, traces: dict, window_losses: dict | None = None,
+                     *, window_tokens: int | None = None) -> None:
+    """trace_<domain>.npz, eval_windows.npz (per-window mean CE, when given), then final_eval.json (last: it
+    marks the evaluation written)."""
     from cachesim.trace import save_trace
 
     for domain, trace in traces.items():
         save_trace(workdir / rundir.trace_file(domain), trace)
+    if window_losses is not None:
+        rundir.write_eval_windows(workdir, window_losses, window_tokens)
     rundir.write_json(workdir / rundir.FINAL_EVAL, final_eval)
 
 
@@ -263,17 +275,3 @@ def prepare_data_once(data_cfg, lead: bool) -> pathlib.Path:
     data_dir = pipeline.ensure_prepared(data_cfg) if lead else None
     multihost_utils.sync_global_devices("cacheable-moe: data prepared")
     return data_dir or pipeline.ensure_prepared(data_cfg)
-
-
-def check_same_config(workdir: pathlib.Path, config: ml_collections.ConfigDict) -> None:
-    """Refuses to resume a workdir that was started with a different model/loss/data config."""
-    path = workdir / rundir.CONFIG
-    if not path.exists() or not rundir.has_checkpoints(workdir):
-        return
-    old = rundir.read_json(path).get("config", {})
-    new = config.to_dict()
-    keys = ("model", "loss", "optim", "data", "seed", "arm", "init_from")
-    diff = [k for k in keys if json.dumps(old.get(k), sort_keys=True) != json.dumps(new.get(k), sort_keys=True)]
-    if diff:
-        raise ValueError(f"workdir {workdir} holds a run with a different config ({', '.join(diff)} differ); "
-                         "use a new --workdir or the original config")

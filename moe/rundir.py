@@ -8,20 +8,27 @@ that knows what lives in it:
 ``config.json``      the run record: the reference runs' top-level keys, ours,
                      and the full resolved config (``moe.run.config_record``)
 ``final_eval.json``  ``{domain: {val_loss, val_ppl, tokens}}``
+``eval_windows.npz`` per evaluation window, its mean CE (``ce_<domain>``, (N,) float64) and
+                     ``window_tokens``: the paired bootstrap of ``analysis`` resamples them
 ``trace_<d>.npz``    router traces, one per domain (``cachesim.trace`` format)
 ``metrics.json``     mean PPLs and cache metrics; written last by ``main.py``
 ``log.jsonl``        one training record per ``train.log_every`` steps
 ``eval.jsonl``       one validation record per ``train.eval_every`` steps
 ``events.out.tfevents.*``  TensorBoard event files of both
 ``progress.json``    what the run is doing now (phase, step, rate), for launch
-``checkpoints/``     Orbax steps (``moe.checkpoint``)
+``checkpoints/``     Orbax steps (``moe.checkpoint``), each with its files' ``checksums.json``
+``checkpoints.quarantine/``  corrupt steps moved aside on resume (kept for inspection)
 ``frontier.json``    the cache-coupled rerouting frontier (``moe.cache_aware``)
 ``transfers.json``   arm M's expert-transfer study
 ``DONE``             the launcher's completion marker, written last
 ``attempts.jsonl``   the launcher's record of each attempt
 ``launch.log``       the launcher's copy of the run's output
-``.run.lock``        the lock of the process that writes the run
+``.run.lock``        the lock of the process that writes the run (its PID inside)
 ==================  =========================================================
+
+A run's *identity* is its whole resolved config minus :data:`RESUMABLE_FIELDS`:
+resuming, or counting a run as done, requires equal identities
+(:func:`check_identity`, :func:`identity_diff`).
 
 Stdlib only on purpose: ``launch.status`` and ``analysis`` read run
 directories without importing jax.
@@ -29,23 +36,30 @@ directories without importing jax.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
+import errno
 import fcntl
 import json
+import math
 import os
 import pathlib
 import tempfile
-from collections.abc import Iterable
+import zipfile
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 CONFIG = "config.json"
 FINAL_EVAL = "final_eval.json"
+EVAL_WINDOWS = "eval_windows.npz"
 METRICS = "metrics.json"
 LOG = "log.jsonl"
 EVAL_LOG = "eval.jsonl"
 PROGRESS = "progress.json"
 CHECKPOINTS = "checkpoints"
+CHECKSUMS = "checksums.json"  # inside each checkpoint step directory
+QUARANTINE = "checkpoints.quarantine"
 FRONTIER = "frontier.json"
 TRANSFERS = "transfers.json"
 DONE = "DONE"
@@ -53,6 +67,10 @@ ATTEMPTS = "attempts.jsonl"
 LAUNCH_LOG = "launch.log"
 LOCK = ".run.lock"
 TRACE_PREFIX = "trace_"
+# Where a sweep keeps run directories it replaced (``--rerun_changed``); hidden, so analysis skips it.
+SUPERSEDED = ".superseded"
+# Run-dir lock fds a launcher passes to its worker (comma-separated fd numbers).
+LOCK_FDS_ENV = "CACHEABLE_MOE_RUN_LOCK_FDS"
 
 # Evaluation domains in the paper's order (SPEC §5), and the study's arms (SPEC §4).
 DOMAINS = ("prose", "code", "math")
@@ -140,6 +158,19 @@ def read_json(path: PathLike) -> Any:
         return json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise RunDirError(f"{path}: not valid JSON ({e}); regenerate it or remove the run directory") from None
+
+
+def os_error_line(e: OSError, fallback: PathLike | None = None) -> str:
+    """A failed file operation in one line: the file, the cause, the fix (for the CLIs' ``error:``)."""
+    where = e.filename or fallback or "a file"
+    cause = e.strerror or str(e).splitlines()[0]
+    if e.errno == errno.ENOSPC:
+        fix = "free disk space (fewer checkpoints: train.keep_checkpoints), then rerun the same command to resume"
+    elif e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        fix = "make it writable, or write elsewhere (another --workdir)"
+    else:
+        fix = "check the path, then rerun"
+    return f"{where}: {cause}; {fix}"
 
 
 def now_iso() -> str:
@@ -259,13 +290,114 @@ def last_log_record(workdir: PathLike, tail_bytes: int = 8192) -> dict[str, Any]
     return None
 
 
-def truncate_log(workdir: PathLike, last_step: int, name: str = LOG) -> None:
-    """Drops records past a restored step from log.jsonl (or ``name``), so a resumed run's log has no duplicates."""
+def log_line(record: dict[str, Any]) -> str:
+    """One log.jsonl line, strict JSON: non-finite floats are written as null and their keys listed.
+
+    ``{"step": 1, "tok_s": NaN}`` becomes ``{"step": 1, "tok_s": null, "nonfinite": ["tok_s"]}``, so
+    strict JSON parsers (JavaScript's JSON.parse, jq, Go) accept every line.
+    """
+    flagged = [key for key, value in record.items() if _has_nonfinite(value)]
+    clean = {key: _finite_or_none(value) for key, value in record.items()}
+    if flagged:
+        clean["nonfinite"] = flagged
+    return json.dumps(clean, allow_nan=False)
+
+
+def _has_nonfinite(value: Any) -> bool:
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    return isinstance(value, (list, tuple)) and any(_has_nonfinite(v) for v in value)
+
+
+def _finite_or_none(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, (list, tuple)):
+        return [_finite_or_none(v) for v in value]
+    return value
+
+
+def read_log(workdir: PathLike, warn: Callable[[str], None] | None = None, name: str = LOG) -> list[dict[str, Any]]:
+    """Every record of log.jsonl (or ``name``, e.g. eval.jsonl; [] when absent); old files with bare NaN parse too.
+
+    A torn last line (a write cut short by a crash) is dropped, with one line to
+    ``warn``; any other unparsable line is a RunDirError naming the file and line.
+    """
+    path = pathlib.Path(workdir) / name
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    numbered = [(i + 1, line) for i, line in enumerate(lines) if line.strip()]
+    records = []
+    for number, line in numbered:
+        try:
+            record = json.loads(line)  # json accepts NaN/Infinity: the files written before strict JSON
+        except ValueError:
+            record = None
+        if isinstance(record, dict) and isinstance(record.get("step"), int):
+            records.append(record)
+        elif number == numbered[-1][0]:
+            if warn is not None:
+                warn(f"warning: {path}: dropped its torn last line {number} (a write cut short); "
+                     "training resumes from the checkpoint")
+        else:
+            raise RunDirError(f"{path}:{number}: not a log record ({line[:40]!r}); delete that line or the run "
+                              "directory, then rerun")
+    return records
+
+
+def truncate_log(workdir: PathLike, last_step: int, warn: Callable[[str], None] | None = None,
+                 name: str = LOG) -> None:
+    """Drops records past a restored step from log.jsonl (or ``name``), so a resumed run's log has no
+    duplicates (and no torn line)."""
     path = pathlib.Path(workdir) / name
     if not path.exists():
         return
-    kept = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= last_step]
-    write_atomic(path, "".join(line + "\n" for line in kept))
+    kept = [r for r in read_log(workdir, warn, name) if r["step"] <= last_step]
+    write_atomic(path, "".join(log_line(r) + "\n" for r in kept))
+
+
+# ---------------------------------------------------------------- per-window evaluation losses
+
+
+def write_eval_windows(workdir: PathLike, window_losses: dict[str, Any], window_tokens: int) -> None:
+    """eval_windows.npz: each domain's per-window mean CE (``ce_<domain>``) and the window length.
+
+    Written next to final_eval.json so that analysis can bootstrap PPL over
+    evaluation windows (every run of a study is evaluated on the same windows,
+    so run A's window i pairs with run B's). numpy is imported here only: the
+    module stays importable without it.
+    """
+    import io
+
+    import numpy as np
+
+    arrays = {f"ce_{d}": np.asarray(v, dtype=np.float64).reshape(-1) for d, v in window_losses.items()}
+    buffer = io.BytesIO()
+    np.savez(buffer, window_tokens=np.int64(window_tokens), **arrays)
+    write_atomic(pathlib.Path(workdir) / EVAL_WINDOWS, buffer.getvalue())
+
+
+def read_eval_windows(workdir: PathLike) -> tuple[dict[str, Any], int] | None:
+    """({domain: (N,) float64 per-window mean CE}, window tokens) of eval_windows.npz; None without the file."""
+    import numpy as np
+
+    path = pathlib.Path(workdir) / EVAL_WINDOWS
+    if not path.is_file():
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            losses = {name[len("ce_"):]: np.asarray(data[name], dtype=np.float64)
+                      for name in data.files if name.startswith("ce_")}
+            window_tokens = int(data["window_tokens"])
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
+        raise RunDirError(f"{path}: not a readable {EVAL_WINDOWS} ({e}); re-evaluate the run or remove the "
+                          "file") from None
+    if not losses or window_tokens <= 0 or any(v.ndim != 1 or v.size == 0 for v in losses.values()):
+        raise RunDirError(f"{path}: expected ce_<domain> (N,) arrays and a positive window_tokens; "
+                          "re-evaluate the run or remove the file")
+    return losses, window_tokens
 
 
 # ---------------------------------------------------------------- progress
@@ -355,24 +487,291 @@ def mark_done(workdir: PathLike, command: list[str] | str) -> dict[str, Any]:
     return summary
 
 
+# ---------------------------------------------------------------- run identity
+
+
+# The fields that may change when a run resumes (each a dotted key or a whole section); every
+# other field of the resolved config is the run's identity. They change how a run is logged,
+# checkpointed or evaluated, never what it trains.
+RESUMABLE_FIELDS = (
+    "train.log_every",         # logging cadence
+    "train.ckpt_every",        # checkpoint cadence
+    "train.keep_checkpoints",  # checkpoint retention
+    "train.eval_every",        # validation-during-training cadence (reads parameters only)
+    "train.eval_windows",      # ... and its windows
+    "log",                     # where metrics are written besides log.jsonl (TensorBoard, W&B)
+    "eval",                    # evaluation windows and batch, trace probabilities, cache metrics
+    "predictor",               # arm M's post-training prefetch/transfer study
+    "data.mixed_run_length",   # the mixed evaluation stream only (the frontier)
+    "device_memory_gib",       # the memory gate of --dry_run and launch
+)
+
+
+class IdentityError(RunDirError):
+    """A run directory holds a run with another identity than the config asks for."""
+
+
+def resumable(key: str) -> bool:
+    return any(key == field or key.startswith(field + ".") for field in RESUMABLE_FIELDS)
+
+
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}`` (lists and tuples are values)."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flatten(value, dotted + "."))
+        else:
+            out[dotted] = value
+    return out
+
+
+def identity(config: dict[str, Any]) -> dict[str, Any]:
+    """The run's identity: its flattened config without :data:`RESUMABLE_FIELDS`."""
+    return {k: v for k, v in flatten(config).items() if not resumable(k)}
+
+
+def _canonical(value: Any) -> Any:
+    # config.json turns tuples into lists; a run's record and a live config must still compare equal.
+    return [_canonical(v) for v in value] if isinstance(value, (list, tuple)) else value
+
+
+_ABSENT = "<absent>"
+
+
+def identity_diff(recorded: dict[str, Any], config: dict[str, Any], *, ignore: Iterable[str] = ()
+                  ) -> dict[str, tuple[Any, Any]]:
+    """``{key: (recorded value, new value)}`` of the identity keys that differ, sorted by key."""
+    old, new, ignore = identity(recorded), identity(config), set(ignore)
+    keys = sorted((old.keys() | new.keys()) - ignore)
+    return {k: (old.get(k, _ABSENT), new.get(k, _ABSENT)) for k in keys
+            if _canonical(old.get(k, _ABSENT)) != _canonical(new.get(k, _ABSENT))}
+
+
+def describe_diff(diff: dict[str, tuple[Any, Any]], limit: int = 6) -> str:
+    """``train.tokens (recorded 5120, now 10240), ...`` for at most ``limit`` keys."""
+    def short(value: Any) -> str:
+        text = json.dumps(value) if not isinstance(value, str) else value
+        return text if len(text) <= 40 else text[:37] + "..."
+
+    parts = [f"{k} (recorded {short(a)}, now {short(b)})" for k, (a, b) in list(diff.items())[:limit]]
+    if len(diff) > limit:
+        parts.append(f"and {len(diff) - limit} more")
+    return ", ".join(parts)
+
+
+def unresolved_fields(config: dict[str, Any]) -> set[str]:
+    """The fields ``moe.config.resolve`` fills in that an unresolved config cannot state yet.
+
+    The launcher compares a planned (unresolved) config with a run's recorded
+    (resolved) one without importing the model stack: the vocabulary follows from
+    ``data.tokenizer``, ``auto`` dispatch and a measured block size (0) from the
+    backend, an empty name from the run-name rule; those are left to the worker's
+    own identity check.
+    """
+    fields = {"model.vocab_size"}
+    model = config.get("model", {})
+    if model.get("dispatch") == "auto":
+        fields.add("model.dispatch")
+    if not model.get("block_size"):
+        fields.add("model.block_size")
+    if not config.get("run_name"):
+        fields.add("run_name")
+    return fields
+
+
+def absolute_path(path: str) -> str:
+    """How a config records a path (``init_from``): absolute, as given otherwise (no symlinks resolved)."""
+    return str(pathlib.Path(path).absolute())
+
+
+def recorded_config(workdir: PathLike) -> dict[str, Any] | None:
+    """The resolved config config.json records, or None (no config.json, or a reference run's record)."""
+    if not is_run_dir(workdir):
+        return None
+    config = read_config(workdir).get("config")
+    return config if isinstance(config, dict) else None
+
+
+def has_results(workdir: PathLike) -> bool:
+    """Whether the directory holds something a restart would lose: checkpoints or a final evaluation."""
+    return bool(checkpoint_steps(workdir)) or (pathlib.Path(workdir) / FINAL_EVAL).is_file()
+
+
+def check_identity(workdir: PathLike, config: dict[str, Any]) -> None:
+    """Refuses to continue a run directory whose recorded run has another identity than ``config``.
+
+    Called before anything is written. A directory without results (nothing
+    saved yet) may start over with any config.
+    """
+    if not has_results(workdir):
+        return
+    recorded = recorded_config(workdir)
+    way_out = (f"use a new --workdir, or start one from this run's weights with --workdir=NEW "
+               f"--config.init_from={workdir}")
+    if recorded is None:
+        raise IdentityError(f"{workdir} holds results but its {CONFIG} records no resolved config (not a run of "
+                            f"this codebase); {way_out}")
+    diff = identity_diff(recorded, config)
+    if diff:
+        raise IdentityError(f"{workdir} holds a run with other settings: {describe_diff(diff)}; only logging, "
+                            f"checkpoint cadence/retention and evaluation options may change on resume; pass the "
+                            f"recorded values to resume it, or {way_out}")
+
+
 # ---------------------------------------------------------------- the writer's lock
+
+
+class LockedError(RunDirError):
+    """Another process writes this run directory."""
+
+
+@dataclasses.dataclass
+class _Held:
+    fd: int
+    depth: int
+    inherited: bool  # passed by a launcher: kept for the life of this process
+
+
+# This process's run-dir locks by the lock file's (st_dev, st_ino): flock conflicts between two
+# open descriptions even in one process, so a re-entrant acquire must reuse the held fd.
+_HELD: dict[tuple[int, int], _Held] = {}
+
+
+def _open_lock_file(workdir: pathlib.Path) -> int:
+    workdir.mkdir(parents=True, exist_ok=True)
+    return os.open(workdir / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+
+
+def _file_key(fd: int) -> tuple[int, int]:
+    st = os.fstat(fd)
+    return st.st_dev, st.st_ino
+
+
+def _flock(fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def _write_holder(fd: int) -> None:
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+
+
+def lock_holder(workdir: PathLike) -> str:
+    """The PID the lock file names (its holder's, when the lock is held), or "?"."""
+    try:
+        return (pathlib.Path(workdir) / LOCK).read_text().strip() or "?"
+    except OSError:
+        return "?"
 
 
 def try_lock(workdir: PathLike) -> int | None:
     """An fd holding an exclusive flock on the run dir, or None when another process holds it.
 
-    flock is released by the kernel when its holder dies, so a killed process
-    never leaves a lock behind. The launcher passes the fd to the worker it
-    starts: the lock then lives as long as the worker (even if the launcher
-    dies), so a restarted sweep cannot start a second process on a run whose
-    old worker is still checkpointing.
+    For a launcher that hands the lock to the worker it starts (``pass_fds`` and
+    :func:`lock_env`): the lock then lives as long as the worker (even if the
+    launcher dies), so a restarted sweep cannot start a second process on a run
+    whose old worker is still checkpointing. flock is released by the kernel
+    when its holders die, so a killed process never leaves a lock behind.
     """
-    workdir = pathlib.Path(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(workdir / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+    fd = _open_lock_file(pathlib.Path(workdir))
+    if not _flock(fd):
         os.close(fd)
         return None
+    _write_holder(fd)
     return fd
+
+
+def lock_env(fds: Iterable[int]) -> dict[str, str]:
+    """The environment that tells a worker which inherited fds hold its run dirs' locks."""
+    return {LOCK_FDS_ENV: ",".join(str(fd) for fd in fds)}
+
+
+def _inherited(key: tuple[int, int]) -> int | None:
+    """An fd this process inherited from its launcher that holds the lock file ``key``."""
+    for text in filter(None, os.environ.get(LOCK_FDS_ENV, "").split(",")):
+        try:
+            fd = int(text)
+            if _file_key(fd) == key and _flock(fd):  # flock on the holding description is a no-op
+                return fd
+        except (ValueError, OSError):
+            continue  # a stale number: this process did not inherit that fd
+    return None
+
+
+def acquire_lock(workdir: PathLike) -> None:
+    """Holds the run directory's exclusive lock for this process; LockedError at once if another holds it.
+
+    Re-entrant: a process that holds the lock (itself, or through an fd its
+    launcher passed) may acquire it again; each acquire needs a release.
+    """
+    workdir = pathlib.Path(workdir)
+    fd = _open_lock_file(workdir)
+    key = _file_key(fd)
+    if key in _HELD:
+        os.close(fd)
+        _HELD[key].depth += 1
+        return
+    inherited = _inherited(key)
+    if inherited is not None:
+        os.close(fd)
+        fd = inherited
+    elif not _flock(fd):
+        os.close(fd)
+        raise LockedError(f"{workdir} is being written by another process (pid {lock_holder(workdir)}); wait for "
+                          "it to finish or stop it, then rerun")
+    _write_holder(fd)
+    _HELD[key] = _Held(fd, 1, inherited is not None)
+
+
+def release_lock(workdir: PathLike) -> None:
+    """Undoes one :func:`acquire_lock`; the last one unlocks (an inherited lock is kept until exit)."""
+    path = pathlib.Path(workdir) / LOCK
+    st = os.stat(path)
+    key = (st.st_dev, st.st_ino)
+    held = _HELD[key]
+    held.depth -= 1
+    if held.depth == 0 and not held.inherited:
+        del _HELD[key]
+        os.close(held.fd)
+
+
+@contextlib.contextmanager
+def locked(workdirs: Iterable[PathLike]) -> Iterator[None]:
+    """Holds the locks of every run directory for the block (LockedError, holding none, if one is taken)."""
+    acquired: list[PathLike] = []
+    try:
+        for workdir in workdirs:
+            acquire_lock(workdir)
+            acquired.append(workdir)
+        yield
+    finally:
+        for workdir in reversed(acquired):
+            release_lock(workdir)
+
+
+# ---------------------------------------------------------------- superseded runs
+
+
+def supersede(workdir: PathLike) -> pathlib.Path:
+    """Moves a run directory aside, kept whole, to ``<parent>/.superseded/<name>.<UTC time>/``.
+
+    Under its lock, so a run still being written is never moved (LockedError).
+    """
+    workdir = pathlib.Path(workdir)
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
+    target = workdir.parent / SUPERSEDED / f"{workdir.name}.{stamp}"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    acquire_lock(workdir)
+    moved = False
+    try:
+        os.rename(workdir, target)
+        moved = True
+    finally:
+        release_lock(target if moved else workdir)  # the lock file moved with the directory
+    return target

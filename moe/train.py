@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import math
 import os
 import pathlib
@@ -38,7 +37,14 @@ from moe.validation import make_validator, scalars as validation_scalars
 from moe.writers import MetricWriters, train_scalars
 
 class NonFiniteLossError(RuntimeError):
-    pass
+    """Training diverged. The fields let a front end (main.py) print a command that works:
+    ``step`` (the first non-finite one), ``workdir`` and ``checkpoint_step`` (the run's newest
+    checkpoint, finite since every saved state is checked; None when none was saved)."""
+
+    def __init__(self, message: str, *, step: int | None = None, workdir: pathlib.Path | None = None,
+                 checkpoint_step: int | None = None):
+        super().__init__(message)
+        self.step, self.workdir, self.checkpoint_step = step, workdir, checkpoint_step
 
 
 # ---------------------------------------------------------------- optimisation
@@ -158,6 +164,12 @@ def compute_loss(model: MoETransformer, batch: dict[str, jax.Array], config: ml_
     return total, (metrics, router)
 
 
+def all_finite(tree) -> jax.Array:
+    """One device bool: every float in ``tree`` is finite (integer leaves, e.g. Adam's count, pass)."""
+    checks = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
+    return jnp.all(jnp.stack(checks)) if checks else jnp.bool_(True)
+
+
 def usage_counts(router: RouterOutput, num_experts: int) -> jax.Array:
     """(L, E) int32 number of (token, expert) assignments in this batch."""
     return jnp.sum(jax.nn.one_hot(router.topk, num_experts, dtype=jnp.int32), axis=(1, 2, 3))
@@ -181,12 +193,15 @@ def train_step_fn(graphdef, tx: optax.GradientTransformation, config: ml_collect
         (_, (metrics, router)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch, frozen)
         updates, opt_state = tx.update(grads, state["opt_state"], params)
         params = optax.apply_updates(params, updates)
+        # Whether the new state may be checkpointed, reduced here on device, so the host
+        # reads one bool where it syncs anyway (log and save steps). Frozen weights never change.
+        state_finite = all_finite((params, opt_state))
         if frozen is not None:
             params = nnx.merge_state(params, frozen)
         counts = usage_counts(router, num_experts)
         metrics = dict(metrics, grad_norm=optax.tree.norm(grads), lr=schedule(state["step"]),
                        usage_entropy=expert_usage_entropy(router.topk, num_experts),
-                       dropped=jnp.sum(router.dropped))
+                       dropped=jnp.sum(router.dropped), state_finite=state_finite)
         new_state = {"step": state["step"] + 1, "params": params, "opt_state": opt_state,
                      "usage": state["usage"] + counts}
         return new_state, metrics
@@ -335,9 +350,11 @@ def _host_metrics(metrics: dict) -> dict[str, Any]:
 
 
 def log_record(step: int, metrics: dict[str, Any], tok_s: float, tokens_per_step: int) -> dict[str, Any]:
-    """One log.jsonl line: the step, the host metrics (usage_entropy last), tokens/s and tokens seen."""
+    """One log.jsonl record: the step, the host metrics (usage_entropy last), tokens/s and tokens seen."""
+    # The first step a process logs has no rate yet: null ("unknown"), not a non-finite measurement.
     return {"step": step, **{k: v for k, v in metrics.items() if k != "usage_entropy"},
-            "usage_entropy": metrics["usage_entropy"], "tok_s": tok_s, "tokens": step * tokens_per_step}
+            "usage_entropy": metrics["usage_entropy"], "tok_s": tok_s if math.isfinite(tok_s) else None,
+            "tokens": step * tokens_per_step}
 
 
 @dataclasses.dataclass
@@ -548,8 +565,13 @@ def train_runs(members: Sequence[Member], *, batching: str = "solo", log: Callab
     lead = is_lead_process()  # multi-process: only process 0 logs and writes files
     if not lead:
         log = silent
+    if lead:  # a corrupt newest step is moved aside before Orbax lists the steps
+        for m in members:
+            checkpoint.newest_intact_step(m.workdir, move=True, warn=log)
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+        multihost_utils.sync_global_devices("cacheable-moe: checkpoints verified")
     managers = [checkpoint.manager(m.workdir, keep=m.config.train.keep_checkpoints) for m in members]
-    names = [m.config.run_name for m in members]
     try:
         start, states, data_states = _restore(members, managers, states, layout.placement)
         for m, data_state in zip(members, data_states):
@@ -558,7 +580,7 @@ def train_runs(members: Sequence[Member], *, batching: str = "solo", log: Callab
             if lead:
                 for name in (rundir.LOG, rundir.EVAL_LOG):
                     if start:
-                        rundir.truncate_log(m.workdir, start, name)
+                        rundir.truncate_log(m.workdir, start, warn=log, name=name)
                     else:  # a log without any checkpoint belongs to a run that never saved
                         (m.workdir / name).unlink(missing_ok=True)
         if start:
@@ -586,13 +608,22 @@ def train_runs(members: Sequence[Member], *, batching: str = "solo", log: Callab
 
         def check(step: int, metrics) -> list[dict[str, Any]]:
             host = layout.host_metrics(metrics)
-            for name, m in zip(names, host):
+            for member, m in zip(members, host):
                 try:
                     check_finite(step, m)
                 except NonFiniteLossError as e:
-                    progress(phase="failed", step=step, error=str(e))
-                    raise NonFiniteLossError(f"{name}: {e}" if len(names) > 1 else str(e)) from None
+                    raise diverged(e, step, member) from None
             return host
+
+        def diverged(e: NonFiniteLossError, step: int, member: Member) -> NonFiniteLossError:
+            # Every saved state was checked finite, so the newest checkpoint is the last finite one.
+            kept = rundir.checkpoint_steps(member.workdir)
+            where = (f"the last finite checkpoint is step {kept[-1]} of {member.workdir}" if kept
+                     else f"no checkpoint was saved in {member.workdir}")
+            message = f"{member.config.run_name}: {e}" if len(members) > 1 else str(e)
+            progress(phase="failed", step=step, error=f"{message}; {where}")
+            return NonFiniteLossError(f"{message}; {where}", step=step, workdir=member.workdir,
+                                      checkpoint_step=kept[-1] if kept else None)
 
         with contextlib.ExitStack() as files:
             logs = [files.enter_context(rundir.log_path(m.workdir).open("a")) for m in members] if lead else []
@@ -603,10 +634,11 @@ def train_runs(members: Sequence[Member], *, batching: str = "solo", log: Callab
                     files.callback(w.close)
 
             def log_step(step: int, metrics, timing: Progress) -> list[dict[str, Any]]:
-                host = check(step, metrics)
+                # state_finite steers the loop; a logged state is always finite
+                host = [{k: v for k, v in m.items() if k != "state_finite"} for m in check(step, metrics)]
                 rate = timing.rate(step)
                 for f, writer, m in zip(logs, writers, host):
-                    f.write(json.dumps(log_record(step, m, rate, tokens_per_step)) + "\n")
+                    f.write(rundir.log_line(log_record(step, m, rate, tokens_per_step)) + "\n")
                     f.flush()
                     writer.write(step, train_scalars(m, rate))
                 if len(host) == 1:
@@ -623,7 +655,8 @@ def train_runs(members: Sequence[Member], *, batching: str = "solo", log: Callab
 
             def save(step: int, state) -> None:
                 for m, mgr, member_state in zip(members, managers, layout.split(state)):
-                    checkpoint.save(mgr, step, member_state, m.train_iter.get_state(), router_state(member_state))
+                    checkpoint.save(mgr, step, member_state, m.train_iter.get_state(), router_state(member_state),
+                                    lead=lead)
 
             validate = None
             if lead and ref.train.eval_every:
@@ -634,7 +667,7 @@ def train_runs(members: Sequence[Member], *, batching: str = "solo", log: Callab
                         record = {"step": step, "tokens": step * tokens_per_step,
                                   **validator(host_local(member_state["params"]))}
                         with (m.workdir / rundir.EVAL_LOG).open("a") as f:
-                            f.write(json.dumps(record) + "\n")
+                            f.write(rundir.log_line(record) + "\n")
                         writer.write(step, validation_scalars(record))
                         ppl = " ".join(f"{d} {v['ppl']:.2f}" for d, v in record["domains"].items())
                         name = f"{m.config.run_name} " if len(members) > 1 else ""
@@ -672,8 +705,10 @@ def silent(_msg: str) -> None:
 
 
 def check_finite(step: int, metrics: dict) -> None:
+    """Raises NonFiniteLossError when a step's loss, gradient norm or new state is not finite."""
     loss, grad_norm = float(metrics["loss"]), float(metrics["grad_norm"])
     if not (math.isfinite(loss) and math.isfinite(grad_norm)):
-        raise NonFiniteLossError(
-            f"non-finite loss at step {step} (loss={loss}, grad_norm={grad_norm}); the last good "
-            "checkpoint is intact: lower optim.peak_lr or loss weights and rerun to resume from it")
+        raise NonFiniteLossError(f"non-finite loss at step {step} (loss={loss}, grad_norm={grad_norm})", step=step)
+    if not metrics.get("state_finite", True):
+        raise NonFiniteLossError(f"non-finite parameters or optimizer state after step {step} (loss={loss}, "
+                                 f"grad_norm={grad_norm}: the update itself diverged)", step=step)

@@ -50,18 +50,28 @@ def test_known_metrics_of_hand_built_traces(tmp_path):
     assert run.domains["code"].facts["expert_counts"][0][:5] == [20, 20, 20, 20, 0]
 
 
-def test_second_load_reads_the_run_dir_cache(tmp_path, count_calls):
+def files_of(path: pathlib.Path) -> dict[str, bytes]:
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def user_entry(user: pathlib.Path, trace: pathlib.Path) -> dict:
+    return json.loads(cache.entry_path(user, cache.file_sha256(trace)).read_text())
+
+
+def test_second_load_reads_the_user_cache_and_the_run_dir_is_never_written(tmp_path, count_calls):
     path = write_run(tmp_path, "r")
-    first = load_runs([tmp_path], store=cache.MetricsStore(tmp_path / "user"))
+    before = files_of(path)
+    user = tmp_path / "user"
+    first = load_runs([tmp_path], store=cache.MetricsStore(user))
     assert len(count_calls) == 3
-    stored = json.loads((path / cache.CACHE_FILE).read_text())
-    assert set(stored["traces"]) == {"trace_prose.npz", "trace_code.npz", "trace_math.npz"}
-    assert stored["traces"]["trace_code.npz"]["trace_sha256"] == cache.file_sha256(path / "trace_code.npz")
-    store = cache.MetricsStore(tmp_path / "user")  # a fresh process: empty memo
+    shas = {cache.file_sha256(path / f"trace_{d}.npz") for d in DOMAINS}
+    assert set(user.glob("*.json")) == {cache.entry_path(user, sha) for sha in shas}
+    assert user_entry(user, path / "trace_code.npz")["trace_sha256"] == cache.file_sha256(path / "trace_code.npz")
+    store = cache.MetricsStore(user)  # a fresh process: empty memo
     second = load_runs([tmp_path], store=store)
     assert len(count_calls) == 3 and store.computed == 0
     assert second[0].domains == first[0].domains
-    assert not (tmp_path / "user").exists()  # writable run dir: nothing in the user cache
+    assert files_of(path) == before  # writable, yet untouched: analysis never writes its inputs
 
 
 def test_changed_trace_is_recomputed_alone(tmp_path, count_calls):
@@ -76,44 +86,40 @@ def test_changed_trace_is_recomputed_alone(tmp_path, count_calls):
 
 def test_corrupt_cache_file_is_a_miss(tmp_path, count_calls):
     path = write_run(tmp_path, "r")
-    (path / cache.CACHE_FILE).write_text("{truncated")
-    run = load_run(path, store=cache.MetricsStore(tmp_path / "user"))
-    assert len(count_calls) == 3 and run.complete
-    assert json.loads((path / cache.CACHE_FILE).read_text())["version"] == cache.CACHE_VERSION
-
-
-def test_read_only_run_dir_falls_back_to_user_cache(tmp_path, count_calls, monkeypatch):
-    path = write_run(tmp_path, "r")
-    real_write = cache.atomic_write_json
-
-    def refuse_run_dir(target, data):  # root ignores chmod, so simulate a read-only mount
-        if target.parent == path:
-            raise PermissionError(13, "Read-only file system", str(target))
-        real_write(target, data)
-
-    monkeypatch.setattr(cache, "atomic_write_json", refuse_run_dir)
     user = tmp_path / "user"
     load_run(path, store=cache.MetricsStore(user))
-    shas = {cache.file_sha256(path / f"trace_{d}.npz") for d in DOMAINS}
-    assert {p.stem for p in user.glob("*.json")} == shas
-    assert not (path / cache.CACHE_FILE).exists()
-    store = cache.MetricsStore(user)
-    load_run(path, store=store)
-    assert len(count_calls) == 3 and store.computed == 0
+    entry = cache.entry_path(user, cache.file_sha256(path / "trace_code.npz"))
+    entry.write_text("{truncated")
+    run = load_run(path, store=cache.MetricsStore(user))
+    assert len(count_calls) == 4 and run.complete
+    assert json.loads(entry.read_text())["version"] == cache.CACHE_VERSION
+
+
+def test_an_unwritable_user_cache_only_warns(tmp_path, count_calls, monkeypatch):
+    path = write_run(tmp_path, "r")
+    before = files_of(path)
+
+    def refuse(target, data):  # root ignores chmod, so simulate a read-only cache
+        raise PermissionError(13, "Read-only file system", str(target))
+
+    monkeypatch.setattr(cache, "atomic_write_json", refuse)
+    with pytest.warns(UserWarning, match="cannot cache analysis metrics"):
+        run = load_run(path, store=cache.MetricsStore(tmp_path / "user"))
+    assert run.complete and len(count_calls) == 3
+    assert files_of(path) == before  # no fallback into the run directory
 
 
 def test_env_var_names_the_user_cache(tmp_path, monkeypatch):
     monkeypatch.setenv(cache.ENV_CACHE_DIR, str(tmp_path / "c"))
-    assert cache.MetricsStore().cache_dir == tmp_path / "c"
+    assert cache.MetricsStore().cache_dir == tmp_path / "c" / "analysis"  # as the data cache: $CACHE/data
     monkeypatch.delenv(cache.ENV_CACHE_DIR)
     assert cache.default_cache_dir().parts[-3:] == (".cache", "cacheable-moe", "analysis")
 
 
-def test_read_only_permissions_are_respected_even_by_root(tmp_path):
+def test_read_only_run_dirs_are_read_as_they_are(tmp_path):
     path = write_run(tmp_path, "r")
     path.chmod(0o555)  # like the reference runs: dr-xr-xr-x
     try:
-        assert not cache.writable_dir(path)
         load_run(path, store=cache.MetricsStore(tmp_path / "user"))
         assert len(list((tmp_path / "user").glob("*.json"))) == 3
         assert sorted(p.name for p in path.iterdir()) == ["config.json", "final_eval.json", "trace_code.npz",
@@ -128,13 +134,12 @@ def test_identical_traces_in_two_runs_are_computed_once(tmp_path, count_calls):
     store = cache.MetricsStore(tmp_path / "user")
     load_runs([tmp_path], store=store)
     assert store.computed == 1 and len(count_calls) == 1
-    assert (tmp_path / "r2" / cache.CACHE_FILE).exists()
+    assert len(list((tmp_path / "user").glob("*.json"))) == 1
 
 
 def test_parallel_workers_give_the_same_facts(tmp_path):
     write_run(tmp_path, "r", traces={"prose": block_experts(), "code": spread_experts(), "math": sticky_experts()})
     serial = load_runs([tmp_path], store=cache.MetricsStore(tmp_path / "u1"))
-    (tmp_path / "r" / cache.CACHE_FILE).unlink()
     parallel = load_runs([tmp_path], store=cache.MetricsStore(tmp_path / "u2", jobs=2))
     assert parallel[0].domains == serial[0].domains
 
@@ -159,11 +164,17 @@ def test_a_cachesim_change_invalidates_the_cache(tmp_path, count_calls, monkeypa
     path = write_run(tmp_path, "r")
     load_run(path, store=cache.MetricsStore(tmp_path / "user"))
     assert len(count_calls) == 3
-    entry = json.loads((path / cache.CACHE_FILE).read_text())["traces"]["trace_code.npz"]
+    entry = user_entry(tmp_path / "user", path / "trace_code.npz")
     assert entry["cachesim"] == cache.cachesim_fingerprint() and len(entry["cachesim"]) == 64
+    real = cache.cachesim_fingerprint
     monkeypatch.setattr(cache, "cachesim_fingerprint", lambda: "0" * 64)  # the simulator's code changed
     load_run(path, store=cache.MetricsStore(tmp_path / "user"))
     assert len(count_calls) == 6
+    # Another checkout with the first code, sharing the user cache: its entries were kept, not overwritten.
+    monkeypatch.setattr(cache, "cachesim_fingerprint", real)
+    store = cache.MetricsStore(tmp_path / "user")
+    load_run(path, store=store)
+    assert store.computed == 0 and len(list((tmp_path / "user").glob("*.json"))) == 6
 
 
 def test_the_fingerprint_covers_every_module_the_metrics_run():

@@ -4,9 +4,11 @@ Slow when the metric cache is cold (cachesim simulates 33 traces of 500k
 tokens); it shares the user cache ($CACHEABLE_MOE_CACHE, default
 ~/.cache/cacheable-moe/analysis) with the CLIs and the benchmark, so later runs
 read the metrics back in about a second. Skips where ../shared/reference is absent.
+The runs are read from a writable copy, where analysis must still create nothing.
 """
 
 import math
+import shutil
 
 import numpy as np
 import pytest
@@ -19,16 +21,32 @@ RUNS = {"a-sanity-s1", "b-l01", "b-l05", "b-l20", "a-main-s1", "a-main-s2", "b-m
         "b-l03-main", "c-main-s1"}
 
 
+def files_of(folder):
+    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*")}
+
+
 @pytest.fixture(scope="module")
-def reference_runs(reference_dir):
-    return load_runs([reference_dir / "runs"], store=MetricsStore(jobs=cli.default_jobs()))
+def writable_reference(reference_dir, tmp_path_factory):
+    """A copy of the reference runs with write permission (the release is dr-xr-xr-x), and its file list."""
+    copy = tmp_path_factory.mktemp("reference") / "runs"
+    shutil.copytree(reference_dir / "runs", copy)
+    for path in [copy, *copy.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return copy, files_of(copy)
+
+
+@pytest.fixture(scope="module")
+def reference_runs(writable_reference):
+    # The metric cache is keyed by content: the copy reads the user cache the released runs filled.
+    return load_runs([writable_reference[0]], store=MetricsStore(jobs=cli.default_jobs()))
 
 
 @pytest.mark.slow
-def test_reference_runs_are_finite_and_consistent(reference_runs):
+def test_reference_runs_are_finite_and_consistent(reference_runs, writable_reference):
     assert {r.name for r in reference_runs} == RUNS and all(r.complete for r in reference_runs)
-    # The reference folder is read-only by its permissions: metrics went to the user cache.
-    assert not list(reference_runs[0].path.parent.rglob("analysis_cache.json"))
+    # Writable, yet untouched: the metrics went to the user cache, not into the runs analysed.
+    copy, before = writable_reference
+    assert files_of(copy) == before
     rows = {row["run"]: row for row in tables.json_rows(reference_runs)}
     for name, row in rows.items():
         numbers = [v for k, v in row.items() if isinstance(v, float)]

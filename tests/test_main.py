@@ -10,6 +10,7 @@ import time
 import numpy as np
 import pytest
 
+from moe import rundir
 from tests.conftest import REPO
 
 TINY = ["--config=configs/arm_b.py:tiny", "--config.train.tokens=2560", "--config.train.ckpt_every=2",
@@ -58,6 +59,12 @@ def test_run_directory_contract(uninterrupted):
         experts, meta = z["experts"], json.loads(str(z["meta"]))
     assert experts.dtype == np.int16 and experts.shape == (2, final["code"]["tokens"], 2)
     assert meta["num_experts"] == 16 and meta["k"] == 2 and meta["n_moe_layers"] == 2
+    # Per-window mean CE (the bootstrap's unit): equal windows, so their mean is the domain's val_loss.
+    windows, window_tokens = rundir.read_eval_windows(uninterrupted)
+    assert set(windows) == set(final) and window_tokens == cfg["seq"]
+    for d, ce in windows.items():
+        assert ce.size * window_tokens == final[d]["tokens"]
+        assert np.isclose(ce.mean(), final[d]["val_loss"], rtol=1e-9)
     metrics = json.loads((uninterrupted / "metrics.json").read_text())
     assert set(metrics["domains"]) == {"prose", "code", "math"}
     assert 0 <= metrics["domains"]["code"]["cache"]["lru"]["0.25"]["hit_rate"] <= 1

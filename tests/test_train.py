@@ -92,6 +92,7 @@ def test_non_finite_loss_stops_with_last_good_checkpoint_intact(tmp_path, monkey
         return total * jnp.nan, aux
 
     monkeypatch.setattr(train_mod, "compute_loss", poisoned)
-    with pytest.raises(NonFiniteLossError, match="non-finite loss at step 5.*last good checkpoint is intact"):
+    with pytest.raises(NonFiniteLossError, match="non-finite loss at step 5.*last finite checkpoint is step 4") as e:
         train(config, tmp_path, iterator(config), log=lambda m: None)
+    assert (e.value.step, e.value.checkpoint_step, e.value.workdir) == (5, 4, tmp_path)
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == before

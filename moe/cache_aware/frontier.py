@@ -146,7 +146,7 @@ def load_model(run: Run) -> tuple[Any, Any, Any, int]:
         raise FrontierError(f"{run.path} has no {rundir.CHECKPOINTS}/ directory; train it with main.py first")
     config = ml_collections.ConfigDict(run.config)
     try:
-        step, graphdef, params = checkpoint.restore_params(run.path, config.model)
+        step, graphdef, params = checkpoint.restore_params(run.path, config.model)  # skips corrupt steps
     except checkpoint.CheckpointError as e:
         raise FrontierError(str(e)) from None
     return graphdef, params, config, step
@@ -355,6 +355,15 @@ def frontier(run_dirs: Sequence[str | os.PathLike], points: Sequence[Point], *, 
         if not os.access(run.path, os.W_OK):
             raise FrontierError(f"cannot write {run.path / FRONTIER_FILE}: the run directory is read-only")
         check_points(run, points)  # before any model is loaded
+    # The run directories it writes, locked for the whole evaluation: no trainer changes a
+    # checkpoint under it, and no second frontier writes the same file.
+    with rundir.locked(dict.fromkeys(run.path.resolve() for run in runs)):
+        return _frontier(runs, points, prime=prime, options=options, arm_a_dir=arm_a_dir, log=log,
+                         advance=advance)
+
+
+def _frontier(runs: list[Run], points: Sequence[Point], *, prime: bool, options: EvalOptions,
+              arm_a_dir: str | os.PathLike | None, log, advance: Callable[[], None]) -> dict[pathlib.Path, dict]:
     explicit = read_run(arm_a_dir) if arm_a_dir is not None else None
     mixed_points = primed(points) if prime else []
     evaluated: dict[pathlib.Path, tuple[list[dict], dict]] = {}
@@ -448,8 +457,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         with progress("evaluated streams", total=streams) as bar:
             frontier(args.run, points, prime=args.prime, options=options, arm_a_dir=args.arm_a,
                      log=lambda msg: print(msg, file=sys.stderr, flush=True), advance=bar.advance)
-    except (FrontierError, RerouteError, ValueError) as e:
+    except (FrontierError, RerouteError, ValueError) as e:  # LockedError is a ValueError
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a full disk or a read-only run directory
+        print(f"error: {rundir.os_error_line(e)}", file=sys.stderr)
         return 2
     return 0
 

@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import pathlib
+import shlex
 import tempfile
 from collections.abc import Iterator
 from typing import Any
@@ -121,10 +122,30 @@ def read_manifest(directory: pathlib.Path) -> dict[str, Any]:
     return manifest
 
 
+# Recipe fields -> the `python -m moe.data.prepare` flag that sets them (moe.data.prepare's parser).
+_RECIPE_FLAGS = (("corpus", "corpus"), ("tokenizer", "tokenizer"), ("train_tokens_per_domain", "tokens_per_domain"),
+                 ("val_tokens_per_domain", "val_tokens_per_domain"), ("min_doc_chars", "min_doc_chars"),
+                 ("synthetic_seed", "synthetic_seed"), ("local_text_field", "local_text_field"))
+
+
+def prepare_command(directory: pathlib.Path, recipe: dict[str, Any]) -> str:
+    """The ``python -m moe.data.prepare --force ...`` that rebuilds ``directory`` with the recipe it was made with.
+
+    A bare ``--out`` would prepare the default (embedded) corpus into it: the
+    corpus, tokenizer and budgets must come along (tested to round-trip).
+    """
+    recipe = recipe if isinstance(recipe, dict) else {}
+    args = ["python", "-m", "moe.data.prepare", "--force", f"--out={directory}"]
+    args += [f"--{flag}={recipe[key]}" for key, flag in _RECIPE_FLAGS if recipe.get(key) is not None]
+    args += [f"--local_{d}={p}" for d, p in (recipe.get("local_paths") or {}).items() if p]
+    args += [f"--paper_{d}_file={p}" for d, p in (recipe.get("paper_files") or {}).items() if p]
+    return shlex.join(args)
+
+
 def verify(directory: pathlib.Path) -> dict[str, Any]:
     """Checks every listed file's size and SHA-256 against MANIFEST.json; returns the manifest."""
     manifest = read_manifest(directory)
-    fix = f"run `python -m moe.data.prepare --force --out={directory}` to rebuild it"
+    fix = f"run `{prepare_command(directory, manifest['recipe'])}` to rebuild it"
     listed = {f["name"] for f in manifest["files"]}
     for name in DATA_FILES:
         if name not in listed:
