@@ -37,7 +37,7 @@ def study(arg: str | None = None) -> dict:
         # Cache-coupled rerouting on arm A and the middle-λ B (run names as the sweep names them).
         "frontier": {"runs": ["a-s1", f"b-lam{MIDDLE_LAMBDA:g}-s1"],
                      "flags": ["--tau=0,0.1,0.3,0.5", "--capacity=0.25", "--epsilon=0,0.02", "--prime",
-                               "--windows=64"]},
+                               "--windows=32"]},
         # The results page and its figures (analysis.report), under ROOT/analysis/results/.
         "page": "cpu-study",
     }
