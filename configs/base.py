@@ -29,7 +29,7 @@ SIZES: dict[str, dict] = {
     # The CPU study (configs/study_cpu.py): 200 steps of 8x256 tokens, ~550 tokens/s on one quiet
     # core with the sparse dispatcher, so its 8 runs take about 75 minutes two at a time.
     "cpu": dict(d_model=128, n_layers=4, d_ff=256, context=256, batch_size=8, tokens=8 * 256 * 200,
-                log_every=10, ckpt_every=100, eval_every=50, eval_windows=4, windows=0, cpu=True),
+                log_every=10, ckpt_every=100, eval_every=20, eval_windows=4, windows=0, cpu=True),
     # CPU demo: trains to a visibly falling loss in a few minutes on 2 cores.
     "smoke": dict(d_model=128, n_layers=2, d_ff=256, context=128, batch_size=4, tokens=4 * 128 * 400,
                   log_every=10, ckpt_every=100, eval_every=50, eval_windows=4, windows=16, cpu=True),
