@@ -226,7 +226,7 @@ def _run_locked(configs: list[ml_collections.ConfigDict], workdirs: list[pathlib
     # own device, the single-device computation; no process waits on another's files.
     # One eval step (one compile) serves every seed of a group: the same function, the same numbers.
     eval_step = make_eval_step(result.graphdef, ref, with_probs=ref.eval.trace_probs)
-    windows = {d: pipeline.eval_windows(ref.data, d, n_windows=ref.eval.windows, seq_len=ref.model.context)["tokens"]
+    windows = {d: pipeline.eval_windows(ref.data, d, n_windows=ref.eval.windows or None, seq_len=ref.model.context)["tokens"]
                for d in rundir.DOMAINS}
     train_windows = {}
     if ref.eval.train_trace_tokens:  # a short trace of each domain's training split
