@@ -13,8 +13,9 @@ a ``config.json``, e.g. the Qwen3 traces). Written under DIR:
   domain (eval.jsonl where the run has one; the final evaluation as a star)
   against training tokens, runs overlaid, coloured by arm and λ (μ for arm C).
 * ``hit_vs_budget_<name>``: hit rate against cache capacity per policy and
-  domain. Trace folders and the runs named by --budget-runs are simulated on a
-  capacity grid; other runs plot the three cached paper capacities.
+  domain. Trace folders and the runs named by --budget-runs get the full
+  miss-ratio curve (every capacity 0..E, one replay per policy); other runs
+  plot the three cached paper capacities.
 * ``hit_vs_budget_A_vs_<configuration>``: the same, a configuration's seeds
   (solid) over its arm-A baseline's (dashed; arm M: over its base run).
 * ``reuse_vs_lag_runs`` and ``reuse_vs_lag_<trace folder>``: reuse against lag.
@@ -42,8 +43,6 @@ from analysis.progress import progress
 from analysis.runs import AnalysisError, Run, discover, load_runs, read_json
 from moe import rundir
 
-# Capacity grid of the dense hit-vs-budget curves (fractions of E).
-BUDGET_FRACTIONS = (0.0625, 0.125, 0.1875, 0.25, 0.375, 0.5, 0.625, 0.75)
 BUDGET_POLICIES = ("lru", "lfu", "static_w1.0", "static_w0.2", "belady")
 FRONTIER_FILE = rundir.FRONTIER
 
@@ -81,26 +80,23 @@ def cached_budget_curves(run: Run) -> dict[str, dict[str, tuple[list[float], lis
     return curves
 
 
-def simulated_budget_curves(traces: Mapping[str, Any], fractions: Sequence[float] = BUDGET_FRACTIONS,
-                            policies: Sequence[str] = BUDGET_POLICIES
+def simulated_budget_curves(traces: Mapping[str, Any], policies: Sequence[str] = BUDGET_POLICIES
                             ) -> dict[str, dict[str, tuple[list[float], list[float]]]]:
-    """Hit rate per policy on a capacity grid, simulated with cachesim (all layers)."""
-    from cachesim.metrics import cache_table
+    """Hit rate per policy at every capacity 0..E: cachesim's miss-ratio curves (all layers)."""
     from cachesim.policies import CacheSpec
+    from cachesim.simulate import miss_curves
 
-    specs, keys = [], []
-    for policy in policies:
-        for frac in fractions:
-            if policy.startswith("static_w"):
-                specs.append(CacheSpec("static", fraction=frac, warmup=float(policy[len("static_w"):])))
-            else:
-                specs.append(CacheSpec(policy, fraction=frac))
-            keys.append((policy, frac))
+    specs = [CacheSpec("static", capacity=0, warmup=float(p[len("static_w"):])) if p.startswith("static_w")
+             else CacheSpec(p, capacity=0) for p in policies]
     names = list(traces)
-    tables = cache_table([traces[n] for n in names], specs)
-    return {name: {p: ([f for (q, f) in keys if q == p], [r["hit_rate"] for (q, _), r in zip(keys, rows) if q == p])
-                   for p in policies}
-            for name, rows in zip(names, tables)}
+    out = {}
+    for name, curves in zip(names, miss_curves([traces[n] for n in names], specs)):
+        trace = traces[name]
+        requests = trace.num_tokens * trace.num_layers * trace.k
+        out[name] = {p: ([c / trace.num_experts for c in range(trace.num_experts + 1)],
+                         [1.0 - m / requests for m in curve.sum(0).tolist()])
+                     for p, curve in zip(policies, curves)}
+    return out
 
 
 def reuse_curve(trace: Any) -> tuple[list[int], list[float]]:
@@ -304,8 +300,8 @@ USAGE_TITLE = "Expert usage (one colour scale)"
 
 
 def budget_curves(run: Run, *, dense: bool = False) -> dict[str, dict[str, tuple[list[float], list[float]]]]:
-    """A run's hit rate per policy against capacity: simulated on BUDGET_FRACTIONS (``dense``), else the
-    three cached paper capacities."""
+    """A run's hit rate per policy against capacity: the full miss-ratio curve, every capacity 0..E
+    (``dense``), else the three cached paper capacities."""
     if not dense:
         return cached_budget_curves(run)
     from cachesim.trace import load_trace

@@ -156,6 +156,10 @@ def base_config(arm: str, arg: str | None, arm_defaults: dict | None = None) -> 
         batch_size=8,
         trace_probs=False,  # also store (L, T, E) float16 router probabilities in traces
         cache_metrics=True,  # cachesim metrics per domain into metrics.json
+        # Tokens of each domain's training split traced into trace_<domain>_train.npz (0: none):
+        # metrics.json's out-of-sample static pin ("static_train") is fitted on them. CPU sizes
+        # trace 16k tokens, so that the CPU study's evaluation stays a small part of its budget.
+        train_trace_tokens=128 if size == "tiny" else 16384 if s["cpu"] else 65536,
     ))
     c.log = ml_collections.ConfigDict(dict(
         tensorboard=True,  # TensorBoard event files in the run directory, beside log.jsonl

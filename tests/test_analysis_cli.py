@@ -228,3 +228,21 @@ def test_profile_json_known_values(tmp_path, capsys):
     assert code == 0 and "### Routing profile" in out and "layer 1" in out and "| mean |" in squash(out)
     code, _, err = _run_cli(profile.main, [str(folder), "--layer", "7"], capsys)
     assert code == 2 and "out of range" in err
+
+
+def test_hit_vs_budget_curves_are_full_miss_ratio_curves():
+    """Every capacity 0..E from one replay per policy, as the reference counts them."""
+    from cachesim import reference as ref
+    from cachesim.policies import CacheSpec
+    from tests.cachesim_fixtures import random_trace
+
+    trace = random_trace(2, 2, 40, 2, 8, skew=0.5)
+    curves = figures.simulated_budget_curves({"code": trace}, policies=("lru", "static_w0.2"))
+    fracs, hits = curves["code"]["lru"]
+    assert fracs == [c / 8 for c in range(9)] and hits[0] == 0
+    assert all(a <= b for a, b in zip(hits, hits[1:]))
+    for c in (2, 5):
+        misses = sum(ref.layer_misses(trace.experts.tolist(), CacheSpec("lru", capacity=c), 8))
+        assert hits[c] == 1 - misses / (40 * 2 * 2)
+    static = sum(ref.layer_misses(trace.experts.tolist(), CacheSpec("static", capacity=3, warmup=0.2), 8))
+    assert curves["code"]["static_w0.2"][1][3] == 1 - static / 160

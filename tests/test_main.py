@@ -68,6 +68,13 @@ def test_run_directory_contract(uninterrupted):
     metrics = json.loads((uninterrupted / "metrics.json").read_text())
     assert set(metrics["domains"]) == {"prose", "code", "math"}
     assert 0 <= metrics["domains"]["code"]["cache"]["lru"]["0.25"]["hit_rate"] <= 1
+    # A training-split trace per domain; the static pin fitted on it beside the in-sample one.
+    with np.load(uninterrupted / "trace_code_train.npz") as z:
+        assert z["experts"].shape == (2, 128, 2)
+    code = metrics["domains"]["code"]
+    assert set(code["cache"]["static_train"]) == {"0.125", "0.25", "0.5"}
+    assert code["static_fit"]["static_w1.0"].startswith("in-sample")
+    assert code["static_fit"]["static_train"].startswith("out-of-sample")
 
 
 @pytest.mark.slow

@@ -196,6 +196,28 @@ def eval_windows(data_cfg, domain: str, *, n_windows: int | None, seq_len: int) 
     return {"tokens": tokens, "domains": np.full_like(tokens, DOMAINS.index(domain))}
 
 
+def train_windows(data_cfg, domain: str, *, n_windows: int, seq_len: int) -> dict[str, np.ndarray]:
+    """The first ``min(n_windows, available)`` windows of ``domain``'s training tokens.
+
+    The training split stores the domains one after another (``moe.data.store``),
+    so a domain's tokens are one contiguous block. Returns {"tokens", "domains"}:
+    int32 (N, T+1); warns when fewer than asked exist.
+    """
+    if domain not in DOMAINS:
+        raise DataError(f"unknown domain {domain!r}; choose one of {', '.join(DOMAINS)}")
+    corpus = open_prepared(data_cfg)
+    ids = corpus.train_domains()
+    code = DOMAINS.index(domain)
+    lo, hi = (int(i) for i in np.searchsorted(ids, [code, code + 1]))
+    if hi > lo and (ids[lo] != code or ids[hi - 1] != code):
+        raise DataError(f"{corpus.directory}: the training split does not store {domain} in one block; "
+                        "re-prepare the data")
+    block = corpus.train_tokens()[lo:hi]
+    n = _count(len(block), n_windows, seq_len, f"the {domain} training split")
+    tokens = windows(block, n, seq_len)
+    return {"tokens": tokens, "domains": np.full_like(tokens, code)}
+
+
 def mixed_stream(val: dict[str, np.ndarray], domains: Sequence[str], run_length: int,
                  min_tokens: int) -> tuple[np.ndarray, np.ndarray]:
     """(tokens, domain ids) of round-robin runs: ``run_length`` tokens of each domain in turn.
