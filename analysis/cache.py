@@ -2,11 +2,12 @@
 
 Simulating five cache policies at three capacities over a 500k-token trace
 takes seconds; rebuilding tables must not. Each trace's *facts* (cachesim's
-``paper_metrics`` and the per-layer expert usage counts that the pooled
-collapse clause and the heat-maps need; reuse at lags 1..1024 is added when a
-figure first asks for it) are stored as ``<sha256>.<fingerprint>.json``, keyed
-by the SHA-256 of the trace file and the fingerprint of the metric code, in the
-user cache directory only: ``--cache-dir``, else
+``paper_metrics``, the per-layer expert usage counts that the pooled
+collapse clause and the heat-maps need, and the LRU@25% demand misses of each
+evaluation window that the bootstrap resamples; reuse at lags 1..1024 is added
+when a figure first asks for it) are stored as ``<sha256>.<fingerprint>.json``,
+keyed by the SHA-256 of the trace file and the fingerprint of the metric code,
+in the user cache directory only: ``--cache_dir``, else
 ``$CACHEABLE_MOE_CACHE/analysis``, else ``~/.cache/cacheable-moe/analysis``.
 Analysis never writes into the run directories it reads (the released
 reference runs included). A changed trace has a new hash and is recomputed; so
@@ -26,21 +27,24 @@ import json
 import multiprocessing
 import os
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from analysis.progress import progress
 from moe import rundir
 
 # Bump when the cached fields or the metric semantics they come from change.
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 ENV_CACHE_DIR = "CACHEABLE_MOE_CACHE"
 
 
 # Where the metrics are computed: the fingerprint covers these modules and everything they import.
-_METRIC_ENTRY_POINTS = ("cachesim.metrics", "cachesim.trace")
+_METRIC_ENTRY_POINTS = ("cachesim.metrics", "cachesim.trace", "cachesim.segments")
+# The cache whose per-window misses are kept (RQ1's metric: LRU miss/token at 25% of E, SPEC §9).
+WINDOW_POLICY, WINDOW_FRACTION = "lru", "0.25"
 
 
 def _package_dir() -> Path:
@@ -119,24 +123,66 @@ def file_sha256(path: str | os.PathLike) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def compute_trace_facts(trace_path: str | os.PathLike) -> dict[str, Any]:
+def _enable_compile_cache() -> None:
+    """JAX's persistent compilation cache (moe.runtime's folder): a worker process loads the simulator's
+    compiled replays instead of compiling them again (seconds per process)."""
+    from moe import runtime
+
+    runtime.enable_compile_cache()
+
+
+def window_misses(trace: Any, paper_metrics: dict[str, Any], segment_tokens: int | None) -> dict[str, Any] | None:
+    """LRU@25% demand misses of each ``segment_tokens``-token window (summed over layers), or why not.
+
+    The cache persists across windows (SPEC §7): these are the shares of the
+    one replay whose total paper_metrics reports, and that is checked.
+    """
+    if segment_tokens is None:
+        return None
+    from cachesim import segments
+    from cachesim.policies import CacheSpec
+
+    entry: dict[str, Any] = {"policy": WINDOW_POLICY, "fraction": WINDOW_FRACTION, "segment_tokens": segment_tokens,
+                             "misses": None, "reason": ""}
+    if trace.num_tokens % segment_tokens:
+        entry["reason"] = (f"the trace has {trace.num_tokens} tokens, not a multiple of the {segment_tokens}-token "
+                           "evaluation window")
+        return entry
+    misses = segments.segment_misses(trace, CacheSpec(WINDOW_POLICY, fraction=float(WINDOW_FRACTION)),
+                                     segment_tokens)
+    expected = paper_metrics["cache"][WINDOW_POLICY][WINDOW_FRACTION]["misses_per_token"] * trace.num_tokens
+    if abs(int(misses.sum()) - expected) > 1e-6 * max(1.0, expected):
+        raise RuntimeError(f"cachesim disagrees with itself on {trace.name!r}: per-window LRU misses sum to "
+                           f"{int(misses.sum())}, the grid simulator counts {expected:.0f}")
+    entry["misses"] = misses.tolist()
+    return entry
+
+
+def compute_trace_facts(trace_path: str | os.PathLike, segment_tokens: int | None = None) -> dict[str, Any]:
     """Everything analysis needs from one trace, as plain JSON-able values.
 
-    cachesim (and with it JAX) is imported here, not at module level: a warm
-    table rebuild reads cached JSON only and should not pay JAX's start-up.
+    ``segment_tokens``: the run's evaluation window length, for the per-window
+    misses (None: not computed). cachesim (and with it JAX) is imported here,
+    not at module level: a warm table rebuild reads cached JSON only and should
+    not pay JAX's start-up.
     """
+    _enable_compile_cache()
     from cachesim import metrics as cs_metrics
     from cachesim import trace as cs_trace
 
     trace = cs_trace.load_trace(trace_path)
-    return {
-        "paper_metrics": cs_metrics.paper_metrics(trace),
-        "expert_counts": np.asarray(cs_metrics.expert_counts(trace), dtype=np.int64).tolist(),
-    }
+    paper = cs_metrics.paper_metrics(trace)
+    facts = {"paper_metrics": paper,
+             "expert_counts": np.asarray(cs_metrics.expert_counts(trace), dtype=np.int64).tolist()}
+    windows = window_misses(trace, paper, segment_tokens)
+    if windows is not None:
+        facts["window_misses"] = windows
+    return facts
 
 
 def compute_reuse_by_lag(trace_path: str | os.PathLike) -> dict[str, float]:
     """Reuse at lags 1, 2, 4, ..., 1024 (keys str(lag)); only the figures need it."""
+    _enable_compile_cache()
     from cachesim import metrics as cs_metrics
     from cachesim import trace as cs_trace
 
@@ -162,6 +208,14 @@ def _facts(entry: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in entry.items() if k not in _ENTRY_KEYS}
 
 
+def has_windows(facts: dict[str, Any], segment_tokens: int | None) -> bool:
+    """Whether ``facts`` hold the per-window misses of ``segment_tokens``-token windows (None: not wanted)."""
+    if segment_tokens is None:
+        return True
+    windows = facts.get("window_misses")
+    return isinstance(windows, dict) and windows.get("segment_tokens") == segment_tokens
+
+
 def _read_json_or_none(path: Path) -> Any:
     """A cache file that is absent or unreadable is a miss, never an error."""
     try:
@@ -182,11 +236,14 @@ class MetricsStore:
     ``jobs`` > 1 computes missing traces in that many worker processes (spawned,
     so no state is shared with the parent). ``computed`` counts computations,
     which lets tests and the benchmark tell a warm cache from a cold one.
+    ``console``: where the progress of a computation is drawn (default: stderr
+    when it is a terminal; see analysis.progress).
     """
 
-    def __init__(self, cache_dir: str | os.PathLike | None = None, jobs: int = 1):
+    def __init__(self, cache_dir: str | os.PathLike | None = None, jobs: int = 1, console: Any | None = None):
         self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         self.jobs = max(1, int(jobs))
+        self.console = console
         self.computed = 0
         self._memo: dict[str, dict[str, Any]] = {}
         self._sha_memo: dict[tuple[str, int, int], str] = {}
@@ -202,6 +259,7 @@ class MetricsStore:
 
     # -- lookup ---------------------------------------------------------------------------
     def _lookup(self, sha: str) -> dict | None:
+        """The trace's facts from this process's memo or the user cache (None: not computed yet)."""
         if sha not in self._memo:
             entry = _read_json_or_none(entry_path(self.cache_dir, sha))
             if not _valid(entry, sha):
@@ -209,19 +267,24 @@ class MetricsStore:
             self._memo[sha] = _facts(entry)
         return self._memo[sha]
 
-    def trace_facts(self, run_dir: str | os.PathLike, traces: Mapping[str, Path]) -> dict[str, dict[str, Any]]:
-        """``{domain: facts}`` for the traces of one run directory (computing what is missing)."""
-        self.prefetch({Path(run_dir): traces})
+    def trace_facts(self, traces: Mapping[str, Path], segment_tokens: int | None = None
+                    ) -> dict[str, dict[str, Any]]:
+        """``{domain: facts}`` for the traces of one run (computing what is missing).
+
+        ``segment_tokens``: the run's evaluation window length, for the facts'
+        ``window_misses`` (None: not needed).
+        """
+        self.prefetch([(traces, segment_tokens)])
         return {domain: self._memo[self.sha256(path)] for domain, path in traces.items()}
 
-    def reuse_by_lag(self, run_dir: str | os.PathLike, trace_path: Path) -> dict[str, float]:
+    def reuse_by_lag(self, trace_path: Path) -> dict[str, float]:
         """The trace's reuse-vs-lag curve, computed on first use and added to its cache entry.
 
         Kept out of the table facts: it costs about a fifth of a cold table
         build and only the reuse-vs-lag figure reads it.
         """
-        run_dir, trace_path = Path(run_dir), Path(trace_path)
-        facts = self.trace_facts(run_dir, {"": trace_path})[""]
+        trace_path = Path(trace_path)
+        facts = self.trace_facts({"": trace_path})[""]
         if not isinstance(facts.get("reuse_by_lag"), dict):
             facts = {**facts, "reuse_by_lag": compute_reuse_by_lag(trace_path)}
             sha = self.sha256(trace_path)
@@ -229,48 +292,59 @@ class MetricsStore:
             self._persist(sha, facts)
         return facts["reuse_by_lag"]
 
-    def prefetch(self, jobs: Mapping[Path, Mapping[str, Path]]) -> None:
+    def prefetch(self, jobs: Sequence[tuple[Mapping[str, Path], int | None]]) -> None:
         """Makes sure every listed trace's facts are memoised, computing the missing ones.
 
-        Each result is stored as soon as it is computed, so an interrupted cold
-        run keeps what it finished. Identical trace contents (copied runs) are
-        computed once.
+        ``jobs``: (``{domain: trace path}``, evaluation window tokens or None) per
+        run. Each result is stored as soon as it is computed, so an interrupted
+        cold run keeps what it finished. Identical trace contents (copied runs)
+        are computed once.
         """
-        missing: dict[str, Path] = {}  # sha -> a trace with that content lacking facts
-        for traces in jobs.values():
+        todo: dict[str, tuple[Path, int | None]] = {}  # sha -> (a trace path, window tokens) lacking facts
+        for traces, segment_tokens in jobs:
             for path in traces.values():
                 sha = self.sha256(path)
-                if self._lookup(sha) is None:
-                    missing.setdefault(sha, Path(path))
-        for sha, facts in self._compute(missing):
+                known = self._lookup(sha)
+                if known is None or not has_windows(known, segment_tokens):
+                    previous = todo.get(sha, (Path(path), None))[1]
+                    todo[sha] = (Path(path), segment_tokens if segment_tokens is not None else previous)
+        for sha, facts in self._compute(todo):
+            # Keep what a figure added before (reuse_by_lag) when only the windows were missing.
+            facts = {**(self._memo.get(sha) or {}), **facts}
             self._memo[sha] = facts
             self._persist(sha, facts)
 
     # -- compute and store ----------------------------------------------------------------
-    def _compute(self, paths: Mapping[str, Path]) -> Iterator[tuple[str, dict[str, Any]]]:
-        """Yields (sha, facts) for each trace as it finishes (in worker processes if jobs > 1)."""
-        self.computed += len(paths)
-        if self.jobs == 1 or len(paths) <= 1:
-            for sha, path in paths.items():
-                yield sha, compute_trace_facts(path)
+    def _compute(self, todo: Mapping[str, tuple[Path, int | None]]) -> Iterator[tuple[str, dict[str, Any]]]:
+        """Yields (sha, facts) for each trace as it finishes (in worker processes if jobs > 1), with progress."""
+        if not todo:
             return
-        ctx = multiprocessing.get_context("spawn")
-        pool = concurrent.futures.ProcessPoolExecutor(min(self.jobs, len(paths)), mp_context=ctx)
-        try:
-            futures = {pool.submit(compute_trace_facts, path): sha for sha, path in paths.items()}
-            for future in concurrent.futures.as_completed(futures):
-                yield futures[future], future.result()
-        finally:
-            # On an error (a bad trace) do not wait for the remaining traces.
-            pool.shutdown(wait=True, cancel_futures=True)
+        self.computed += len(todo)
+        with progress("cache metrics (cachesim)", len(todo), unit="traces", console=self.console) as advance:
+            if self.jobs == 1 or len(todo) <= 1:
+                for sha, (path, segment_tokens) in todo.items():
+                    yield sha, compute_trace_facts(path, segment_tokens)
+                    advance()
+                return
+            ctx = multiprocessing.get_context("spawn")
+            pool = concurrent.futures.ProcessPoolExecutor(min(self.jobs, len(todo)), mp_context=ctx)
+            try:
+                futures = {pool.submit(compute_trace_facts, path, segment_tokens): sha
+                           for sha, (path, segment_tokens) in todo.items()}
+                for future in concurrent.futures.as_completed(futures):
+                    yield futures[future], future.result()
+                    advance()
+            finally:
+                # On an error (a bad trace) do not wait for the remaining traces.
+                pool.shutdown(wait=True, cancel_futures=True)
 
     def _persist(self, sha: str, facts: dict[str, Any]) -> None:
-        """Stores one trace's facts in the user cache; a failure only costs a recomputation later."""
+        """Stores one trace's facts in the user cache; a failure only costs a recomputation later (warned once)."""
         try:
             self.cache_dir.mkdir(parents=True, exist_ok=True)
             atomic_write_json(entry_path(self.cache_dir, sha), _entry(sha, facts))
         except OSError as e:
             if not self._warned:
                 warnings.warn(f"cannot cache analysis metrics in {self.cache_dir} ({e}); set {ENV_CACHE_DIR} or "
-                              "--cache-dir to a writable folder", stacklevel=2)
+                              "--cache_dir to a writable folder", stacklevel=2)
                 self._warned = True

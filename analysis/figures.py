@@ -9,19 +9,28 @@ a ``config.json``, e.g. the Qwen3 traces). Written under DIR:
 
 * ``dose_response``: LRU miss reduction and PPL cost against λ for arm-B runs
   with a matching arm-A baseline, the RQ1 gates drawn (skipped without such runs).
+* ``training_curves``: training LM loss (log.jsonl) and validation PPL per
+  domain (eval.jsonl where the run has one; the final evaluation as a star)
+  against training tokens, runs overlaid, coloured by arm and λ (μ for arm C).
 * ``hit_vs_budget_<name>``: hit rate against cache capacity per policy and
-  domain. Trace folders and the runs named by --budget-runs are simulated on a
-  capacity grid; other runs plot the three cached paper capacities.
+  domain. Trace folders and the runs named by --budget-runs get the full
+  miss-ratio curve (every capacity 0..E, one replay per policy); other runs
+  plot the three cached paper capacities.
+* ``hit_vs_budget_A_vs_<configuration>``: the same, a configuration's seeds
+  (solid) over its arm-A baseline's (dashed; arm M: over its base run).
 * ``reuse_vs_lag_runs`` and ``reuse_vs_lag_<trace folder>``: reuse against lag.
-* ``usage_<name>``: per-domain expert-usage heat-maps (layer × expert).
+* ``usage_<name>`` and ``usage_runs`` (every run, a row each): per-domain
+  expert-usage heat-maps (layer × expert) on one colour scale shared by all the
+  runs; for E >= 64 (the Qwen3 traces) a log scale, experts sorted by usage.
 * ``frontier_<run>``: PPL cost against miss reduction, for run directories that
   hold a ``frontier.json`` (written by rerouting studies); skipped otherwise.
 """
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,11 +39,10 @@ import numpy as np
 from analysis import cli, plots, summary, verdict
 from analysis.cache import MetricsStore
 from analysis.profile import load_traces
+from analysis.progress import progress
 from analysis.runs import AnalysisError, Run, discover, load_runs, read_json
 from moe import rundir
 
-# Capacity grid of the dense hit-vs-budget curves (fractions of E).
-BUDGET_FRACTIONS = (0.0625, 0.125, 0.1875, 0.25, 0.375, 0.5, 0.625, 0.75)
 BUDGET_POLICIES = ("lru", "lfu", "static_w1.0", "static_w0.2", "belady")
 FRONTIER_FILE = rundir.FRONTIER
 
@@ -72,26 +80,23 @@ def cached_budget_curves(run: Run) -> dict[str, dict[str, tuple[list[float], lis
     return curves
 
 
-def simulated_budget_curves(traces: Mapping[str, Any], fractions: Sequence[float] = BUDGET_FRACTIONS,
-                            policies: Sequence[str] = BUDGET_POLICIES
+def simulated_budget_curves(traces: Mapping[str, Any], policies: Sequence[str] = BUDGET_POLICIES
                             ) -> dict[str, dict[str, tuple[list[float], list[float]]]]:
-    """Hit rate per policy on a capacity grid, simulated with cachesim (all layers)."""
-    from cachesim.metrics import cache_table
+    """Hit rate per policy at every capacity 0..E: cachesim's miss-ratio curves (all layers)."""
     from cachesim.policies import CacheSpec
+    from cachesim.simulate import miss_curves
 
-    specs, keys = [], []
-    for policy in policies:
-        for frac in fractions:
-            if policy.startswith("static_w"):
-                specs.append(CacheSpec("static", fraction=frac, warmup=float(policy[len("static_w"):])))
-            else:
-                specs.append(CacheSpec(policy, fraction=frac))
-            keys.append((policy, frac))
+    specs = [CacheSpec("static", capacity=0, warmup=float(p[len("static_w"):])) if p.startswith("static_w")
+             else CacheSpec(p, capacity=0) for p in policies]
     names = list(traces)
-    tables = cache_table([traces[n] for n in names], specs)
-    return {name: {p: ([f for (q, f) in keys if q == p], [r["hit_rate"] for (q, _), r in zip(keys, rows) if q == p])
-                   for p in policies}
-            for name, rows in zip(names, tables)}
+    out = {}
+    for name, curves in zip(names, miss_curves([traces[n] for n in names], specs)):
+        trace = traces[name]
+        requests = trace.num_tokens * trace.num_layers * trace.k
+        out[name] = {p: ([c / trace.num_experts for c in range(trace.num_experts + 1)],
+                         [1.0 - m / requests for m in curve.sum(0).tolist()])
+                     for p, curve in zip(policies, curves)}
+    return out
 
 
 def reuse_curve(trace: Any) -> tuple[list[int], list[float]]:
@@ -104,7 +109,7 @@ def reuse_curve(trace: Any) -> tuple[list[int], list[float]]:
 
 def cached_reuse_curve(run: Run, store: MetricsStore) -> tuple[list[int], list[float]]:
     """A run's reuse against lag, mean over domains (computed once, then cached with its facts)."""
-    per_domain = [store.reuse_by_lag(run.path, ev.trace_path) for ev in run.domains.values()]
+    per_domain = [store.reuse_by_lag(ev.trace_path) for ev in run.domains.values()]
     lags = sorted(set.intersection(*(set(map(int, d)) for d in per_domain)))
     return lags, [float(np.mean([d[str(lag)] for d in per_domain])) for lag in lags]
 
@@ -183,63 +188,229 @@ def read_frontier(run: Run) -> tuple[dict[str, tuple[list[float], list[float]]],
     return series, ("arm A (same size and tokens)" if vs_a else "the same run at τ = 0")
 
 
-# -- the CLI ----------------------------------------------------------------------------------
-def make_figures(paths: Sequence[str], out: Path, *, store: MetricsStore, budget_runs: str = "") -> list[Path]:
-    """Draws every figure the inputs support; returns the written files."""
+# -- training curves -------------------------------------------------------------------------
+def _tokens_per_step(run: Run) -> float | None:
+    bsz, seq = run.config.get("bsz"), run.config.get("seq")
+    ok = all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in (bsz, seq))
+    return float(bsz) * float(seq) if ok else None
+
+
+def _record_tokens(record: Mapping[str, Any], per_step: float | None) -> float | None:
+    """A log record's training tokens: its ``tokens``, else step × batch × context (the reference logs)."""
+    tokens = record.get("tokens")
+    if isinstance(tokens, (int, float)) and not isinstance(tokens, bool):
+        return float(tokens)
+    return None if per_step is None else float(record["step"]) * per_step
+
+
+def latest_attempt(records: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The records of the attempt that produced the run: a record whose step is not past the previous one
+    starts a restart (e.g. a relaunch from step 0 after a diverged start), which replaces what it redoes."""
+    kept: list[Mapping[str, Any]] = []
+    for record in records:
+        while kept and kept[-1]["step"] >= record["step"]:
+            kept.pop()
+        kept.append(record)
+    return kept
+
+
+def train_curve(run: Run) -> tuple[list[float], list[float]]:
+    """(tokens, training LM loss) from log.jsonl: ``lm`` (LM cross-entropy, comparable across arms), else ``loss``."""
+    per_step = _tokens_per_step(run)
+    tokens, losses = [], []
+    for record in latest_attempt(rundir.read_log(run.path)):
+        loss = record.get("lm", record.get("loss"))
+        at = _record_tokens(record, per_step)
+        if isinstance(loss, (int, float)) and math.isfinite(loss) and at is not None:
+            tokens.append(at)
+            losses.append(float(loss))
+    return tokens, losses
+
+
+def val_curves(run: Run) -> dict[str, tuple[list[float], list[float]]]:
+    """{domain: (tokens, validation PPL)} from eval.jsonl (empty without it); a malformed record is an error."""
+    per_step = _tokens_per_step(run)
+    path = run.path / rundir.EVAL_LOG
+    curves: dict[str, tuple[list[float], list[float]]] = {}
+    for record in latest_attempt(rundir.read_log(run.path, name=rundir.EVAL_LOG)):
+        domains = record.get("domains")
+        at = _record_tokens(record, per_step)
+        if not isinstance(domains, dict) or at is None:
+            raise AnalysisError(f"{path}: the record of step {record['step']} lacks 'tokens' or 'domains' "
+                                "({domain: {loss, ppl}}); regenerate it with this codebase's training loop")
+        for domain, values in domains.items():
+            ppl = values.get("ppl") if isinstance(values, dict) else None
+            if not isinstance(ppl, (int, float)) or isinstance(ppl, bool):
+                raise AnalysisError(f"{path}: step {record['step']}: domains.{domain}.ppl must be a number, got "
+                                    f"{ppl!r}; regenerate it with this codebase's training loop")
+            xs, ys = curves.setdefault(domain, ([], []))
+            xs.append(at)
+            ys.append(float(ppl))
+    return dict(sorted(curves.items(), key=lambda kv: rundir.domain_sort_key(kv[0])))
+
+
+def training_curve_data(runs: Sequence[Run]) -> list[dict[str, Any]]:
+    """Per run with a training log or final evaluation: what plots.training_curves draws."""
+    out = []
+    for r in runs:
+        train, val = train_curve(r), val_curves(r)
+        final = {d: ([r.tokens], [ev.val_ppl]) for d, ev in r.domains.items()}
+        if train[0] or val or final:
+            out.append({"label": r.name, "arm": r.arm, "strength": r.mu if r.arm == "C" else r.lam,
+                        "train": train, "val": val, "final": final})
+    return out
+
+
+# -- A vs B hit rate against the cache budget ---------------------------------------------------
+def mean_budget_curves(curves: Sequence[Mapping[str, Mapping[str, tuple[list[float], list[float]]]]]
+                       ) -> dict[str, dict[str, tuple[list[float], list[float]]]]:
+    """The seeds' mean hit rate per (domain, policy) on the capacities every seed has."""
+    out: dict[str, dict[str, tuple[list[float], list[float]]]] = {}
+    for domain in curves[0]:
+        for policy, (fracs, _) in curves[0][domain].items():
+            if all(policy in c.get(domain, {}) and list(c[domain][policy][0]) == list(fracs) for c in curves):
+                hits = np.mean([c[domain][policy][1] for c in curves], axis=0)
+                out.setdefault(domain, {})[policy] = (list(fracs), hits.tolist())
+    return out
+
+
+def budget_overlays(runs: Sequence[Run], curves: Mapping[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
+    """(configuration label, its baseline's name, {series: curves}) for each non-A configuration with a
+    baseline: the configuration's seeds averaged (series named by its arm) over its baseline's (``A``, or
+    ``base`` for arm M). A series averages its seeds on the capacities they share (dense where all are)."""
+    out = []
+    for group in summary.group_by_config(runs):
+        base = summary.group_baseline_runs(group, runs) if group[0].arm != "A" else []
+        if not base:
+            continue
+        reference = "base" if group[0].finetuned else "A"
+        out.append((summary.config_label(group[0]), reference,
+                    {group[0].arm: mean_budget_curves([curves[r.name] for r in group]),
+                     reference: mean_budget_curves([curves[r.name] for r in base])}))
+    return out
+
+
+def overlay_title(label: str, reference: str) -> str:
+    return f"{label} vs {reference}: hit rate vs cache budget (seed means)"
+
+
+# -- shared by the CLI and analysis.study --------------------------------------------------------
+TRAINING_CURVES_TITLE = "Training loss and validation PPL against tokens"
+USAGE_TITLE = "Expert usage (one colour scale)"
+
+
+def budget_curves(run: Run, *, dense: bool = False) -> dict[str, dict[str, tuple[list[float], list[float]]]]:
+    """A run's hit rate per policy against capacity: the full miss-ratio curve, every capacity 0..E
+    (``dense``), else the three cached paper capacities."""
+    if not dense:
+        return cached_budget_curves(run)
     from cachesim.trace import load_trace
 
+    return simulated_budget_curves({d: load_trace(ev.trace_path) for d, ev in run.domains.items()})
+
+
+def run_usage(runs: Sequence[Run]) -> tuple[dict[str, dict[str, np.ndarray]], float]:
+    """({run: {domain: (L, E) usage fractions}}, the largest fraction: the colour scale they share)."""
+    usage = {r.name: usage_fractions({d: ev.facts["expert_counts"] for d, ev in r.domains.items()},
+                                     {d: ev.metrics["num_tokens"] for d, ev in r.domains.items()}) for r in runs}
+    vmax = max((float(np.max(u)) for per_run in usage.values() for u in per_run.values()), default=1.0)
+    return usage, vmax
+
+
+def draw_dose_response(points: Sequence[Mapping[str, Any]], stem: Path) -> list[Path]:
+    """dose_response_points drawn with the RQ1 gates."""
+    return plots.dose_response(points, stem, miss_gate=verdict.RQ1_MIN_MISS_REDUCTION,
+                               ppl_gate=verdict.RQ1_MAX_PPL_COST)
+
+
+# -- the CLI ----------------------------------------------------------------------------------
+def make_figures(paths: Sequence[str], out: Path, *, store: MetricsStore, budget_runs: str = "") -> list[Path]:
+    """Draws every figure the inputs support, with progress on a terminal; returns the written files."""
     run_dirs, trace_dirs = discover(paths)
     if not run_dirs and not trace_dirs:
         raise AnalysisError(f"no run directories or trace folders under {', '.join(map(str, paths))}")
-    runs = load_runs(run_dirs, store=store) if run_dirs else []
+    runs = sorted(load_runs(run_dirs, store=store) if run_dirs else [], key=summary.sort_key)
     complete = [r for r in runs if r.complete]
-    written: list[Path] = []
-
-    points = dose_response_points(complete)
-    if points:
-        written += plots.dose_response(points, out / "dose_response", miss_gate=verdict.RQ1_MIN_MISS_REDUCTION,
-                                       ppl_gate=verdict.RQ1_MAX_PPL_COST)
-
     dense = {r.name for r in complete} if budget_runs == "all" else {n for n in budget_runs.split(",") if n}
     unknown = dense - {r.name for r in complete}
     if unknown:
         raise AnalysisError(f"--budget-runs: no complete run named {', '.join(sorted(unknown))}")
-    for r in complete:
-        if r.name in dense:
-            curves = simulated_budget_curves({d: load_trace(ev.trace_path) for d, ev in r.domains.items()})
-        else:
-            curves = cached_budget_curves(r)
-        written += plots.hit_vs_budget(curves, out / f"hit_vs_budget_{_slug(r.name)}", title=f"{r.name}: hit rate "
-                                       f"vs cache budget (per layer, {summary.format_tokens(r.tokens)} tokens)")
-        usage = usage_fractions({d: ev.facts["expert_counts"] for d, ev in r.domains.items()},
-                                {d: ev.metrics["num_tokens"] for d, ev in r.domains.items()})
-        written += plots.expert_usage(usage, out / f"usage_{_slug(r.name)}", title=f"{r.name}: expert usage")
+    tasks = _figure_tasks(runs, complete, trace_dirs, out, store, dense)
+    written: list[Path] = []
+    with progress("figures", len(tasks), unit="figures", console=store.console) as advance:
+        for task in tasks:
+            written += task()
+            advance()
+    return written
+
+
+def _figure_tasks(runs: Sequence[Run], complete: Sequence[Run], trace_dirs: Sequence[Path], out: Path,
+                  store: MetricsStore, dense: set[str]) -> list[Callable[[], list[Path]]]:
+    """One callable per figure (or per run's data), in drawing order: the unit of the progress bar."""
+    tasks: list[Callable[[], list[Path]]] = []
+    points = dose_response_points(complete)
+    if points:
+        tasks.append(lambda: draw_dose_response(points, out / "dose_response"))
+    if runs:
+        tasks.append(lambda: plots.training_curves(training_curve_data(runs), out / "training_curves",
+                                                   title=TRAINING_CURVES_TITLE))
+    curves: dict[str, Any] = {}
+    usage, vmax = run_usage(complete)  # one colour scale for every run's map (the combined figure's and its own)
+
+    def run_figures(r: Run) -> list[Path]:
+        curves[r.name] = budget_curves(r, dense=r.name in dense)
+        paths = plots.hit_vs_budget(curves[r.name], out / f"hit_vs_budget_{_slug(r.name)}", title=f"{r.name}: hit "
+                                    f"rate vs cache budget (per layer, {summary.format_tokens(r.tokens)} tokens)")
+        paths += plots.expert_usage({r.name: usage[r.name]}, out / f"usage_{_slug(r.name)}",
+                                    title=f"{r.name}: expert usage", vmax=vmax)
         frontier = read_frontier(r)
         if frontier is not None:
             series, reference = frontier
-            written += plots.frontier(series, out / f"frontier_{_slug(r.name)}",
-                                      title=f"{r.name}: PPL cost vs miss reduction (vs {reference})",
-                                      miss_gate=verdict.RQ1_MIN_MISS_REDUCTION, ppl_gate=verdict.RQ1_MAX_PPL_COST)
+            paths += plots.frontier(series, out / f"frontier_{_slug(r.name)}",
+                                    title=f"{r.name}: PPL cost vs miss reduction (vs {reference})",
+                                    miss_gate=verdict.RQ1_MIN_MISS_REDUCTION, ppl_gate=verdict.RQ1_MAX_PPL_COST)
+        return paths
+
+    tasks += [lambda r=r: run_figures(r) for r in complete]
+
+    def overlays() -> list[Path]:  # after run_figures: it reads their curves
+        paths = []
+        for label, reference, series in budget_overlays(complete, curves):
+            paths += plots.hit_vs_budget_overlay(series, out / f"hit_vs_budget_A_vs_{_slug(label)}",
+                                                 title=overlay_title(label, reference))
+        return paths
+
     if complete:
+        tasks.append(overlays)
+        tasks.append(lambda: plots.expert_usage(usage, out / "usage_runs", title=USAGE_TITLE, vmax=vmax))
+        reuse: dict[str, tuple[list[int], list[float]]] = {}
+        tasks += [lambda r=r: reuse.update({r.name: cached_reuse_curve(r, store)}) or [] for r in complete]
         head = next(iter(complete[0].domains.values())).metrics
-        reuse_curves = {r.name: cached_reuse_curve(r, store) for r in complete}
-        written += plots.reuse_vs_lag(reuse_curves, out / "reuse_vs_lag_runs",
-                                      title="Reuse vs lag (runs, mean over domains)",
-                                      chance=head["k"] / head["num_experts"])
+        tasks.append(lambda: plots.reuse_vs_lag(reuse, out / "reuse_vs_lag_runs",
+                                                title="Reuse vs lag (runs, mean over domains)",
+                                                chance=head["k"] / head["num_experts"]))
+    tasks += [lambda folder=folder: _trace_folder_figures(folder, out) for folder in trace_dirs]
+    return tasks
 
-    for folder in trace_dirs:
-        traces = load_traces(folder)
-        name = _slug(folder.name)
-        written += plots.hit_vs_budget(simulated_budget_curves(traces), out / f"hit_vs_budget_{name}",
-                                       title=f"{folder.name}: hit rate vs cache budget (per layer)")
-        first = next(iter(traces.values()))
-        written += plots.reuse_vs_lag({d: reuse_curve(t) for d, t in traces.items()}, out / f"reuse_vs_lag_{name}",
-                                      title=f"{folder.name}: reuse vs lag", chance=first.k / first.num_experts)
-        from cachesim.metrics import usage_fraction
 
-        usage = {d: usage_fraction(t) for d, t in traces.items()}
-        written += plots.expert_usage(usage, out / f"usage_{name}", title=f"{folder.name}: expert usage")
+def _trace_folder_figures(folder: Path, out: Path) -> list[Path]:
+    """A real model's trace folder (e.g. Qwen3): dense hit vs budget, reuse vs lag and usage maps."""
+    traces = load_traces(folder)
+    name = _slug(folder.name)
+    written = plots.hit_vs_budget(simulated_budget_curves(traces), out / f"hit_vs_budget_{name}",
+                                  title=f"{folder.name}: hit rate vs cache budget (per layer)")
+    first = next(iter(traces.values()))
+    written += plots.reuse_vs_lag({d: reuse_curve(t) for d, t in traces.items()}, out / f"reuse_vs_lag_{name}",
+                                  title=f"{folder.name}: reuse vs lag", chance=first.k / first.num_experts)
+    written += draw_trace_usage(traces, out / f"usage_{name}", title=f"{folder.name}: expert usage")
     return written
+
+
+def draw_trace_usage(traces: Mapping[str, Any], stem: Path, *, title: str) -> list[Path]:
+    """A trace folder's usage maps ({domain: cachesim Trace}); E >= 64 gets plots' log scale, sorted experts."""
+    from cachesim.metrics import usage_fraction
+
+    return plots.expert_usage({"": {d: usage_fraction(t) for d, t in traces.items()}}, stem, title=title)
 
 
 COMMAND = cli.run_command("python -m analysis.figures", __doc__.split("\n\n")[0])

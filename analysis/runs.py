@@ -1,8 +1,8 @@
 """Discovers and loads run directories (the contract between training and analysis).
 
 A run directory holds ``config.json``, ``final_eval.json`` and one
-``trace_<domain>.npz`` per evaluation domain (optionally ``log.jsonl``,
-``metrics.json``, ``DONE``, ``frontier.json``). The reference runs of the paper
+``trace_<domain>.npz`` per evaluation domain (optionally ``eval_windows.npz``,
+``log.jsonl``, ``eval.jsonl``, ``metrics.json``, ``DONE``, ``frontier.json``). The reference runs of the paper
 and the runs ``main.py`` writes share this format; the reference runs lack a
 few keys (``size``, per-domain ``tokens``) whose documented defaults live here.
 
@@ -20,6 +20,8 @@ import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from analysis import cache
 from moe import rundir
@@ -48,6 +50,7 @@ class DomainEval:
     tokens_assumed: bool  # True when final_eval.json had no token count.
     trace_path: Path | None
     facts: dict[str, Any] | None  # analysis.cache entry: paper_metrics + usage counts.
+    window_ce: tuple[float, ...] | None = None  # mean CE of each evaluation window (eval_windows.npz)
 
     @property
     def metrics(self) -> dict[str, Any] | None:
@@ -72,6 +75,8 @@ class Run:
     domains: dict[str, DomainEval]
     problems: tuple[str, ...] = ()
     done_marker: bool = False
+    # Tokens per evaluation window (eval_windows.npz, else config.json's "seq"); None when unknown.
+    window_tokens: int | None = None
 
     @property
     def finetuned(self) -> bool:
@@ -171,6 +176,41 @@ def _parse_final_eval(path: Path) -> dict[str, tuple[float, float, int, bool]]:
     return out
 
 
+# Per-window means and final_eval.json's val_loss come from one evaluation; they agree to float rounding.
+_WINDOW_MEAN_RTOL = 1e-6
+
+
+def _window_losses(path: Path, evals: dict[str, tuple[float, float, int, bool]]
+                   ) -> tuple[dict[str, tuple[float, ...]], int | None]:
+    """eval_windows.npz checked against final_eval.json: ({domain: per-window CE}, window tokens)."""
+    try:
+        found = rundir.read_eval_windows(path)
+    except rundir.RunDirError as e:
+        raise AnalysisError(str(e)) from None
+    if found is None:
+        return {}, None
+    losses, window_tokens = found
+    where = path / rundir.EVAL_WINDOWS
+    for domain, ce in losses.items():
+        if domain not in evals:
+            raise AnalysisError(f"{where}: domain {domain!r} is not in {rundir.FINAL_EVAL}; the two files come from "
+                                "different evaluations: re-evaluate the run")
+        loss, _, tokens, assumed = evals[domain]
+        mean = float(np.mean(ce))
+        if not math.isclose(mean, loss, rel_tol=_WINDOW_MEAN_RTOL, abs_tol=1e-9) or (
+                not assumed and ce.size * window_tokens != tokens):
+            raise AnalysisError(f"{where}: {domain!r} has {ce.size} windows of {window_tokens} tokens with mean CE "
+                                f"{mean:.6f}, but {rundir.FINAL_EVAL} says {tokens} tokens, val_loss {loss:.6f}; "
+                                "the two files come from different evaluations: re-evaluate the run")
+    return {d: tuple(float(x) for x in ce) for d, ce in losses.items()}, window_tokens
+
+
+def _config_window_tokens(config: dict) -> int | None:
+    """The evaluation window length of a run without eval_windows.npz: its training context (``seq``)."""
+    seq = config.get("seq")
+    return int(seq) if isinstance(seq, int) and not isinstance(seq, bool) and seq > 0 else None
+
+
 def load_run(run_dir: str | os.PathLike, *, store: cache.MetricsStore | None = None,
              with_metrics: bool = True) -> Run:
     """Parses one run directory; computes or loads its cache metrics when asked.
@@ -201,10 +241,11 @@ def load_run(run_dir: str | os.PathLike, *, store: cache.MetricsStore | None = N
     missing = [d for d in evals if d not in traces]
     if missing:
         problems.append("missing " + ", ".join(rundir.trace_file(d) for d in missing))
+    window_ce, window_tokens = _window_losses(path, evals)
 
     domains = {
         d: DomainEval(val_loss=loss, val_ppl=ppl, tokens=n, tokens_assumed=assumed, trace_path=traces.get(d),
-                      facts=None)
+                      facts=None, window_ce=window_ce.get(d))
         for d, (loss, ppl, n, assumed) in sorted(evals.items(), key=lambda kv: domain_sort_key(kv[0]))
     }
     run = Run(
@@ -221,15 +262,20 @@ def load_run(run_dir: str | os.PathLike, *, store: cache.MetricsStore | None = N
         domains=domains,
         problems=tuple(problems),
         done_marker=rundir.is_done(path),
+        window_tokens=window_tokens or _config_window_tokens(config),
     )
     return with_facts(run, store or cache.MetricsStore()) if with_metrics else run
+
+
+def _traces(run: Run) -> dict[str, Path]:
+    return {d: ev.trace_path for d, ev in run.domains.items()}
 
 
 def with_facts(run: Run, store: cache.MetricsStore) -> Run:
     """The run with every domain's cache facts attached (an incomplete run is returned as is)."""
     if run.problems or not run.domains:
         return run
-    facts = store.trace_facts(run.path, {d: ev.trace_path for d, ev in run.domains.items()})
+    facts = store.trace_facts(_traces(run), run.window_tokens)
     return dataclasses.replace(
         run, domains={d: dataclasses.replace(ev, facts=facts[d]) for d, ev in run.domains.items()})
 
@@ -245,7 +291,7 @@ def load_runs(paths: Sequence[str | os.PathLike], *, store: cache.MetricsStore |
     runs = [load_run(d, with_metrics=False) for d in discover_run_dirs(paths)]
     if with_metrics:
         # One batch for every missing metric, so worker processes share the load.
-        store.prefetch({r.path: {d: ev.trace_path for d, ev in r.domains.items()} for r in runs if not r.problems})
+        store.prefetch([(_traces(r), r.window_tokens) for r in runs if not r.problems])
         runs = [with_facts(r, store) for r in runs]
     counts: dict[str, int] = {}
     for r in runs:

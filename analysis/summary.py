@@ -191,24 +191,29 @@ def baseline_for(run: Run, runs: Sequence[Run]) -> Baseline | None:
     return make_baseline(baseline_runs_for(run, runs))
 
 
-def group_baseline(group: Sequence[Run], runs: Sequence[Run]) -> Baseline | None:
-    """The baseline of a configuration's seeds (each arm-M seed brings its own base run).
+def group_baseline_runs(group: Sequence[Run], runs: Sequence[Run]) -> list[Run]:
+    """What a configuration's seeds are compared against: arm A's matching runs, or the seeds' base runs.
 
-    None when any arm-M seed lacks its base: a mean over some seeds' bases
-    would compare unlike sets.
+    Empty when any arm-M seed lacks its base (a mean over some seeds' bases
+    would compare unlike sets) or the bases differ in arm, budget or size.
     """
     if not group[0].finetuned:
-        return baseline_for(group[0], runs)
+        return matching_baseline_runs(group[0], runs)
     bases: dict[Path, Run] = {}
     for r in group:
         base, _ = base_run_lookup(r, runs)
         if base is None:
-            return None
+            return []
         bases.setdefault(base.path.resolve(), base)
-    try:
-        return make_baseline(list(bases.values()))
-    except ValueError:  # bases of different arms, budgets or sizes cannot be averaged
-        return None
+    found = list(bases.values())
+    if any((r.arm, r.tokens, r.size) != (found[0].arm, found[0].tokens, found[0].size) for r in found):
+        return []
+    return found
+
+
+def group_baseline(group: Sequence[Run], runs: Sequence[Run]) -> Baseline | None:
+    """The baseline of a configuration's seeds (each arm-M seed brings its own base run); None without one."""
+    return make_baseline(group_baseline_runs(group, runs))
 
 
 def no_baseline_reason(run: Run, runs: Sequence[Run] | None = None) -> str:
@@ -259,6 +264,11 @@ def run_row(run: Run, runs: Sequence[Run]) -> dict[str, Any]:
         }
     row["domains"] = domains
     return row
+
+
+def sort_key(run: Run) -> tuple:
+    """The order of the tables' rows (and the figures' runs): size, budget, arm, λ, μ, seed."""
+    return (run.size, run.tokens, run.arm, run.lam, run.mu, run.seed if run.seed is not None else -1, run.name)
 
 
 def config_key(run: Run) -> tuple:

@@ -27,6 +27,7 @@ they were fine-tuned from, not with arm A at their own token budget.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
@@ -36,8 +37,9 @@ from typing import Any
 
 import numpy as np
 
-from analysis import arm_m, cli, complementarity, formatting, summary
-from analysis.formatting import Column, Table, fixed, general, percent, signed_percent
+from analysis import arm_m, cli, complementarity, formatting, intervals, summary
+from analysis.formatting import (Column, Table, fixed, general, percent, percent_interval, percent_spread,
+                                 signed_percent)
 from analysis.runs import Run, load_runs
 
 TABLE_NAMES = ("main", "per_domain", "runs", "scale", "complementarity", "transfers", "ablation")
@@ -67,14 +69,10 @@ _METRIC_COLUMNS = (
 )
 
 
-def _sort_key(run: Run) -> tuple:
-    return (run.size, run.tokens, run.arm, run.lam, run.mu, run.seed if run.seed is not None else -1, run.name)
-
-
 def _baseline_note(runs: Sequence[Run]) -> str:
     lines = []
     seen = set()
-    for r in sorted(runs, key=_sort_key):
+    for r in sorted(runs, key=summary.sort_key):
         if r.complete and r.finetuned:  # compared with its own base run, not with arm A at its budget
             base = summary.baseline_for(r, runs)
             lines.append(f"{r.name} (arm M): " + (summary.no_baseline_reason(r, runs) if base is None else
@@ -94,29 +92,89 @@ def _baseline_note(runs: Sequence[Run]) -> str:
     return "; ".join(lines)
 
 
+def _spread(values: Sequence[float | None]) -> dict[str, Any] | None:
+    spread = intervals.seed_spread([v for v in values if v is not None])
+    return None if spread is None else dataclasses.asdict(spread)
+
+
+def main_rows(runs: Sequence[Run]) -> list[dict[str, Any]]:
+    """summary.run_row of every complete run, with the 95% CIs of its comparison and its seeds' spread.
+
+    Added keys: ``delta_ppl_ci`` and ``miss_reduction_25_ci`` ([low, high] or
+    None), ``delta_ppl_ci_note`` and ``miss_reduction_25_ci_note`` (why there is
+    no interval; "" otherwise), ``seeds_delta_ppl`` and
+    ``seeds_miss_reduction_25`` ({n, mean, sd, low, high} over the seeds of the
+    run's configuration, or None with fewer than two seeds).
+    """
+    return _main_rows(runs)[0]
+
+
+def _main_rows(runs: Sequence[Run]) -> tuple[list[dict[str, Any]], list[intervals.ComparisonIntervals]]:
+    """main_rows, and the intervals they came from (whose notes say which runs lack per-window data)."""
+    ordered = [r for r in sorted(runs, key=summary.sort_key) if r.complete]
+    rows = [summary.run_row(r, runs) for r in ordered]
+    found = intervals.comparison_intervals([([r], summary.baseline_runs_for(r, runs)) for r in ordered])
+    by_name = {row["run"]: row for row in rows}
+    spreads: dict[str, dict[str, Any]] = {}
+    for group in summary.group_by_config(runs):
+        members = [by_name[r.name] for r in group]
+        spread = {"seeds_delta_ppl": _spread([m["delta_ppl"] for m in members]),
+                  "seeds_miss_reduction_25": _spread([m["miss_reduction_25"] for m in members])}
+        spreads.update({r.name: spread for r in group})
+    for row, ci in zip(rows, found):
+        for key, interval in (("delta_ppl", ci.delta_ppl), ("miss_reduction_25", ci.miss_reduction)):
+            row[f"{key}_ci"] = [interval.low, interval.high] if interval.available else None
+            row[f"{key}_ci_note"] = interval.note
+        row.update(spreads[row["run"]])
+    return rows, found
+
+
+def _interval_notes(found: Sequence[intervals.ComparisonIntervals]) -> str:
+    """How the CIs are computed, and which runs lack what for them."""
+    text = (f"95% CIs: percentile intervals of a paired bootstrap over evaluation windows "
+            f"({intervals.N_RESAMPLES} resamples, seed {intervals.SEED}; windows resampled per domain, window i of "
+            "every run together), of ΔPPL = mean PPL / the baseline's − 1 and of the LRU miss reduction @25% = "
+            "1 − miss/token / the baseline's (the cache persisting across windows); they cover the choice of "
+            "evaluation windows, not training noise: the seeds columns give the mean ± SD over a configuration's "
+            "seeds.")
+    for label, pick in (("ΔPPL", lambda c: c.delta_ppl), ("miss-reduction", lambda c: c.miss_reduction)):
+        missing = [pair for c in found for pair in pick(c).missing]
+        if missing:
+            text += f" No {label} CI (—) where a run lacks per-window data: {intervals.missing_note(missing)}."
+    return text
+
+
 def main_table(runs: Sequence[Run]) -> Table:
-    """One row per complete run: quality and domain-mean cache metrics."""
-    rows = tuple(summary.run_row(r, runs) for r in sorted(runs, key=_sort_key) if r.complete)
+    """One row per complete run: quality, its comparison with the baseline (CIs, seed spread), cache metrics."""
+    rows, found = _main_rows(runs)
     columns = (*_ID_COLUMNS,
                Column("ppl", "mean PPL", fixed(2)),
                Column("ppl_token_weighted", "tok-weighted PPL", fixed(2)),
+               Column("delta_ppl", "ΔPPL vs A", signed_percent()),
+               Column("delta_ppl_ci", "ΔPPL 95% CI", percent_interval(2)),
+               Column("seeds_delta_ppl", "ΔPPL over seeds", percent_spread(2)),
+               Column("miss_reduction_25", "LRU miss red.@25%", signed_percent(1)),
+               Column("miss_reduction_25_ci", "miss red. 95% CI", percent_interval(1)),
+               Column("seeds_miss_reduction_25", "miss red. over seeds", percent_spread(1)),
                *_METRIC_COLUMNS,
                Column("collapsed", "collapsed", general))
     notes = ["Mean PPL = arithmetic mean of the domain PPLs; cache metrics = mean over domains, capacity = "
              "ceil(fraction × E) per layer; static w=1 pins by frequency over the whole trace, w=0.2 over its "
              "first 20%; collapsed = experts used by < 1% of all the run's evaluation tokens (pooled over "
-             "domains), summed over layers."]
+             "domains), summed over layers. ΔPPL and miss reduction are against arm A of the same token budget "
+             "and size (mean over its seeds), an arm-M run against its base run.",
+             _interval_notes(found)]
     incomplete = [r for r in runs if not r.complete]
     if incomplete:
         notes.append("Not shown (incomplete): " + "; ".join(f"{r.name} ({', '.join(r.problems)})"
                                                            for r in incomplete))
-    return Table("main", "Main results", columns, rows, tuple(notes))
+    return Table("main", "Main results", columns, tuple(rows), tuple(notes))
 
 
 def per_domain_table(runs: Sequence[Run]) -> Table:
     """One row per (complete run, domain), with ΔPPL against the matching arm-A baseline."""
     rows = []
-    for r in sorted(runs, key=_sort_key):
+    for r in sorted(runs, key=summary.sort_key):
         if not r.complete:
             continue
         row = summary.run_row(r, runs)
@@ -137,7 +195,7 @@ def per_domain_table(runs: Sequence[Run]) -> Table:
 def runs_log_table(runs: Sequence[Run]) -> Table:
     """Every run found, finished or not, with its budget and what it is compared against."""
     rows = []
-    for r in sorted(runs, key=_sort_key):
+    for r in sorted(runs, key=summary.sort_key):
         row: dict[str, Any] = {"run": r.name, "arm": r.arm, "lam": r.lam, "mu": r.mu, "seed": r.seed,
                                "tokens": r.tokens, "size": r.size, "params": r.params, "path": str(r.path),
                                "status": "complete" if r.complete else "incomplete: " + "; ".join(r.problems)}
@@ -247,8 +305,8 @@ def build_tables(runs: Sequence[Run], names: Sequence[str] = TABLE_NAMES,
 
 
 def json_rows(runs: Sequence[Run]) -> list[dict[str, Any]]:
-    """The --format json payload: one unrounded object per complete run."""
-    return [summary.run_row(r, runs) for r in sorted(runs, key=_sort_key) if r.complete]
+    """The --format json payload: one unrounded object per complete run (main_rows)."""
+    return main_rows(runs)
 
 
 COMMAND = cli.run_command("python -m analysis.tables", __doc__.split("\n\n")[0])

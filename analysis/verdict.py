@@ -15,6 +15,13 @@ Usage::
 * A configuration that meets the metric but not the quality bar FAILS.
 * Collapse clause: any expert under 1% (pooled, marginal) usage is reported as
   expert collapse, and a configuration with collapse FAILS as a failure mode.
+* Uncertainty: under each verdict line, every gate is stated at the point
+  estimate (the pre-registered verdict) and at the bound of its 95% CI that
+  the gate is about (the lower bound of the miss reduction, the upper bound of
+  ΔPPL), from a paired bootstrap over evaluation windows (analysis.intervals),
+  with the spread across the configuration's seeds where it has several. The
+  static hit rate has no CI: its w = 1.0 pin is chosen from the whole
+  evaluation trace, so resampling windows does not apply.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from analysis import cli, summary
+from analysis import cli, intervals, summary
 from analysis.runs import Run, load_runs
 
 RQ1_MIN_MISS_REDUCTION = 0.30
@@ -65,6 +72,13 @@ class CriterionResult:
     verdict: str  # "PASS", "FAIL" or "NO BASELINE"
     reason: str
     baseline_kind: str = "A"  # "A" (arm A, same budget and size) or "base" (arm M's base run)
+    # 95% CIs ([low, high] or None, with why not) and the gates judged at their bound (None: no CI).
+    effect_ci: tuple[float, float] | None = None
+    effect_ci_note: str = ""
+    ppl_cost_ci: tuple[float, float] | None = None
+    ppl_cost_ci_note: str = ""
+    metric_met_at_bound: bool | None = None
+    quality_met_at_bound: bool | None = None
 
 
 def judge(metric_met: bool, quality_met: bool, collapsed: int) -> tuple[str, str]:
@@ -118,10 +132,36 @@ def _rq(criterion: str, group: Sequence[Run], runs: Sequence[Run]) -> CriterionR
                            quality_met=quality_met, verdict=verdict, reason=reason)
 
 
+STATIC_NO_CI = ("the w = 1.0 pin is chosen from the whole evaluation trace (in-sample), so resampling "
+                "windows does not apply")
+
+
+def with_intervals(result: CriterionResult, ci: intervals.ComparisonIntervals) -> CriterionResult:
+    """The result with its CIs, and each gate judged at the CI bound it is about."""
+    if result.verdict == "NO BASELINE":
+        return result
+
+    def bounds(interval: intervals.Interval) -> tuple[float, float] | None:
+        return (interval.low, interval.high) if interval.available else None
+
+    ppl_ci = bounds(ci.delta_ppl)
+    if result.criterion == "RQ1":
+        effect_ci, effect_note = bounds(ci.miss_reduction), ci.miss_reduction.note
+    else:
+        effect_ci, effect_note = None, STATIC_NO_CI
+    return dataclasses.replace(
+        result, effect_ci=effect_ci, effect_ci_note=effect_note, ppl_cost_ci=ppl_ci, ppl_cost_ci_note=ci.delta_ppl.note,
+        metric_met_at_bound=None if effect_ci is None else bool(effect_ci[0] >= result.metric_gate - GATE_SLACK),
+        quality_met_at_bound=None if ppl_ci is None else bool(ppl_ci[1] <= result.ppl_gate + GATE_SLACK))
+
+
 def evaluate(runs: Sequence[Run]) -> list[CriterionResult]:
-    """Every applicable criterion for every non-A configuration among the complete runs."""
+    """Every applicable criterion for every non-A configuration among the complete runs, with CIs."""
     groups = sorted(summary.group_by_config(runs), key=lambda g: (g[0].size, g[0].tokens, g[0].arm, g[0].lam, g[0].mu))
-    results = [_rq(criterion, group, runs) for group in groups for criterion in CRITERIA_BY_ARM.get(group[0].arm, ())]
+    judged = [(group, _rq(criterion, group, runs)) for group in groups
+              for criterion in CRITERIA_BY_ARM.get(group[0].arm, ())]
+    found = intervals.comparison_intervals([(group, summary.group_baseline_runs(group, runs)) for group, _ in judged])
+    results = [with_intervals(result, ci) for (_, result), ci in zip(judged, found)]
     return sorted(results, key=lambda r: r.criterion)  # stable: keeps the group order within a criterion
 
 
@@ -176,6 +216,45 @@ def format_result(r: CriterionResult) -> str:
     return f"{head} {against}: {metric}; {quality}; collapsed {r.collapsed} -> {r.verdict} ({r.reason})"
 
 
+def _judged(at_point: bool, at_bound: bool | None, bound: str) -> str:
+    """'holds at the point and at the 95% CI's lower bound', 'holds at the point, fails at ...', ..."""
+    word = {True: "holds", False: "fails"}
+    if at_bound is None:
+        return f"{word[at_point]} at the point"
+    if at_bound == at_point:
+        return f"{word[at_point]} at the point and at the 95% CI's {bound} bound"
+    return f"{word[at_point]} at the point, {word[at_bound]} at the 95% CI's {bound} bound"
+
+
+def _interval_text(ci: tuple[float, float] | None, note: str, signed: bool) -> str:
+    if ci is None:
+        return f"no 95% CI: {note}"
+    digits = "+.2f" if signed else ".1f"
+    return f"95% CI [{100 * ci[0]:{digits}}, {100 * ci[1]:{digits}}]%"
+
+
+def _spread_text(values: Sequence[float], signed: bool) -> str:
+    spread = intervals.seed_spread(values)
+    if spread is None:
+        return ""
+    value = _pct(spread.mean, signed)
+    sd = f"{100 * spread.sd:.2f}" if signed else f"{100 * spread.sd:.1f}"
+    return f"; over {spread.n} seeds {value} ± {sd} (SD), {_pct(spread.low, signed)} to {_pct(spread.high, signed)}"
+
+
+def gate_lines(r: CriterionResult) -> list[str]:
+    """Each gate of a judged criterion at the point estimate and at its CI bound, with the seed spread."""
+    if r.verdict == "NO BASELINE":
+        return []
+    name = "miss reduction" if r.criterion == "RQ1" else r.metric  # RQ1's effect is relative to the baseline
+    metric = (f"{name} ≥ {_pct(r.metric_gate)}: {_judged(r.metric_met, r.metric_met_at_bound, 'lower')} "
+              f"(point {_pct(r.effect)}, {_interval_text(r.effect_ci, r.effect_ci_note, False)})")
+    quality = (f"ΔPPL ≤ {_pct(r.ppl_gate, True)}: {_judged(r.quality_met, r.quality_met_at_bound, 'upper')} "
+               f"(point {_pct(r.ppl_cost, True)}, {_interval_text(r.ppl_cost_ci, r.ppl_cost_ci_note, True)})")
+    return [f"  {r.criterion} {metric}{_spread_text(r.effect_per_seed, False)}",
+            f"  {r.criterion} {quality}{_spread_text(r.ppl_cost_per_seed, True)}"]
+
+
 def format_collapse(entry: dict[str, Any]) -> str:
     if entry["collapsed"] == 0:
         return f"COLLAPSE {entry['run']}: none (every expert >= 1% usage in every layer)"
@@ -186,7 +265,7 @@ def format_collapse(entry: dict[str, Any]) -> str:
 
 def verdict_text(runs: Sequence[Run]) -> str:
     results = evaluate(runs)
-    lines = [format_result(r) for r in results]
+    lines = [line for r in results for line in (format_result(r), *gate_lines(r))]
     for criterion in ("RQ1", "RQ2"):
         state, why = overall(results, criterion)
         lines.append(f"{criterion} overall: {state} ({why})")

@@ -1,32 +1,38 @@
-"""`python -m cachesim`: replay traces through per-layer expert caches.
+"""`python -m cachesim`: replay traces through per-layer or global expert caches.
 
-Prints one record per trace × layer selection × capacity × policy with the
-misses per token and hit rate of the selected layers summed (SPEC §7), as a
-table or as JSON (documented in cachesim/README.md). Expert collapse is
+Prints one record per trace × layer selection × capacity × scope × policy with
+the misses per token and hit rate of the selected layers summed (SPEC §7), as a
+table or as JSON (documented in cachesim/README.md); `--capacity all` gives
+every capacity (the miss-ratio curve) from one replay. Expert collapse is
 reported on stderr for every trace that has it.
 """
 
 from __future__ import annotations
 
 import json
+import pathlib
 import sys
 from collections.abc import Sequence
 
+import numpy as np
 import pandas as pd
 
 from cachesim import metrics
 from cachesim.cli_util import CLI, UsageError, comma_list, progress, write_output
-from cachesim.policies import (POLICIES, RECENCY_MODES, ROUNDING_MODES, CacheSpec, CacheSpecError, parse_capacities,
-                               spec_for)
-from cachesim.simulate import SimulationError, simulate
+from cachesim.policies import (ALL_CAPACITIES, ALL_POLICIES, RECENCY_MODES, ROUNDING_MODES, CacheSpec, CacheSpecError,
+                               parse_capacities, parse_scopes, parse_static_fits, spec_for)
+from cachesim.simulate import SimulationError, miss_curves, simulate
 from cachesim.trace import Trace, TraceError, load_trace
 
 
-COMMAND = CLI("python -m cachesim", "Replay router traces through per-layer expert caches (SPEC §7).",
+COMMAND = CLI("python -m cachesim", "Replay router traces through per-layer or global expert caches (SPEC §7).",
            positional="TRACE.npz [TRACE.npz ...]", positional_help="trace .npz files (reference format)")
-COMMAND.define("list", "policies", ["lru", "lfu", "static", "belady"], "comma-separated subset of " + ",".join(POLICIES))
+COMMAND.define("list", "policies", ["lru", "lfu", "static", "belady"],
+               "comma-separated subset of " + ",".join(ALL_POLICIES)
+               + " (all but lru,lfu,static,belady run through libCacheSim)")
 COMMAND.define("string", "capacity", "0.125,0.25,0.5",
-            "capacities, comma-separated: fractions of E with a decimal point (0.25) or expert counts (4)")
+            "capacities, comma-separated: fractions of E (of L·E for --scope global) with a decimal point "
+            "(0.25) or expert counts (4); or all: every capacity 0..E (0..L·E), the miss-ratio curve")
 COMMAND.deprecated("capacity-count", "capacity")
 COMMAND.define("enum", "rounding", "ceil", "rounding of fraction x E", enum_values=list(ROUNDING_MODES))
 COMMAND.define("multi_string", "layers", None, "layer selection summed into one record: all, 24 or 0,3; repeat for "
@@ -35,6 +41,10 @@ COMMAND.define("list", "static_warmup", ["1.0"], "static policy warm-up fraction
 COMMAND.deprecated("static-warmup", "static_warmup")
 COMMAND.define("list", "lru_recency", ["request"], "LRU recency modes: request,token")
 COMMAND.deprecated("lru-recency", "lru_recency")
+COMMAND.define("list", "scope", ["layer"], "cache scopes: layer (a cache per layer), global (one for all layers), "
+               "global-uniform, global-demand (a global budget split per layer)")
+COMMAND.define("list", "static_fit", ["self"], "traces the static pin is fitted on: self (the scored trace, "
+               "in-sample) or a trace .npz of the same model (out-of-sample)")
 COMMAND.define("enum", "format", "table", "output format", enum_values=["table", "json"])
 COMMAND.define("string", "out", None, "write the output to this file instead of stdout")
 
@@ -55,47 +65,84 @@ def _layer_selection(text: str, trace: Trace) -> list[int]:
 
 
 def _specs(args) -> list[CacheSpec]:
-    """Specs ordered by capacity, then policy (and its option values)."""
-    unknown = [p for p in args.policies if p not in POLICIES]
+    """Specs ordered by capacity, then scope, then policy (and its option values)."""
+    unknown = [p for p in args.policies if p not in ALL_POLICIES]
     bad_recency = [r for r in args.lru_recency if r not in RECENCY_MODES]
     if unknown:
         raise CacheSpecError(f"unknown policy {unknown[0]!r}; use a subset of "
-                             f"{','.join(POLICIES)}")
+                             f"{','.join(ALL_POLICIES)}")
     if bad_recency:
         raise CacheSpecError(f"unknown LRU recency {bad_recency[0]!r}; use request or token")
     warmups = comma_list(",".join(args.static_warmup), float, "--static_warmup")
+    scopes = parse_scopes(",".join(args.scope))
+    fits = parse_static_fits(",".join(args.static_fit))
+    # `all`: one curve per spec, its capacity a placeholder.
+    capacities = [0] if _curves(args) else parse_capacities(args.capacity)
     specs = []
-    for capacity in parse_capacities(args.capacity):
-        for policy in args.policies:
-            if policy == "lru":
-                specs += [spec_for("lru", capacity, recency=r, rounding=args.rounding) for r in args.lru_recency]
-            elif policy == "static":
-                specs += [spec_for("static", capacity, warmup=w, rounding=args.rounding) for w in warmups]
-            else:
-                specs.append(spec_for(policy, capacity, rounding=args.rounding))
+    for capacity in capacities:
+        for scope, quota in scopes:
+            options = dict(rounding=args.rounding, scope=scope, quota=quota)
+            for policy in args.policies:
+                if policy == "lru":
+                    specs += [spec_for("lru", capacity, recency=r, **options) for r in args.lru_recency]
+                elif policy == "static":
+                    specs += [spec_for("static", capacity, warmup=w, fit=fit, **options)
+                              for fit in fits for w in warmups]
+                else:
+                    specs.append(spec_for(policy, capacity, **options))
     return specs
 
 
+def _curves(args) -> bool:
+    return str(args.capacity).strip() == ALL_CAPACITIES
+
+
+def _simulate(traces: Sequence[Trace], specs: Sequence[CacheSpec], layers, fits, curves: bool):
+    """Per trace, (misses (layers, columns), [(spec, capacity)] per column): the
+    specs at their capacities, or every capacity of each spec's curve."""
+    if not curves:
+        return [(m, [(spec, spec.capacity_for(spec.keys(t.num_layers if layers is None else
+                                                         len(layers), t.num_experts)))
+                     for spec in specs])
+                for t, m in zip(traces, simulate(traces, specs, layers=layers, fits=fits))]
+    out = []
+    for curve_list in miss_curves(traces, specs, layers=layers, fits=fits):
+        columns = [(spec, c) for spec, curve in zip(specs, curve_list)
+                   for c in range(curve.shape[1]) if curve[0, c] >= 0]
+        misses = [curve[:, c] for curve in curve_list for c in range(curve.shape[1]) if curve[0, c] >= 0]
+        out.append((np.stack(misses, axis=1), columns))
+    return out
+
+
 def cache_records(paths: Sequence[str], traces: Sequence[Trace], specs: Sequence[CacheSpec],
-                  selections: Sequence[str]) -> list[dict]:
-    """The CLI's records (see cachesim/README.md), all from one simulation."""
+                  selections: Sequence[str], fits: dict[str, Trace] | None = None,
+                  curves: bool = False) -> list[dict]:
+    """The CLI's records (see cachesim/README.md), all from one simulation
+    (`curves`: every capacity of each spec, from one replay per cache)."""
     layer_lists = [[_layer_selection(text, trace) for text in selections] for trace in traces]
     needed = [sorted({layer for layers in lists for layer in layers}) for lists in layer_lists]
     shared = needed[0] if all(n == needed[0] for n in needed) else None
-    misses_all = simulate(traces, specs, layers=shared)
+    global_specs = any(spec.scope == "global" for spec in specs)
+    if global_specs and len({tuple(layers) for lists in layer_lists for layers in lists}) > 1:
+        raise SimulationError("a global cache serves one layer selection; give one --layers with "
+                              "--scope global")
+    misses_all = _simulate(traces, specs, shared if not global_specs else layer_lists[0][0], fits,
+                           curves)
     records = []
-    for path, trace, lists, misses in zip(paths, traces, layer_lists, misses_all):
-        row_of = {layer: i for i, layer in enumerate(shared or range(trace.num_layers))}
+    for path, trace, lists, (misses, columns) in zip(paths, traces, layer_lists, misses_all):
+        row_of = {layer: i for i, layer in enumerate((shared if not global_specs else lists[0])
+                                                     or range(trace.num_layers))}
         collapsed = metrics.collapse_counts(trace)
         for layers in lists:
             rows = [row_of[layer] for layer in layers]
-            for s, spec in enumerate(specs):
-                capacity = spec.capacity_for(trace.num_experts)
+            for s, (spec, capacity) in enumerate(columns):
+                keys = spec.keys(len(layers), trace.num_experts)
                 total = int(misses[rows, s].sum())
                 record = {
                     "trace": path, "name": trace.name, "layers": layers,
-                    "policy": spec.policy, "capacity": capacity,
-                    "capacity_frac": capacity / trace.num_experts,
+                    "policy": spec.policy, "engine": spec.engine, "scope": spec.scope,
+                    "quota": spec.quota, "capacity": capacity,
+                    "capacity_frac": capacity / keys,
                     "rounding": spec.rounding if spec.fraction is not None else None,
                     "num_tokens": trace.num_tokens, "num_experts": trace.num_experts,
                     "k": trace.k, "misses": total,
@@ -107,6 +154,7 @@ def cache_records(paths: Sequence[str], traces: Sequence[Trace], specs: Sequence
                     record["lru_recency"] = spec.recency
                 if spec.policy == "static":
                     record["static_warmup"] = spec.warmup
+                    record["static_fit"] = spec.fit
                 records.append(record)
     return records
 
@@ -118,9 +166,15 @@ def _layers_label(layers: list[int], num_layers: int) -> str:
 def records_frame(records: Sequence[dict], num_layers: dict[str, int]) -> pd.DataFrame:
     """The records as a DataFrame, one row per record, the table's columns."""
     def policy(r: dict) -> str:
-        if r["policy"] == "lru" and r["lru_recency"] == "token":
-            return "lru(token)"
-        return f"static(w={r['static_warmup']:g})" if r["policy"] == "static" else r["policy"]
+        name = r["policy"]
+        if name == "lru" and r["lru_recency"] == "token":
+            name = "lru(token)"
+        if name == "static":
+            fit = "" if r["static_fit"] is None else f",fit={pathlib.Path(r['static_fit']).name}"
+            name = f"static(w={r['static_warmup']:g}{fit})"
+        if r["scope"] == "global":
+            name += "@global" + ("" if r["quota"] == "shared" else f"-{r['quota']}")
+        return name
 
     return pd.DataFrame([{"trace": r["trace"], "layers": _layers_label(r["layers"], num_layers[r["trace"]]),
                           "policy": policy(r), "capacity": r["capacity"], "cap_frac": r["capacity_frac"],
@@ -152,7 +206,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             for path in paths:
                 traces.append(load_trace(path))
                 bar.advance()
-            records = cache_records(paths, traces, specs, args.layers or ["all"])
+            fits = {fit: load_trace(fit) for fit in {s.fit for s in specs} if fit is not None}
+            records = cache_records(paths, traces, specs, args.layers or ["all"], fits, curves=_curves(args))
             bar.advance()
     except (TraceError, CacheSpecError, SimulationError, UsageError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -8,7 +8,7 @@ to summing over layers for reuse, since every layer has T tokens).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -27,6 +27,8 @@ PAPER_POLICIES = {
     "static_w0.2": lambda f: CacheSpec("static", fraction=f, warmup=0.2),
     "belady": lambda f: CacheSpec("belady", fraction=f),
 }
+# paper_metrics' static pin fitted on another trace (the training split).
+OUT_OF_SAMPLE = "static_train"
 
 
 def expert_counts(trace: Trace) -> np.ndarray:
@@ -119,13 +121,15 @@ def hit_rate(misses: np.ndarray | int, num_tokens: int, num_layers: int, k: int)
 
 
 def cache_table(traces: Sequence[Trace], specs: Sequence[CacheSpec],
-                layers: Sequence[int] | None = None) -> list[list[dict]]:
+                layers: Sequence[int] | None = None, fits: Mapping[str, Trace] | None = None
+                ) -> list[list[dict]]:
     """Per trace, per spec: capacity, misses, misses_per_token, hit_rate,
-    with the selected layers summed."""
+    with the selected layers summed (the capacity is the cache's: per layer,
+    or the global budget)."""
     out = []
-    for trace, misses in zip(traces, simulate(traces, specs, layers=layers)):
+    for trace, misses in zip(traces, simulate(traces, specs, layers=layers, fits=fits)):
         num_layers = misses.shape[0]
-        out.append([{"capacity": spec.capacity_for(trace.num_experts),
+        out.append([{"capacity": spec.capacity_for(spec.keys(num_layers, trace.num_experts)),
                      "misses": int(misses[:, s].sum()),
                      "misses_per_token": misses_per_token(misses[:, s], trace.num_tokens),
                      "hit_rate": hit_rate(misses[:, s], trace.num_tokens, num_layers, trace.k)}
@@ -133,22 +137,36 @@ def cache_table(traces: Sequence[Trace], specs: Sequence[CacheSpec],
     return out
 
 
-def paper_metrics(trace: Trace) -> dict:
+def paper_metrics(trace: Trace, fit: Trace | None = None) -> dict:
     """The paper's metric set for one domain trace (see the cachesim contract):
     reuse at lag 1 against both chances, working set at 95%, collapse, and
     miss/token and hit rate of LRU, LFU, static (w = 1.0, 0.2) and Belady at
-    12.5/25/50% capacity (ceil rounding, request-order LRU), layers summed."""
+    12.5/25/50% capacity (ceil rounding, request-order LRU), layers summed.
+
+    The paper's static pin (`static_w1.0`) is in-sample: pinned on the trace it
+    scores. With `fit` (e.g. the domain's training-split trace) the same pin
+    fitted on `fit` is scored beside it as `static_train`; `static_fit` says
+    where each static pin was fitted.
+    """
     if trace.num_tokens < 2:
         raise TraceError(f"paper metrics need at least 2 tokens, the trace has "
                          f"{trace.num_tokens}")
-    grid = [(name, fraction) for name in PAPER_POLICIES for fraction in PAPER_FRACTIONS]
-    specs = [PAPER_POLICIES[name](float(fraction)) for name, fraction in grid]
-    (results,) = cache_table([trace], specs)
-    cache: dict[str, dict[str, dict]] = {name: {} for name in PAPER_POLICIES}
+    policies = dict(PAPER_POLICIES)
+    if fit is not None:
+        policies[OUT_OF_SAMPLE] = lambda f: CacheSpec("static", fraction=f, fit="train")
+    grid = [(name, fraction) for name in policies for fraction in PAPER_FRACTIONS]
+    specs = [policies[name](float(fraction)) for name, fraction in grid]
+    (results,) = cache_table([trace], specs, fits=None if fit is None else {"train": fit})
+    cache: dict[str, dict[str, dict]] = {name: {} for name in policies}
     for (name, fraction), result in zip(grid, results):
         cache[name][fraction] = {key: result[key]
                                  for key in ("capacity", "misses_per_token", "hit_rate")}
     per_layer = collapse_counts(trace)
+    fitted = {"static_w1.0": "in-sample: pinned on this trace's requests (the paper's number)",
+              "static_w0.2": "pinned on this trace's first 20% of tokens"}
+    if fit is not None:
+        fitted[OUT_OF_SAMPLE] = (f"out-of-sample: pinned on {fit.num_tokens} tokens of the "
+                                 f"training split ({fit.name or 'fit trace'})")
     return {
         "num_tokens": trace.num_tokens,
         "num_layers": trace.num_layers,
@@ -161,6 +179,7 @@ def paper_metrics(trace: Trace) -> dict:
         "collapsed": int(sum(per_layer)),
         "collapsed_per_layer": per_layer,
         "cache": cache,
+        "static_fit": fitted,
     }
 
 

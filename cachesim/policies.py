@@ -14,15 +14,34 @@ Semantics shared by the JAX simulator and the plain-Python reference:
   Capacity 1 <= c < k is simulated by the same rules: a token's later requests
   may evict the experts its earlier requests just loaded.
 * Capacity >= E never evicts: only the first request of each expert misses.
+
+Scope. By default every layer has its own cache (`scope="layer"`). Under
+`scope="global"` one cache of C entries serves every (layer, expert) pair:
+the keys are l·E + e, requested in layer-major order within a token (layer
+0's k experts top-1 first, then layer 1's, ...), and each (token, layer) is
+one *step*, the unit a token is for a per-layer cache (LRU `token` recency
+stamps it, Belady looks strictly past it). The same rules then apply to the
+L·E keys. `quota="uniform"` or `"demand"` instead splits the global budget C
+into per-layer caches (`layer_quotas`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from fractions import Fraction
 
+from cachesim.lcs.registry import POLICIES as EXTERNAL_POLICIES
+
+# Policies cachesim implements; every name of EXTERNAL_POLICIES runs through
+# libCacheSim (`cachesim.lcs`), an optional extra.
 POLICIES = ("lru", "lfu", "static", "belady")
+ALL_POLICIES = POLICIES + tuple(EXTERNAL_POLICIES)
+SCOPES = ("layer", "global")
+QUOTAS = ("shared", "uniform", "demand")
+# `--capacity all`: every capacity 0..E (0..L·E under the global scope).
+ALL_CAPACITIES = "all"
 # Codes of the replayed policies, shared by every fast path (`cachesim.online`,
 # `cachesim.stack`); static pinning has no per-token state.
 LRU_REQUEST, LRU_TOKEN, LFU, BELADY = 0, 1, 2, 3
@@ -63,10 +82,11 @@ def warmup_tokens(warmup: float, num_tokens: int) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class CacheSpec:
-    """One cache configuration, applied independently to every layer.
+    """One cache configuration: a cache per layer, or one for all layers.
 
     Attributes:
-      policy: "lru", "lfu", "static" or "belady".
+      policy: "lru", "lfu", "static" or "belady", or a libCacheSim policy
+        (`EXTERNAL_POLICIES`: "arc", "sieve", "s3fifo", ...).
       capacity: the capacity as a count of experts; exclusive with `fraction`.
       fraction: the capacity as a fraction of E, rounded by `rounding`.
       rounding: "ceil" (default), "round" or "floor"; only with `fraction`.
@@ -78,6 +98,15 @@ class CacheSpec:
         warm-up fill remaining slots, lowest id first). The pinned set then
         serves the whole trace, warm-up included (w = 1.0 is the in-sample
         convention of the reference's trained-model tables).
+      scope: "layer" (a cache per layer, capacity a count or fraction of E)
+        or "global" (one cache for the L·E (layer, expert) keys; capacity a
+        count or a fraction of L·E).
+      quota: global only. "shared" (one cache), "uniform" or "demand": the
+        global budget split into per-layer caches (`layer_quotas`).
+      fit: static only. None pins the experts most requested in the scored
+        trace itself (in-sample); a label pins those of another trace, the
+        one given for that label to `cachesim.simulate.simulate(fits=...)`
+        (out-of-sample: another split, domain or run).
     """
 
     policy: str
@@ -86,10 +115,14 @@ class CacheSpec:
     rounding: str = "ceil"
     recency: str = "request"
     warmup: float = 1.0
+    scope: str = "layer"
+    quota: str = "shared"
+    fit: str | None = None
 
     def __post_init__(self):
-        if self.policy not in POLICIES:
-            raise CacheSpecError(f"unknown policy {self.policy!r}; use one of {POLICIES}")
+        if self.policy not in ALL_POLICIES:
+            raise CacheSpecError(f"unknown policy {self.policy!r}; use one of "
+                                 f"{', '.join(ALL_POLICIES)}")
         if (self.capacity is None) == (self.fraction is None):
             raise CacheSpecError("give exactly one of capacity (a count) or fraction")
         if self.capacity is not None:
@@ -108,21 +141,125 @@ class CacheSpec:
         if not 0.0 < self.warmup <= 1.0:
             raise CacheSpecError(f"static warm-up fraction must be in (0, 1], got "
                                  f"{self.warmup}")
+        if self.scope not in SCOPES:
+            raise CacheSpecError(f"unknown scope {self.scope!r}; use one of {SCOPES}")
+        if self.quota not in QUOTAS:
+            raise CacheSpecError(f"unknown quota {self.quota!r}; use one of {QUOTAS}")
+        if self.quota != "shared" and self.scope != "global":
+            raise CacheSpecError(f"quota {self.quota!r} splits a global budget; give "
+                                 "scope='global' with it")
+        if self.fit is not None and self.policy != "static":
+            raise CacheSpecError(f"fit names the trace a static pin is fitted on; policy "
+                                 f"{self.policy!r} has no pinned set")
+        if self.capacity is not None:
+            check_capacity(self.policy, self.capacity)
+
+    @property
+    def engine(self) -> str:
+        """Who replays it: "cachesim" or "libcachesim"."""
+        return "libcachesim" if self.policy in EXTERNAL_POLICIES else "cachesim"
 
     def capacity_for(self, num_experts: int) -> int:
-        """The capacity count for a model with `num_experts` experts."""
+        """The capacity count for `num_experts` keys (E per layer, L·E under the
+        global scope: see `keys`)."""
         if self.capacity is not None:
             return self.capacity
-        return capacity_from_fraction(self.fraction, num_experts, self.rounding)
+        return check_capacity(self.policy,
+                              capacity_from_fraction(self.fraction, num_experts, self.rounding))
+
+    def keys(self, num_layers: int, num_experts: int) -> int:
+        """How many keys a capacity fraction is taken of: E, or L·E (global)."""
+        return num_experts * (num_layers if self.scope == "global" else 1)
 
     @property
     def label(self) -> str:
-        """A short name: lru, lru_token, lfu, static_w0.2, belady."""
-        if self.policy == "lru":
-            return "lru" if self.recency == "request" else "lru_token"
+        """A short name: lru, lru_token, lfu, static_w0.2, belady, arc; the
+        scope and fit appended when not the default (lru@global-uniform,
+        static_w1.0@fit=train)."""
+        name = self.policy
+        if self.policy == "lru" and self.recency == "token":
+            name = "lru_token"
         if self.policy == "static":
-            return f"static_w{self.warmup}"
-        return self.policy
+            name = f"static_w{self.warmup}"
+        if self.scope == "global":
+            name += "@global" + ("" if self.quota == "shared" else f"-{self.quota}")
+        if self.fit is not None:
+            name += f"@fit={self.fit}"
+        return name
+
+
+def check_capacity(policy: str, capacity: int) -> int:
+    """`capacity`, unless a libCacheSim policy is degenerate at that size (see
+    `cachesim.lcs.registry`); 0 (holds nothing) is always allowed."""
+    external = EXTERNAL_POLICIES.get(policy)
+    if external is not None and 0 < capacity < external.min_capacity:
+        raise CacheSpecError(f"{policy} needs a capacity of at least {external.min_capacity} "
+                             f"(got {capacity}): {external.why}")
+    return capacity
+
+
+def layer_quotas(total: int, weights: Sequence[int], caps: Sequence[int]) -> list[int]:
+    """Splits a budget of `total` entries into per-layer capacities.
+
+    Each layer gets a share proportional to its weight, at most its cap (a
+    layer never uses more slots than keys it requests); what a capped layer
+    cannot use goes to the others. Shares are rounded by largest remainder
+    (ties to the lowest layer), in exact fractions, so the quotas sum to
+    min(total, sum of caps).
+    """
+    caps = [int(c) for c in caps]
+    weights = [int(w) for w in weights]
+    quotas = [0] * len(caps)
+    open_layers = [i for i, (w, c) in enumerate(zip(weights, caps)) if w > 0 and c > 0]
+    budget = min(int(total), sum(caps[i] for i in open_layers))
+    while open_layers:
+        weight = sum(weights[i] for i in open_layers)
+        ideal = {i: Fraction(budget * weights[i], weight) for i in open_layers}
+        full = [i for i in open_layers if ideal[i] >= caps[i]]
+        if not full:
+            break
+        for i in full:  # capped layers take their cap; the rest share what is left
+            quotas[i] = caps[i]
+            budget -= caps[i]
+        open_layers = [i for i in open_layers if i not in full]
+    if open_layers:
+        floors = {i: math.floor(ideal[i]) for i in open_layers}
+        left = budget - sum(floors.values())
+        by_remainder = sorted(open_layers, key=lambda i: (-(ideal[i] - floors[i]), i))
+        for rank, i in enumerate(by_remainder):
+            quotas[i] = floors[i] + (1 if rank < left else 0)
+    return quotas
+
+
+# ---------------------------------------------------------------- command-line words
+# Small parsers of one option's text each (a comma list); they raise CacheSpecError.
+
+
+def _words(text: str, what: str) -> list[str]:
+    words = [w.strip() for w in str(text).split(",") if w.strip()]
+    if not words:
+        raise CacheSpecError(f"{what}: empty list")
+    return words
+
+
+def parse_scopes(text: str) -> list[tuple[str, str]]:
+    """A comma list of layer, global, global-uniform, global-demand as
+    (scope, quota) pairs."""
+    out = []
+    for word in _words(text, "scope"):
+        scope, _, quota = word.partition("-")
+        quota = quota or "shared"
+        if scope not in SCOPES or quota not in QUOTAS or (scope == "layer" and quota != "shared"):
+            raise CacheSpecError(f"unknown scope {word!r}; use layer, global, global-uniform or "
+                                 "global-demand")
+        out.append((scope, quota))
+    return out
+
+
+def parse_static_fits(text: str) -> list[str | None]:
+    """A comma list of traces to fit static pins on; "self" (None) is the
+    scored trace itself."""
+    return [None if word == "self" else word for word in _words(text, "static fit")]
 
 
 def policy_code(spec: CacheSpec) -> int:

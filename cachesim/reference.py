@@ -5,6 +5,12 @@ capacity rules in `cachesim.policies`; speed is not a goal. Each `replay_*`
 returns, per token, one miss flag per request (top-1 first); `count_misses`
 sums them. `tokens` is any sequence of per-token id sequences, e.g.
 `trace.experts[layer].tolist()`.
+
+`layer_misses` scores a whole (L, T, k) trace under any scope: per layer,
+one global cache over the (layer, expert) keys l·E + e requested layer-major
+(each (token, layer) a step, the unit a token is for one layer), or the
+global budget split into per-layer quotas — and static pins fitted on
+another trace.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ import math
 from collections import defaultdict
 from collections.abc import Sequence
 
-from cachesim.policies import CacheSpec, warmup_tokens
+from cachesim.policies import CacheSpec, layer_quotas, warmup_tokens
 
 Tokens = Sequence[Sequence[int]]
 
@@ -77,9 +83,10 @@ def pinned_experts(tokens: Tokens, capacity: int, num_experts: int, warmup: int)
 
 
 def replay_static(tokens: Tokens, capacity: int, num_experts: int,
-                  warmup: int) -> list[list[bool]]:
-    """Static pin: the pinned set never changes; anything else misses."""
-    pinned = pinned_experts(tokens, capacity, num_experts, warmup)
+                  warmup: int, fit: Tokens | None = None) -> list[list[bool]]:
+    """Static pin: the pinned set never changes; anything else misses. `fit`
+    (default: `tokens`) is what the pinned set is counted on."""
+    pinned = pinned_experts(tokens if fit is None else fit, capacity, num_experts, warmup)
     return [[expert not in pinned for expert in token] for token in tokens]
 
 
@@ -115,17 +122,60 @@ def replay_belady(tokens: Tokens, capacity: int) -> list[list[bool]]:
     return flags
 
 
-def replay(tokens: Tokens, spec: CacheSpec, num_experts: int) -> list[list[bool]]:
-    """Per-request miss flags of one layer's cache under `spec`."""
-    capacity = spec.capacity_for(num_experts)
+def replay(tokens: Tokens, spec: CacheSpec, num_experts: int, capacity: int | None = None,
+           fit: Tokens | None = None, warmup: int | None = None) -> list[list[bool]]:
+    """Per-request miss flags of one cache under `spec` (capacity and the
+    static warm-up in steps of `fit` as given, else from the spec)."""
+    if capacity is None:
+        capacity = spec.capacity_for(num_experts)
     if spec.policy == "lru":
         return replay_lru(tokens, capacity, spec.recency)
     if spec.policy == "lfu":
         return replay_lfu(tokens, capacity)
     if spec.policy == "static":
-        return replay_static(tokens, capacity, num_experts,
-                             warmup_tokens(spec.warmup, len(tokens)))
+        fitted = tokens if fit is None else fit
+        if warmup is None:
+            warmup = warmup_tokens(spec.warmup, len(fitted))
+        return replay_static(tokens, capacity, num_experts, warmup, fitted)
     return replay_belady(tokens, capacity)
+
+
+def layer_misses(experts: Sequence[Tokens], spec: CacheSpec, num_experts: int,
+                 fit: Sequence[Tokens] | None = None) -> list[int]:
+    """Demand misses of each layer of an (L, T, k) trace under `spec`, any scope.
+
+    Global: the L·E keys l·E + e, one step per (token, layer) in layer-major
+    order, one cache of the whole budget; a miss counts for its step's layer.
+    Quotas: per-layer caches whose capacities split the budget (uniform, or
+    in proportion to each layer's distinct experts, at most that many).
+    `fit`: the trace a static pin is fitted on (default: the scored one).
+    """
+    layers = len(experts)
+    fit = experts if fit is None else fit
+    if spec.scope == "layer" or spec.quota != "shared":
+        capacities = [min(spec.capacity_for(num_experts), num_experts)] * layers
+        if spec.quota == "uniform":
+            capacities = layer_quotas(spec.capacity_for(layers * num_experts), [1] * layers,
+                                      [num_experts] * layers)
+        elif spec.quota == "demand":
+            used = [len({e for token in layer for e in token}) for layer in experts]
+            capacities = layer_quotas(spec.capacity_for(layers * num_experts), used, used)
+        return [sum(map(sum, replay(experts[layer], spec, num_experts, capacities[layer],
+                                    fit[layer])))
+                for layer in range(layers)]
+
+    def steps(trace):
+        return [[layer * num_experts + e for e in trace[layer][t]]
+                for t in range(len(trace[0])) for layer in range(layers)]
+
+    keys = layers * num_experts
+    warmup = warmup_tokens(spec.warmup, len(fit[0])) * layers
+    flags = replay(steps(experts), spec, keys, min(spec.capacity_for(keys), keys), steps(fit),
+                   warmup)
+    out = [0] * layers
+    for step, step_flags in enumerate(flags):
+        out[step % layers] += sum(step_flags)
+    return out
 
 
 def count_misses(tokens: Tokens, spec: CacheSpec, num_experts: int) -> int:

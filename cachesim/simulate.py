@@ -1,15 +1,17 @@
 """The grid simulator: every (trace, layer, cache spec) of a grid in one jit per policy.
 
-LRU, LFU and Belady are stack algorithms: one replay per (layer, policy)
+LRU, LFU and Belady are stack algorithms: one replay per (cache, policy)
 gives the misses of every capacity at once (`cachesim.stack`, which explains
 the method). The replay reads, per request, the expert's request history —
-previous request, number of earlier requests, next request — computed here in
-numpy by one stable sort per layer, and starts its time chunks from stacks
-guessed from the same sort. Rows (trace × layer) and time chunks run side by
-side as vector lanes; capacities are traced values and the shapes are the
-only static inputs, so new traces of the same shape reuse the compiled
-functions. Static pinning needs no replay: the pinned set is the top-c experts
-of the warm-up counts, the misses the requests outside it.
+number of earlier requests, next request — computed here in numpy by one
+stable sort per cache, and starts its time chunks from stacks guessed from
+the same sort. Caches (rows, `cachesim.scope`: one per layer, or one for all
+layers under the global scope) and time chunks run side by side as vector
+lanes; capacities are traced values and the shapes are the only static
+inputs, so new traces of the same shape reuse the compiled functions. Static
+pinning needs no replay (`cachesim.pinning`): the misses are the requests
+outside the pinned set. Policies cachesim does not implement run through
+libCacheSim (`cachesim.lcs`).
 
 `cachesim.online` holds the plain per-cache step (a dense state per cache)
 for code that routes through a cache token by token; both are parity-tested
@@ -19,26 +21,27 @@ against `cachesim.reference`.
 from __future__ import annotations
 
 import concurrent.futures
-import functools
+import dataclasses
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
-from cachesim import stack
-from cachesim.policies import BELADY, LFU, LRU_REQUEST, LRU_TOKEN, CacheSpec, policy_code, warmup_tokens
+from cachesim import pinning, scope, stack
+from cachesim.pinning import pinned_sets  # noqa: F401  (the timed model's import)
+from cachesim.policies import (BELADY, LFU, LRU_REQUEST, LRU_TOKEN, CacheSpec,
+                               policy_code)
 from cachesim.trace import Trace
 
-# Expert axes are padded to a multiple of this, so nearby E share one compile.
+# Key axes are padded to a multiple of this, so nearby E share one compile.
 _EXPERT_PAD = 8
 # Time chunks: enough side-by-side lanes (rows x chunks) per policy that a
 # step's stacks hold about _TARGET_ELEMENTS priorities (measured best near
-# 1,000 lanes of E = 16 on XLA:CPU), chunks no shorter than _MIN_CHUNK tokens,
-# each warmed up on the last 1/_WARMUP_FRACTION of its predecessor (at most
-# _MAX_WARMUP tokens).
+# 1,000 lanes of 16 entries on XLA:CPU), chunks no shorter than _MIN_CHUNK
+# steps, each warmed up on the last 1/_WARMUP_FRACTION of its predecessor (at
+# most _MAX_WARMUP steps). A packed LRU recency word counts as one entry
+# (measured best between 16k and 64k lanes).
 _TARGET_ELEMENTS = 16384
 _MIN_CHUNK = 1024
 _WARMUP_FRACTION = 8
@@ -49,38 +52,6 @@ class SimulationError(ValueError):
     """A simulation request cannot be served; the message names the fix."""
 
 
-def _pinned(counts, capacities, valid_experts):
-    """The static rule (SPEC §7): pin the top-c experts by count, ties (and unseen experts) to the lowest id.
-
-    counts: (rows, specs, E); capacities: (rows, specs); valid_experts: (rows,)
-    the true E of each row (padded experts are never pinned). Returns the
-    pinned masks (rows, specs, E).
-    """
-    ids = jnp.arange(counts.shape[-1])
-    # rank[e] = experts ordered before e: higher count, or equal count and lower id.
-    before = (counts[..., None, :] > counts[..., :, None]) | (
-        (counts[..., None, :] == counts[..., :, None]) & (ids[None, :] < ids[:, None]))
-    rank = before.sum(-1)
-    valid = ids[None, :] < valid_experts[:, None]  # (rows, E)
-    return (rank < capacities[..., None]) & valid[:, None, :]
-
-
-@jax.jit
-def _static_misses(warm_counts, full_counts, warm_index, capacities, valid_experts):
-    """Demand misses (rows, specs) of static pinning.
-
-    warm_counts: (rows, W, E) request counts in each distinct warm-up prefix;
-    full_counts: (rows, E) counts over the whole trace; warm_index: (specs,)
-    the prefix of each spec; capacities: (rows, specs); valid_experts: (rows,).
-    """
-    pinned = _pinned(warm_counts[:, warm_index, :], capacities, valid_experts)
-    served = jnp.sum(jnp.where(pinned, full_counts[:, None, :], 0), axis=-1)
-    return full_counts.sum(-1, keepdims=True) - served
-
-
-_pinned_jit = jax.jit(_pinned)
-
-
 def expert_counts(experts: np.ndarray, num_experts: int) -> np.ndarray:
     """(L, E) request counts of each layer's (T, k) ids; negative ids (padding) are not requests."""
     experts = np.asarray(experts)
@@ -88,32 +59,22 @@ def expert_counts(experts: np.ndarray, num_experts: int) -> np.ndarray:
                      for layer in experts]).astype(np.int32)
 
 
-def pinned_sets(counts: np.ndarray, capacity: int) -> np.ndarray:
-    """(L, E) bool: the experts static pinning holds, per layer, given (L, E) request counts.
-
-    The same rule the grid simulator scores; the timed model and out-of-sample
-    pinning (counts from another trace) read their pinned sets from here.
-    """
-    counts = np.asarray(counts, np.int32)
-    layers, num_experts = counts.shape
-    capacities = np.full((layers, 1), min(int(capacity), num_experts), np.int32)
-    valid = np.full((layers,), num_experts, np.int32)
-    return np.asarray(_pinned_jit(counts[:, None, :], capacities, valid))[:, 0]
+# ---------------------------------------------------------------- request history
 
 
 class _SortedRequests(NamedTuple):
-    """One layer's requests sorted by (expert id, time); see `_sort_requests`."""
+    """One row's requests sorted by (key, time); see `_sort_requests`."""
 
     order: np.ndarray       # flat request indices t·k + j in sorted order
-    ids: np.ndarray         # their expert ids
-    first: np.ndarray       # per sorted position: the expert's first request
-    following: np.ndarray   # per flat request: the next token after it asking for the expert
+    ids: np.ndarray         # their keys
+    first: np.ndarray       # per sorted position: the key's first request
+    following: np.ndarray   # per flat request: the next step after it asking for the key
 
 
 def _sort_requests(flat: np.ndarray, k: int, horizon: int) -> _SortedRequests:
-    """One stable sort by expert id (int16 keys sort by radix sort, in linear
-    time). Requests of an expert are then consecutive and in time order (ids
-    are distinct within a token, so neighbours lie in different tokens): its
+    """One stable sort by key (int16 keys sort by radix sort, in linear
+    time). Requests of a key are then consecutive and in time order (keys
+    are distinct within a step, so neighbours lie in different steps): its
     previous, first and next requests are a look at the neighbours."""
     keys = flat.astype(np.int16) if flat.max(initial=0) < 2**15 else flat
     order = np.argsort(keys, kind="stable").astype(np.int32)
@@ -128,9 +89,9 @@ def _sort_requests(flat: np.ndarray, k: int, horizon: int) -> _SortedRequests:
 
 def request_history(experts: np.ndarray, horizon: int
                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per request (t, j) of one layer's (T, k) ids: the index t'·k + j' of the
-    previous request of the same expert (-1 if none), the number of earlier
-    requests of it, and the next token strictly after t requesting it
+    """Per request (t, j) of one row's (T, k) keys: the index t'·k + j' of the
+    previous request of the same key (-1 if none), the number of earlier
+    requests of it, and the next step strictly after t requesting it
     (`horizon` if none). Negative ids (padding) are ignored."""
     num_tokens, k = experts.shape
     flat = experts.reshape(-1)
@@ -144,50 +105,6 @@ def request_history(experts: np.ndarray, horizon: int
     return tuple(a.reshape(num_tokens, k) for a in (previous, count, following))
 
 
-def replay_inputs(experts: np.ndarray, starts: np.ndarray, variants: Sequence[int],
-                  num_experts: int, horizon: int
-                  ) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
-    """What `cachesim.stack.replay` reads of one layer's (T, k) ids, from one sort.
-
-    Returns the requests (`cachesim.stack.encode_requests`: ids flagged at
-    each expert's first request), the next token strictly after each request
-    asking for the same expert (`horizon` if none), and per variant a guess
-    of the priority stack at each of the token indices `starts`: every
-    expert's true priority then, highest (top) first — exact for LRU with
-    request recency and for any policy at time 0 (the empty cache); the
-    replay verifies the rest. Guesses are (len(starts), E) int32.
-    """
-    num_tokens, k = experts.shape
-    flat = experts.reshape(-1)
-    order, sorted_ids, first_sorted, following = _sort_requests(flat, k, horizon)
-    first = np.empty(flat.shape, bool)
-    first[order] = first_sorted
-
-    n = np.int64(flat.size)
-    keyed = sorted_ids.astype(np.int64) * n + order  # increasing along the sort
-    ids = np.arange(num_experts, dtype=np.int64)[:, None]
-    position = np.searchsorted(keyed, ids * n + np.asarray(starts, np.int64)[None, :] * k)
-    group_start = np.searchsorted(keyed, ids * n)
-    group_end = np.searchsorted(keyed, (ids + 1) * n)
-    count = position - group_start  # requests before each start, (E, starts)
-    seen = count > 0
-    last = order[np.maximum(position - 1, 0)]
-    upcoming = np.where(position < group_end, order[np.minimum(position, flat.size - 1)] // k,
-                        horizon)
-    shift = stack.id_bits(num_experts)
-    guesses = []
-    for variant in variants:
-        if variant == LFU:
-            key = count
-        else:
-            key = {LRU_REQUEST: last, LRU_TOKEN: last // k, BELADY: horizon - upcoming}[variant]
-            key = np.where(seen, key, -1)
-        priority = (key << shift) + ids
-        guesses.append(-np.sort(-priority.T, axis=1).astype(np.int32))
-    requests = stack.encode_requests(experts, first.reshape(num_tokens, k))
-    return requests, following.reshape(num_tokens, k), guesses
-
-
 def next_request_index(experts: np.ndarray, horizon: int) -> np.ndarray:
     """For each request (t, j) of one layer's (T, k) ids, the next token
     strictly after t requesting the same expert, else `horizon` (the
@@ -195,27 +112,208 @@ def next_request_index(experts: np.ndarray, horizon: int) -> np.ndarray:
     return request_history(experts, horizon)[2]
 
 
+class _History:
+    """One row's requests sorted by key (`_sort_requests`), queried at chosen times."""
+
+    def __init__(self, flat: np.ndarray, num_keys: int, k: int, horizon: int):
+        self.flat, self.k, self.horizon = flat, k, horizon
+        self.order, sorted_ids, self.first_sorted, self.following = _sort_requests(flat, k, horizon)
+        self.first = np.empty(flat.shape, bool)
+        self.first[self.order] = self.first_sorted
+        self.n = np.int64(flat.size)
+        self.keyed = sorted_ids.astype(np.int64) * self.n + self.order  # increasing along the sort
+        self.ids = np.arange(num_keys, dtype=np.int64)[:, None]
+        self.group_start = np.searchsorted(self.keyed, self.ids * self.n)
+        self.group_end = np.searchsorted(self.keyed, (self.ids + 1) * self.n)
+
+    def before(self, positions) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(K, len(positions)): requests of each key before each request index,
+        the last of them (-1 if none) and the next step at or after."""
+        position = np.searchsorted(self.keyed, self.ids * self.n
+                                   + np.asarray(positions, np.int64)[None, :])
+        last = np.where(position > self.group_start, self.order[np.maximum(position - 1, 0)], -1)
+        upcoming = np.where(position < self.group_end,
+                            self.order[np.minimum(position, self.flat.size - 1)] // self.k,
+                            self.horizon)
+        return position - self.group_start, last, upcoming
+
+
+class ReplayInputs(NamedTuple):
+    """What the priority-stack replays read of one row: `replay_inputs`."""
+
+    requests: np.ndarray            # (T, k) int32 keys, -1 padding
+    keys: dict[int, np.ndarray]     # LFU, BELADY: (T, k) new-priority keys
+    guesses: dict[int, np.ndarray]  # per variant: (starts, M) guessed stacks
+
+
+def replay_inputs(experts: np.ndarray, starts: np.ndarray, depths: Mapping[int, int],
+                  num_experts: int, horizon: int) -> ReplayInputs:
+    """What `cachesim.stack.replay` reads of one row's (T, k) keys, from one sort.
+
+    depths: {variant: M}, the stack depth of each priority variant (LRU with
+    token recency, LFU, Belady). Guesses are, at each step index of
+    `starts`, every key's true priority then, highest (top) first, the top M
+    of them, EMPTY below the keys seen so far — exact for any policy at step
+    0 (the empty cache); the replay verifies the rest. LFU's key is the
+    request's count (itself included), Belady's the next step requesting it.
+    """
+    num_tokens, k = experts.shape
+    flat = experts.reshape(-1).astype(np.int32)
+    history = _History(flat, num_experts, k, horizon)
+    padding = flat < 0
+    shift = stack.id_bits(num_experts)
+    count, last, upcoming = history.before(np.asarray(starts, np.int64) * k)
+    seen = count > 0
+    keys, guesses = {}, {}
+    for variant in depths:
+        key = {LFU: count, LRU_TOKEN: last // k, BELADY: horizon - upcoming}[variant]
+        priority = np.where(seen, (key << shift) + history.ids, stack.EMPTY)
+        guesses[variant] = -np.sort(-priority.T, axis=1)[:, :depths[variant]].astype(np.int32)
+    if LFU in depths:
+        counts = np.empty(flat.shape, np.int32)
+        counts[history.order] = np.arange(flat.size) + 1 - np.maximum.accumulate(
+            np.where(history.first_sorted, np.arange(flat.size), 0))
+        keys[LFU] = np.where(padding, 0, counts).reshape(num_tokens, k)
+    if BELADY in depths:
+        keys[BELADY] = np.where(padding, horizon, history.following).reshape(num_tokens, k)
+    return ReplayInputs(np.where(padding, -1, flat).reshape(num_tokens, k), keys, guesses)
+
+
+def recency_stacks(last: np.ndarray, seen: np.ndarray, depth: int) -> np.ndarray:
+    """(S, K) last request index and seen flag of every key at S times ->
+    (S, depth) LRU stacks: seen keys most recent first, then the unseen ones
+    lowest first (where a sequential replay from the filled start leaves them)."""
+    keys = last.shape[1]
+    rank = np.where(seen, -last.astype(np.int64), keys + np.arange(keys)[None, :])
+    return np.argsort(rank, axis=1, kind="stable")[:, :depth].astype(np.int32)
+
+
+# Keys up to which recency starts come from a window before each chunk
+# (a (chunks, window, keys) comparison) instead of a sort of the row.
+_WINDOW_KEYS = 64
+_WINDOW = 32
+_FIRST_PREFIX = 4096
+
+
+def recency_inputs(rows: Sequence[np.ndarray], num_chunks: int, length: int, depth: int,
+                   num_keys: int) -> tuple[np.ndarray, np.ndarray]:
+    """What `cachesim.stack.replay_recency` reads of 1-D request rows.
+
+    Returns the (rows, num_chunks · length) requests (`stack.request_dtype`,
+    -1 padding) with every key's first request flagged, and (rows, num_chunks,
+    depth) exact recency stacks at the chunk starts: the `depth` most recent
+    keys, most recent first, then the smallest unseen keys. For few keys both
+    come from short scans — a prefix for first requests, a window before each
+    start for the stacks — and a row falls back to a sort where they do not
+    settle it.
+    """
+    dtype, flag = stack.request_dtype(num_keys)
+    starts = np.arange(num_chunks) * length
+    requests = np.empty((len(rows), num_chunks * length), dtype)
+    guesses = np.empty((len(rows), num_chunks, depth), np.int32)
+    for r, row in enumerate(rows):
+        row = np.asarray(row)
+        requests[r, :row.size] = row
+        requests[r, row.size:] = -1
+        stacks = None
+        if num_keys <= _WINDOW_KEYS:
+            first = _first_requests(row, num_keys)
+            stacks = _window_stacks(row, starts, first, depth, num_keys)
+            first = first[first >= 0]
+        if stacks is None:
+            history = _History(row.astype(np.int32), num_keys, 1, row.size)
+            count, last, _ = history.before(starts)
+            stacks = recency_stacks(last.T, count.T > 0, depth)
+            first = np.flatnonzero(history.first & (row >= 0))
+        guesses[r] = stacks
+        requests[r, first] |= flag
+    return requests, guesses
+
+
+def _first_requests(row: np.ndarray, num_keys: int) -> np.ndarray:
+    """(K,) index of each key's first request in `row`, -1 if never requested."""
+    prefix = row[:_FIRST_PREFIX]
+    hit = prefix[:, None] == np.arange(num_keys, dtype=row.dtype)[None, :]
+    first = np.where(hit.any(0), hit.argmax(0), -1)
+    missing = np.flatnonzero(first < 0)
+    if missing.size and row.size > prefix.size:
+        rest = row[prefix.size:]
+        where = np.flatnonzero(np.isin(rest, missing))
+        found, at = np.unique(rest[where], return_index=True)
+        first[found] = where[at] + prefix.size
+    return first
+
+
+def _window_stacks(row, starts, first, depth: int, num_keys: int) -> np.ndarray | None:
+    """Exact recency stacks from the requests just before each start: a window
+    of `_WINDOW` requests, four times longer for the starts it does not settle,
+    up to `_FIRST_PREFIX` requests; None when some start needs more history."""
+    starts = np.asarray(starts, np.int64)
+    out = np.empty((len(starts), depth), np.int32)
+    todo = np.arange(len(starts))
+    ids = np.arange(num_keys, dtype=row.dtype)
+    window = _WINDOW
+    while todo.size:
+        if window > _FIRST_PREFIX:
+            return None
+        index = starts[todo, None] - np.arange(1, window + 1)[None, :]  # most recent first
+        inside = (index >= 0) & (index < row.size)  # starts may lie in the padding
+        recent = np.where(inside, row[np.clip(index, 0, row.size - 1)], -1)
+        hit = recent[:, :, None] == ids[None, None, :]
+        recency = np.where(hit.any(1), hit.argmax(1), window)  # (starts, K): 0 = most recent
+        seen = (first[None, :] >= 0) & (first[None, :] < starts[todo, None])
+        in_window = recency < window
+        # Settled: the window shows `depth` keys, or every key seen so far.
+        settled = (in_window.sum(1) >= depth) | (in_window == seen).all(1)
+        rank = np.where(in_window, recency, window + num_keys + np.arange(num_keys)[None, :])
+        out[todo[settled]] = np.argsort(rank[settled], axis=1, kind="stable")[:, :depth]
+        todo = todo[~settled]
+        window *= 4
+    return out
+
+
+# ---------------------------------------------------------------- the grid
+
+
+@dataclasses.dataclass
+class _Rows:
+    """Caches of one replay group: rows of equal k, padded keys and layout."""
+
+    requests: list[np.ndarray]   # (steps, k) keys per row
+    capacities: np.ndarray       # (rows, specs) int32, clamped to the row's keys
+    num_keys: int                # padded key count
+    groups: int                  # layers per row (1, or L under the global scope)
+    owners: list[tuple[int, int]]  # (trace index, first result row) per row
+
+
 def _padded(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 
 def simulate(traces: Sequence[Trace], specs: Sequence[CacheSpec], *,
-             layers: Sequence[int] | None = None,
-             pad_tokens: int | None = None, stats: dict | None = None) -> list[np.ndarray]:
+             layers: Sequence[int] | None = None, pad_tokens: int | None = None,
+             stats: dict | None = None, fits: Mapping[str, Trace] | None = None
+             ) -> list[np.ndarray]:
     """Demand misses of every (trace, layer, spec) cache.
 
-    Each layer of each trace is an independent cache persisting over the whole
-    trace (SPEC §7). Traces with equal k and padded E are replayed together in
-    one jitted call, shorter ones padded with no-op tokens.
+    Under the per-layer scope each layer of each trace is an independent cache
+    persisting over the whole trace (SPEC §7); under the global scope one cache
+    serves the selected layers, and its misses are attributed to the layer of
+    each missed request (`cachesim.scope`). Caches with equal k, padded keys and
+    layout are replayed together in one jitted call, shorter ones padded with
+    no-op tokens.
 
     Args:
       traces: the traces to replay.
-      specs: cache specs; fractional capacities resolve with each trace's E.
+      specs: cache specs; fractional capacities resolve with each trace's E
+        (L·E under the global scope).
       layers: layer indices to simulate (default: all), for every trace.
       pad_tokens: pad every trace to this many tokens, so that calls on traces
         of different lengths reuse one compiled function.
       stats: if given, filled with the replay's `chunks` per group and
         `passes` per replayed policy (1 when every chunk's guessed start held).
+      fits: {label: trace} for static specs with `fit`: the pinned set is
+        fitted on that trace (same layers and E) instead of the scored one.
 
     Returns:
       Per trace, an int64 array (len(layers), len(specs)) of miss counts.
@@ -225,18 +323,42 @@ def simulate(traces: Sequence[Trace], specs: Sequence[CacheSpec], *,
     if not specs:
         raise SimulationError("no cache specs given; pass at least one CacheSpec")
     selections = [_layer_indices(trace, layers) for trace in traces]
+    _check_fits(traces, specs, fits or {})
     results = [np.zeros((len(sel), len(specs)), np.int64) for sel in selections]
-    groups: dict[tuple[int, int], list[int]] = {}
-    for i, trace in enumerate(traces):
-        groups.setdefault((trace.k, _padded(trace.num_experts, _EXPERT_PAD)), []).append(i)
-    for (k, num_experts), members in groups.items():
-        rows = [(i, layer) for i in members for layer in selections[i]]
-        misses = _simulate_rows(traces, rows, specs, k, num_experts, pad_tokens, stats)
-        start = 0
-        for i in members:
-            results[i][:] = misses[start:start + len(selections[i])]
-            start += len(selections[i])
+    external = [s for s, spec in enumerate(specs) if spec.engine == "libcachesim"]
+    if external:
+        from cachesim.lcs.engine import EngineError, simulate_external
+
+        try:
+            got = simulate_external(traces, selections, [specs[s] for s in external])
+        except EngineError as exc:
+            raise SimulationError(str(exc)) from None
+        for misses, external_misses in zip(results, got):
+            misses[:, external] = external_misses
+    native = [s for s, spec in enumerate(specs) if spec.engine == "cachesim"]
+    for layout in ("layer", "global"):
+        chosen = [s for s in native if scope.rows_scope(specs[s]) == layout]
+        if chosen:
+            _simulate_layout(traces, selections, [specs[s] for s in chosen], chosen, layout,
+                             pad_tokens, stats, fits or {}, results)
     return results
+
+
+def _check_fits(traces: Sequence[Trace], specs: Sequence[CacheSpec],
+                fits: Mapping[str, Trace]) -> None:
+    for spec in specs:
+        if spec.fit is None:
+            continue
+        fit = fits.get(spec.fit)
+        if fit is None:
+            raise SimulationError(f"static spec fitted on {spec.fit!r} but no such trace was given; "
+                                  "pass fits={label: trace}")
+        for trace in traces:
+            if (fit.num_layers, fit.num_experts) != (trace.num_layers, trace.num_experts):
+                raise SimulationError(
+                    f"fit trace {spec.fit!r} has (layers, experts) = ({fit.num_layers}, "
+                    f"{fit.num_experts}) but {trace.name!r} has ({trace.num_layers}, "
+                    f"{trace.num_experts}); fit the pin on a trace of the same model")
 
 
 def _layer_indices(trace: Trace, layers: Sequence[int] | None) -> list[int]:
@@ -252,111 +374,212 @@ def _layer_indices(trace: Trace, layers: Sequence[int] | None) -> list[int]:
     return selected
 
 
-def _capacities(specs: Sequence[CacheSpec], chosen: list[int],
-                row_traces: list[Trace]) -> np.ndarray:
-    # Capacities beyond E behave exactly like E (nothing is ever evicted), and
-    # clamping keeps arbitrary counts inside int32.
-    return np.array([[min(specs[s].capacity_for(trace.num_experts), trace.num_experts)
-                      for s in chosen] for trace in row_traces], np.int32).reshape(
-                          len(row_traces), len(chosen))
+def _simulate_layout(traces, selections, specs, columns, layout, pad_tokens, stats, fits, results):
+    """Fills `results[:, columns]` for the specs of one row layout."""
+    groups: dict[tuple, _Rows] = {}
+    for i, (trace, selection) in enumerate(zip(traces, selections)):
+        requests = scope.row_requests(trace, selection, layout)
+        keys = trace.num_experts * (len(selection) if layout == "global" else 1)
+        layer_groups = len(selection) if layout == "global" else 1
+        key = (trace.k, _padded(keys, _EXPERT_PAD), layer_groups)
+        rows = groups.setdefault(key, _Rows([], np.zeros((0, len(specs)), np.int32), key[1],
+                                            layer_groups, []))
+        capacities = np.array([scope.row_capacities(spec, trace, selection) for spec in specs],
+                              np.int32).T  # (rows of this trace, specs)
+        for r, row in enumerate(requests):
+            rows.owners.append((i, r))
+        rows.requests += requests
+        rows.capacities = np.concatenate([rows.capacities, capacities])
+    for (k, _, _), rows in groups.items():
+        misses = _replay_rows(rows, specs, k, pad_tokens, stats)  # (rows, groups, specs)
+        static = [s for s, spec in enumerate(specs) if spec.policy == "static"]
+        if static:
+            misses[:, :, static] = _static_rows(rows, specs, static, traces, selections, layout,
+                                                fits)
+        for r, (i, first) in enumerate(rows.owners):
+            span = slice(first, first + rows.groups)
+            results[i][span, columns] = misses[r]
 
 
-def chunking(num_rows: int, num_tokens: int, num_experts: int) -> tuple[int, int, int]:
-    """(chunks, padded tokens, warm-up tokens) for replaying num_rows rows of
-    num_tokens tokens over num_experts experts: a pure function of the shapes,
-    so equal shapes share one compiled replay."""
-    wanted = -(-_TARGET_ELEMENTS // (num_rows * num_experts))
+def chunking(num_rows: int, num_tokens: int, depth: int, multiple: int = 1
+             ) -> tuple[int, int, int]:
+    """(chunks, padded steps, warm-up steps) for replaying num_rows rows of
+    num_tokens steps with stacks of `depth` entries, chunk lengths a multiple of
+    `multiple`: a pure function of the shapes, so equal shapes share one
+    compiled replay."""
+    wanted = -(-_TARGET_ELEMENTS // (num_rows * depth))
     chunks = max(1, min(wanted, num_tokens // _MIN_CHUNK))
-    length = -(-num_tokens // chunks)
+    length = _padded(-(-num_tokens // chunks), multiple)
     warmup = min(length // _WARMUP_FRACTION, _MAX_WARMUP) if chunks > 1 else 0
     return chunks, chunks * length, warmup
 
 
-@functools.partial(jax.jit, static_argnames=("variants", "num_experts", "num_chunks",
-                                             "warmup"))
-def _simulate_grid(history, replay_inputs, static_inputs, *, variants: tuple[int, ...],
-                   num_experts: int, num_chunks: int, warmup: int):
-    """The whole grid of one (k, padded E) group in one compiled function:
-    one stack replay per policy variant (its (guesses, capacities) in
-    `replay_inputs`) and static pinning (inputs of `_static_misses`, or None).
-    Returns per variant (misses, passes), and the static misses."""
-    replayed = tuple(stack.replay(*history, guesses, capacities, variant=variant,
-                                  num_experts=num_experts, num_chunks=num_chunks,
-                                  warmup=warmup)
-                     for variant, (guesses, capacities) in zip(variants, replay_inputs))
-    pinned = None if static_inputs is None else _static_misses(*static_inputs)
-    return replayed, pinned
+# Stacks of up to this many keys are kept whole, so that new capacities
+# (traced values) never recompile; larger ones (the global scope, E = 128)
+# keep the top power of two above the largest capacity asked.
+_WHOLE_STACK = 64
 
 
-def _simulate_rows(traces: Sequence[Trace], rows: list[tuple[int, int]],
-                   specs: Sequence[CacheSpec], k: int, num_experts: int,
-                   pad_tokens: int | None, stats: dict | None) -> np.ndarray:
-    """Misses (rows, specs) for rows (trace index, layer) sharing (k, padded E)."""
-    row_traces = [traces[i] for i, _ in rows]
-    longest = max(trace.num_tokens for trace in row_traces)
-    requested = longest if pad_tokens is None else pad_tokens
+def _depth(capacities: np.ndarray, num_keys: int) -> int:
+    """Stack depth for capacities up to max(capacities)."""
+    if num_keys <= _WHOLE_STACK:
+        return num_keys
+    largest = max(int(capacities.max(initial=0)), 1)
+    return min(num_keys, 1 << (largest - 1).bit_length())
+
+
+def _replay_rows(rows: _Rows, specs: Sequence[CacheSpec], k: int, pad_tokens: int | None,
+                 stats: dict | None) -> np.ndarray:
+    """Misses (rows, groups, specs) of the replayed specs (static columns stay 0)."""
+    misses = np.zeros((len(rows.requests), rows.groups, len(specs)), np.int64)
+    replayed = [s for s, spec in enumerate(specs) if spec.policy != "static"]
+    if not replayed:
+        return misses
+    longest = max(len(r) for r in rows.requests)
+    requested = longest if pad_tokens is None else pad_tokens * rows.groups
     if requested < longest:
         raise SimulationError(f"pad_tokens = {pad_tokens} is shorter than a trace "
-                              f"({longest} tokens)")
-    num_chunks, num_tokens, warmup = chunking(len(rows), requested, num_experts)
-    # Priorities pack (key, id) as key·P + id in int32 (P = 2**id_bits >= E),
-    # with keys up to T·k.
-    if num_experts > stack.MAX_EXPERTS:
-        raise SimulationError(f"E = {num_experts} experts is beyond the simulator's limit "
+                              f"({longest // rows.groups} tokens)")
+    if rows.num_keys > stack.MAX_EXPERTS:
+        raise SimulationError(f"{rows.num_keys} keys per cache are beyond the simulator's limit "
                               f"of {stack.MAX_EXPERTS}")
-    if (num_tokens * k + 1) << stack.id_bits(num_experts) >= 2**31:
-        raise SimulationError(f"trace too long for int32 priorities (T·k·E = "
-                              f"{num_tokens * k * num_experts:,} >= 2**31); split it")
-    replayed = [s for s, spec in enumerate(specs) if spec.policy != "static"]
-    static = [s for s, spec in enumerate(specs) if spec.policy == "static"]
-    variants = tuple(sorted({policy_code(specs[s]) for s in replayed}))
-    members = {v: [s for s in replayed if policy_code(specs[s]) == v] for v in variants}
-    history, replay_args, static_inputs = None, (), None
-    if replayed:
-        experts = np.full((len(rows), num_tokens, k), -1, np.int32)
-        for r, (i, layer) in enumerate(rows):
-            experts[r, :traces[i].num_tokens] = traces[i].experts[layer]
-        length = num_tokens // num_chunks
-        starts = np.maximum(np.arange(num_chunks) * length - warmup, 0)
-        requests, following = np.empty_like(experts), np.empty_like(experts)
-        guesses = np.empty((len(variants), len(rows), num_chunks, num_experts), np.int32)
+    members: dict[int, list[int]] = {}
+    for s in replayed:
+        members.setdefault(policy_code(specs[s]), []).append(s)
+    depths = {v: _depth(rows.capacities[:, cols], rows.num_keys) for v, cols in members.items()}
+    packed = LRU_REQUEST in depths and _packs(rows, depths)
+    if packed:
+        depths[LRU_REQUEST] = 32 // stack.slot_bits(rows.num_keys)
+    priority = [v for v in depths if v != LRU_REQUEST]
+    # One word per lane counts as one entry: lanes are chosen by entries.
+    lane_depth = max([depths[v] for v in priority]
+                     + ([1 if packed else depths[LRU_REQUEST]] if LRU_REQUEST in depths else []))
+    num_chunks, num_steps, warmup = chunking(len(rows.requests), requested, lane_depth,
+                                             rows.groups)
+    recency_chunks = num_chunks
+    if LRU_REQUEST in depths and priority:
+        # The recency replay needs no warm-up: more, shorter chunks pay. Its
+        # chunks split the priority replays' chunks evenly.
+        entries = 1 if packed else depths[LRU_REQUEST]
+        wanted, _, _ = chunking(len(rows.requests), requested, entries, rows.groups)
+        recency_chunks = num_chunks * max(1, wanted // num_chunks)
+        num_steps = _padded(num_steps, recency_chunks * rows.groups)
+    _check_int32(rows, priority, num_steps, k)
+    length = num_steps // num_chunks
+    starts = np.maximum(np.arange(num_chunks) * length - warmup, 0)
+    def padded(r: int, dtype) -> np.ndarray:
+        out = np.full((num_steps, k), -1, dtype)
+        out[:len(rows.requests[r])] = rows.requests[r]
+        return out
 
-        def prepare(r: int) -> None:  # each row fills its own slices
-            requests[r], following[r], row_guesses = replay_inputs(
-                experts[r], starts, variants, num_experts, num_tokens)
-            guesses[:, r] = row_guesses
+    prepared: list[ReplayInputs | None] = [None] * len(rows.requests)
 
-        # numpy's sorts release the GIL: rows in parallel threads.
+    def prepare(r: int) -> None:
+        prepared[r] = replay_inputs(padded(r, np.int32), starts,
+                                    {v: depths[v] for v in priority}, rows.num_keys, num_steps)
+
+    if priority:  # numpy's sorts release the GIL: rows in parallel threads.
         with concurrent.futures.ThreadPoolExecutor(os.cpu_count()) as pool:
-            list(pool.map(prepare, range(len(rows))))
-        history = (requests, following)
-        replay_args = tuple((guesses[v], _capacities(specs, members[variant], row_traces))
-                            for v, variant in enumerate(variants))
-    if static:
-        warmups = sorted({specs[s].warmup for s in static})
-        warm_counts = np.zeros((len(rows), len(warmups), num_experts), np.int32)
-        full_counts = np.zeros((len(rows), num_experts), np.int32)
-        for r, (i, layer) in enumerate(rows):
-            ids = traces[i].experts[layer]
-            full_counts[r] = np.bincount(ids.ravel(), minlength=num_experts)
-            for w, warmup_fraction in enumerate(warmups):
-                prefix = ids[:warmup_tokens(warmup_fraction, traces[i].num_tokens)]
-                warm_counts[r, w] = np.bincount(prefix.ravel(), minlength=num_experts)
-        warm_index = np.array([warmups.index(specs[s].warmup) for s in static], np.int32)
-        valid_experts = np.array([trace.num_experts for trace in row_traces], np.int32)
-        static_inputs = (warm_counts, full_counts, warm_index,
-                         _capacities(specs, static, row_traces), valid_experts)
-
-    replay_results, static_misses = _simulate_grid(
-        history, replay_args, static_inputs, variants=variants, num_experts=num_experts,
-        num_chunks=num_chunks, warmup=warmup)
-    misses = np.zeros((len(rows), len(specs)), np.int64)
-    for v, (variant_misses, passes) in zip(variants, replay_results):
-        misses[:, members[v]] = np.asarray(variant_misses)
+            list(pool.map(prepare, range(len(rows.requests))))
+    requests = np.stack([p.requests for p in prepared]) if priority else None
+    for variant, cols in members.items():
+        capacities = rows.capacities[:, cols]
+        if variant == LRU_REQUEST:
+            flat, guesses = recency_inputs([row.reshape(-1) for row in rows.requests],
+                                           recency_chunks, num_steps * k // recency_chunks,
+                                           depths[LRU_REQUEST], rows.num_keys)
+            if packed:
+                guesses = stack.pack_words(guesses, rows.num_keys)
+            got, passes = stack.replay_recency(
+                flat, guesses, capacities, num_experts=rows.num_keys, num_chunks=recency_chunks,
+                per_group=k, groups=rows.groups, packed=packed)
+        else:
+            guesses = np.stack([p.guesses[variant] for p in prepared])
+            keys = np.stack([p.keys[variant] for p in prepared]) if variant in (LFU, BELADY) else None
+            got, passes = stack.replay(requests, keys, guesses, capacities, variant=variant,
+                                       num_experts=rows.num_keys, num_chunks=num_chunks,
+                                       warmup=warmup, groups=rows.groups)
+        misses[:, :, cols] = np.asarray(got)
         if stats is not None:
             stats.setdefault("passes", []).append(int(passes))
     if stats is not None:
         stats.setdefault("chunks", []).append(num_chunks)
-    if static:
-        misses[:, static] = np.asarray(static_misses)
     return misses
+
+
+def _packs(rows: _Rows, depths: dict[int, int]) -> bool:
+    """LRU's recency stack fits one 32-bit word per lane for these capacities."""
+    slots = 32 // stack.slot_bits(rows.num_keys)
+    # Every slot must hold a distinct key: fewer keys than slots take the array form.
+    return int(rows.capacities.max(initial=0)) <= slots <= rows.num_keys
+
+
+def _check_int32(rows: _Rows, variants: Sequence[int], num_steps: int, k: int) -> None:
+    """Priorities pack (key, id) as key·P + id in int32 (P = 2**id_bits > keys)."""
+    shift = stack.id_bits(rows.num_keys)
+    largest = {LRU_TOKEN: num_steps, BELADY: num_steps + 1}
+    if LFU in variants:  # a key's requests: at most one per step
+        largest[LFU] = max(int(np.max(np.bincount(r[r >= 0].ravel()), initial=0))
+                           for r in rows.requests) + 1
+    for variant in variants:
+        if (largest[variant] + 1) << shift >= 2**31:
+            raise SimulationError(
+                f"trace too long for int32 priorities ({largest[variant]:,} steps x "
+                f"2**{shift} keys >= 2**31); split it or use fewer layers")
+
+
+def _static_rows(rows: _Rows, specs: Sequence[CacheSpec], columns: Sequence[int], traces,
+                 selections, layout, fits) -> np.ndarray:
+    """Static misses (rows, groups, len(columns)) of specs[columns], from the pinning curves."""
+    out = np.zeros((len(rows.requests), rows.groups, len(columns)), np.int64)
+    for r, (i, first) in enumerate(rows.owners):
+        trace, selection = traces[i], selections[i]
+        members = selection if layout == "global" else [selection[first]]
+        counts = scope.key_counts(trace, members, layout)[0]
+        totals = counts.reshape(rows.groups, -1).sum(1)
+        curves = {}
+        for s, column in enumerate(columns):
+            spec = specs[column]
+            fitted = fits[spec.fit] if spec.fit is not None else trace
+            index = (spec.fit, spec.warmup)
+            if index not in curves:
+                fit_counts = scope.key_counts(fitted, members, layout, spec.warmup)[0]
+                curves[index] = pinning.served_curve(fit_counts, counts, rows.groups)
+            out[r, :, s] = totals - curves[index][:, rows.capacities[r, column]]
+    return out
+
+
+def miss_curves(traces: Sequence[Trace], specs: Sequence[CacheSpec], *,
+                layers: Sequence[int] | None = None, fits: Mapping[str, Trace] | None = None
+                ) -> list[list[np.ndarray]]:
+    """Misses at every capacity 0..K from one replay per (cache, policy): the
+    miss-ratio curve. K is E under the per-layer scope and L·E under the
+    global one; the specs' own capacities are ignored.
+
+    Returns, per trace and spec, an int64 array (len(layers), K + 1). A
+    libCacheSim policy's capacities below its minimum are -1 (not simulated).
+    """
+    out = []
+    for trace in traces:
+        selection = _layer_indices(trace, layers)
+        grid, where = [], []
+        for spec in specs:
+            keys = spec.keys(len(selection), trace.num_experts)
+            sizes = range(keys + 1)
+            if spec.engine == "libcachesim":
+                from cachesim.lcs.registry import POLICIES as EXTERNAL
+
+                least = EXTERNAL[spec.policy].min_capacity
+                sizes = [c for c in sizes if c == 0 or c >= least]
+            start = len(grid)
+            grid += [dataclasses.replace(spec, capacity=c, fraction=None) for c in sizes]
+            where.append((start, list(sizes), keys))
+        (misses,) = simulate([trace], grid, layers=selection, fits=fits)
+        curves = []
+        for start, sizes, keys in where:
+            curve = np.full((len(selection), keys + 1), -1, np.int64)
+            curve[:, sizes] = misses[:, start:start + len(sizes)]
+            curves.append(curve)
+        out.append(curves)
+    return out
+

@@ -9,7 +9,10 @@ prefetch admission, and reports the stall per committed token
 with its tail (p50/p95/p99/max of per-step stall), timely required-byte
 recall, unused prefetched bytes, lead slack, union bytes per committed token,
 the stall-conversion efficiency eta = (S_0 - S) / prefetched GB per token, and
-tokens/s = 1 / (compute + S + overhead) per committed token.
+tokens/s = 1 / (compute + S + overhead) per committed token. When the trace has
+fewer MoE layers than the named model, the per-layer results are also
+projected to the model's layers (`cachesim.timed.projection`), and the output
+says so: the simulated model is the named one's sizes on the trace's layers.
 
 The library is `cachesim.timed` (its package docstring has the pipeline);
 this module is its command line.
@@ -36,6 +39,7 @@ from cachesim.timed.compare import choose, compare_policies, prepare
 from cachesim.timed.engine import PrefetchConfig, run_timed
 from cachesim.timed.metrics import json_safe, run_header, summarize, write_jsonl
 from cachesim.timed.prefetch import ADMISSIONS, SOURCES
+from cachesim.timed.projection import needs_projection, projection
 from cachesim.timed.residency import PLACEMENTS, Speculation
 from cachesim.timed.spec import StallConfigError, load_hardware, load_model, parse_bytes
 from cachesim.trace import load_trace
@@ -48,6 +52,16 @@ def _nan(value: float | None) -> float:
 
 
 def _format_table(run: dict[str, Any]) -> str:
+    text = _format_rows(run, run["results"])
+    if "projection" in run:
+        projected = run["projection"]
+        text += (f"\n{projected['note']}; {run['model']} above is the simulated "
+                 f"{projected['trace_layers']}-layer model, tok/s of {projected['model']} below\n"
+                 + _format_rows(run, projected["results"], header=False))
+    return text
+
+
+def _format_rows(run: dict[str, Any], results: list[dict[str, Any]], header: bool = True) -> str:
     ms, gb = 1e3, 1e9
 
     def row(r: dict[str, Any]) -> dict[str, Any]:
@@ -64,9 +78,9 @@ def _format_table(run: dict[str, Any]) -> str:
             f"hardware {run['hardware']}, cache {run['cache']} x{run['capacity_per_layer']}"
             f"/layer, placement {run['placement']}, queue {run['queue_slots']} slots, "
             f"speculation {run['speculation']}")
-    table = pd.DataFrame([row(r) for r in run["results"]]).to_string(
+    table = pd.DataFrame([row(r) for r in results]).to_string(
         index=False, na_rep="-", float_format=lambda v: f"{v:.3f}")
-    return head + "\n" + table
+    return head + "\n" + table if header else table
 
 
 COMMAND = CLI("python -m cachesim.stall", "Expected foreground stall per committed token of a router trace on a "
@@ -147,12 +161,15 @@ def _runs(args, admissions, speculation, hardware, base_model, bar) -> list[dict
             rows = compare_policies(work, admissions, budgets, source=args.source,
                                     queue_slots=args.queue, max_candidates=args.max_candidates,
                                     on_run=bar.advance)
-        runs.append({"trace": work.trace_name, "trace_path": str(path),
-                     "model": work.model.name, "quant": work.model.quant,
-                     "hardware": hardware.name, "cache": work.residency.label,
-                     "capacity_per_layer": work.residency.capacity, "placement": work.placement,
-                     "queue_slots": args.queue, "speculation": speculation.label,
-                     "committed_tokens": work.committed_tokens, "results": rows})
+        run = {"trace": work.trace_name, "trace_path": str(path),
+               "model": work.model.name, "quant": work.model.quant,
+               "hardware": hardware.name, "cache": work.residency.label,
+               "capacity_per_layer": work.residency.capacity, "placement": work.placement,
+               "queue_slots": args.queue, "speculation": speculation.label,
+               "committed_tokens": work.committed_tokens, "results": rows}
+        if needs_projection(base_model, trace.num_layers):
+            run["projection"] = projection(base_model, trace.num_layers, rows)
+        runs.append(run)
     return runs
 
 

@@ -16,7 +16,8 @@ from configs.base import ConfigError, base_config, parse_arg
 
 # Fine-tuning budget in tokens: a tenth of the main arms' 200M at the paper
 # sizes (our choice: MELINOE fine-tunes briefly); a short run at the CPU sizes.
-FINETUNE_TOKENS = {"137m": 20_000_000, "340m": 20_000_000, "smoke": 4 * 128 * 100, "tiny": 4 * 32 * 6}
+FINETUNE_TOKENS = {"137m": 20_000_000, "340m": 20_000_000, "cpu": 8 * 256 * 100, "smoke": 4 * 128 * 100,
+                   "tiny": 4 * 32 * 6}
 DEFAULT_LAMBDA_CS = 0.1
 DEFAULT_LAMBDA_RM = 0.01
 # The parameters the optimiser updates: each layer's router and LoRA adapters.

@@ -17,18 +17,27 @@ import ml_collections
 
 from configs.data import data_config
 
-# name -> (d_model, n_layers, d_ff, context, default batch size, train tokens)
+# name -> architecture, default batch and token budget, and the size's cadences:
+# log/checkpoint/validation every N steps, validation windows, evaluation windows
+# (0 = every held-out window), and whether it is a CPU size (float32, no remat).
 # The two paper sizes match SPEC §2 exactly (the parameter counts are tested).
+_PAPER = dict(context=1024, batch_size=8, tokens=200_000_000, log_every=50, ckpt_every=2000, eval_every=1000,
+              eval_windows=8, windows=488, cpu=False)
 SIZES: dict[str, dict] = {
-    "137m": dict(d_model=384, n_layers=8, d_ff=768, context=1024, batch_size=8, tokens=200_000_000),
-    "340m": dict(d_model=512, n_layers=12, d_ff=1024, context=1024, batch_size=8, tokens=200_000_000),
+    "137m": dict(d_model=384, n_layers=8, d_ff=768, **_PAPER),
+    "340m": dict(d_model=512, n_layers=12, d_ff=1024, **_PAPER),
+    # The CPU study (configs/study_cpu.py): 200 steps of 8x256 tokens, ~550 tokens/s on one quiet
+    # core with the sparse dispatcher, so its 8 runs take about 75 minutes two at a time.
+    "cpu": dict(d_model=128, n_layers=4, d_ff=256, context=256, batch_size=8, tokens=8 * 256 * 200,
+                log_every=10, ckpt_every=100, eval_every=20, eval_windows=4, windows=0, cpu=True),
     # CPU demo: trains to a visibly falling loss in a few minutes on 2 cores.
-    "smoke": dict(d_model=128, n_layers=2, d_ff=256, context=128, batch_size=4, tokens=4 * 128 * 400),
+    "smoke": dict(d_model=128, n_layers=2, d_ff=256, context=128, batch_size=4, tokens=4 * 128 * 400,
+                  log_every=10, ckpt_every=100, eval_every=50, eval_windows=4, windows=16, cpu=True),
     # Unit/integration tests: as small as the architecture allows.
-    "tiny": dict(d_model=64, n_layers=2, d_ff=128, context=32, batch_size=4, tokens=4 * 32 * 12),
+    "tiny": dict(d_model=64, n_layers=2, d_ff=128, context=32, batch_size=4, tokens=4 * 32 * 12,
+                 log_every=10, ckpt_every=100, eval_every=0, eval_windows=4, windows=4, cpu=True),
 }
 
-# Short option names accepted in ``arg`` -> dotted config field.
 ARG_ALIASES = {
     "lam": "loss.lambda_loc",
     "mu": "loss.mu_dom",
@@ -133,26 +142,30 @@ def base_config(arm: str, arg: str | None, arm_defaults: dict | None = None) -> 
     c.train = ml_collections.ConfigDict(dict(
         tokens=s["tokens"],
         batch_size=s["batch_size"],
-        log_every=50 if size in ("137m", "340m") else 10,
-        ckpt_every=2000 if size in ("137m", "340m") else 100,
+        log_every=s["log_every"],
+        ckpt_every=s["ckpt_every"],
         keep_checkpoints=3,
         # Validation during training: every eval_every steps (0 = never), the first eval_windows
         # held-out windows of each domain: val loss / PPL per domain and router metrics.
-        eval_every=1000 if size in ("137m", "340m") else (50 if size == "smoke" else 0),
-        eval_windows=8 if size in ("137m", "340m") else 4,
+        eval_every=s["eval_every"],
+        eval_windows=s["eval_windows"],
         trainable="",  # regex over parameter paths the optimiser updates; "" = all (moe.train.trainable_filter)
     ))
     c.eval = ml_collections.ConfigDict(dict(
-        windows=488 if size in ("137m", "340m") else (16 if size == "smoke" else 4),
+        windows=s["windows"],  # 0: every held-out window
         batch_size=8,
         trace_probs=False,  # also store (L, T, E) float16 router probabilities in traces
         cache_metrics=True,  # cachesim metrics per domain into metrics.json
+        # Tokens of each domain's training split traced into trace_<domain>_train.npz (0: none):
+        # metrics.json's out-of-sample static pin ("static_train") is fitted on them. CPU sizes
+        # trace 16k tokens, so that the CPU study's evaluation stays a small part of its budget.
+        train_trace_tokens=128 if size == "tiny" else 16384 if s["cpu"] else 65536,
     ))
     c.log = ml_collections.ConfigDict(dict(
         tensorboard=True,  # TensorBoard event files in the run directory, beside log.jsonl
         wandb="",          # a Weights & Biases project to log to as well ("" = off)
     ))
-    if size in ("smoke", "tiny"):
+    if s["cpu"]:
         # CPU sizes: XLA:CPU has no fast bf16 matmul and remat only trades speed for
         # memory that a CPU has plenty of (benchmarks/dispatch_bench.py measures both).
         c.model.compute_dtype = "float32"

@@ -176,8 +176,36 @@ def vmappable(spec) -> bool:
 ANALYSIS_DIR = "analysis"
 
 
-def run_analysis(root: pathlib.Path, echo=print) -> int:
-    """analysis.tables (markdown + json) and analysis.verdict on the sweep root, into ROOT/analysis/."""
+def study_steps(config_file: str) -> dict:
+    """The config file's ``study(arg)`` (what to do once every run is done), or {} when it has none."""
+    from launch.plan import load_config_module, split_config_file
+    path, arg = split_config_file(config_file)
+    module = load_config_module(path)
+    return module.study(arg) if hasattr(module, "study") else {}
+
+
+def run_frontier(root: pathlib.Path, spec: dict | None, echo=print) -> int:
+    """The study's cache-coupled frontier on its named runs (once: runs that have a frontier.json keep it)."""
+    if not spec:
+        return 0
+    from moe import rundir
+    runs = [root / name for name in spec["runs"]]
+    if all((run / rundir.FRONTIER).is_file() for run in runs):
+        echo(f"frontier: every study run has its {rundir.FRONTIER}")
+        return 0
+    command = [sys.executable, "-m", "moe.cache_aware.frontier", *map(str, runs), *spec.get("flags", [])]
+    echo(f"$ {shlex.join(command)}")
+    proc = subprocess.run(command, capture_output=True, text=True)
+    if proc.returncode != 0:
+        echo(f"error: the frontier failed (exit {proc.returncode}): "
+             f"{(proc.stderr.strip().splitlines() or ['no output'])[-1]}")
+        return 3
+    return 0
+
+
+def run_analysis(root: pathlib.Path, echo=print, *, page: str | None = None) -> int:
+    """analysis.tables (markdown + json) and analysis.verdict on the sweep root, into ROOT/analysis/;
+    with ``page``, the study's results page (analysis.report) into ROOT/analysis/results/."""
     missing = [m for m in ("analysis.tables", "analysis.verdict") if importlib.util.find_spec(m) is None]
     if missing:
         echo(f"analysis skipped: {', '.join(missing)} is not installed in this checkout")
@@ -189,6 +217,9 @@ def run_analysis(root: pathlib.Path, echo=print) -> int:
         ([sys.executable, "-m", "analysis.tables", str(root), "--format", "json", "--out", str(out)], None),
         ([sys.executable, "-m", "analysis.verdict", str(root)], out / "verdict.txt"),
     ]
+    if page:
+        steps.append(([sys.executable, "-m", "analysis.report", str(root), f"--name={page}",
+                       f"--out={out / 'results'}"], None))
     status = 0
     for command, capture in steps:
         echo(f"$ {shlex.join(command)}")
@@ -284,7 +315,8 @@ def sweep(argv_command: Sequence[str]) -> int:
         if r["state"] == "failed":
             print(f"error: run {r['name']} failed after {r['attempts']} attempt(s): {r['error']}", file=sys.stderr)
     if _ANALYSIS.value and counts["done"] == len(specs):
-        code = max(code, run_analysis(root))
+        study = study_steps(config_file)
+        code = max(code, run_frontier(root, study.get("frontier")), run_analysis(root, page=study.get("page")))
     elif _ANALYSIS.value:
         print(f"analysis not run: {len(specs) - counts['done']} run(s) are not done; rerun the sweep to finish them")
     return code

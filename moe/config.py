@@ -79,8 +79,10 @@ def validate(c: ml_collections.ConfigDict) -> None:
                           f"train.eval_windows > 0, got {t.eval_every} and {t.eval_windows}")
     if t.log_every <= 0 or t.ckpt_every <= 0 or t.keep_checkpoints <= 0:
         raise ConfigError("train.log_every, train.ckpt_every and train.keep_checkpoints must be > 0")
-    if c.eval.windows <= 0 or c.eval.batch_size <= 0:
-        raise ConfigError("eval.windows and eval.batch_size must be > 0")
+    if c.eval.windows < 0 or c.eval.batch_size <= 0:
+        raise ConfigError("eval.windows must be >= 0 (0 = every held-out window) and eval.batch_size > 0")
+    if c.eval.train_trace_tokens < 0:
+        raise ConfigError("eval.train_trace_tokens must be >= 0 (0: no training-split traces)")
     finetune_validate(c)
 
 

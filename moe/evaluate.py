@@ -66,6 +66,15 @@ def domain_summary(ce: np.ndarray) -> dict[str, float | int]:
     return {"val_loss": mean, "val_ppl": math.exp(mean), "tokens": int(ce.size)}
 
 
+def _trace(config: ml_collections.ConfigDict, out: dict, domain: str, split: str = ""):
+    from cachesim.trace import make_trace
+
+    return make_trace(out["experts"], config.model.num_experts, probs=out.get("probs"),
+                      model=f"{config.model.size}/{config.run_name}",
+                      source=f"{config.data.corpus}:{domain}{':' + split if split else ''}",
+                      name=f"{domain}{'_' + split if split else ''}")
+
+
 def evaluate_and_trace(config: ml_collections.ConfigDict, eval_step: Callable, params: Any,
                        windows: dict[str, np.ndarray], log: Callable[[str], None]) -> tuple[dict, dict, dict]:
     """(final_eval, traces, window_losses) of one run: each domain's windows evaluated, its router trace recorded.
@@ -74,17 +83,21 @@ def evaluate_and_trace(config: ml_collections.ConfigDict, eval_step: Callable, p
     compile). ``windows``: ``{domain: (N, T+1) tokens}``. ``window_losses``:
     ``{domain: (N,) mean CE of each window}`` (analysis bootstraps over windows).
     """
-    from cachesim.trace import make_trace
-
     final_eval, traces, window_losses = {}, {}, {}
     for domain, tokens in windows.items():
         t0 = time.perf_counter()
         out = evaluate_windows(eval_step, params, tokens, config.eval.batch_size)
         final_eval[domain] = domain_summary(out["ce"])
         window_losses[domain] = np.mean(out["ce"], axis=1, dtype=np.float64)
-        traces[domain] = make_trace(out["experts"], config.model.num_experts, probs=out.get("probs"),
-                                    model=f"{config.model.size}/{config.run_name}",
-                                    source=f"{config.data.corpus}:{domain}", name=domain)
+        traces[domain] = _trace(config, out, domain)
         log(f"eval {domain}: loss {final_eval[domain]['val_loss']:.4f} ppl {final_eval[domain]['val_ppl']:.2f} "
             f"({out['ce'].size:,} tokens, {time.perf_counter() - t0:.1f}s)")
     return final_eval, traces, window_losses
+
+
+def trace_split(config: ml_collections.ConfigDict, eval_step: Callable, params: Any,
+                windows: dict[str, np.ndarray], split: str) -> dict:
+    """``{domain: trace}`` of other windows (e.g. the training split's) through the same eval step."""
+    return {domain: _trace(config, evaluate_windows(eval_step, params, tokens, config.eval.batch_size),
+                           domain, split)
+            for domain, tokens in windows.items()}

@@ -2,7 +2,7 @@
 
 The run directory is the contract with ``analysis/`` and ``launch/``:
 ``config.json`` (resolved config, the reference's top-level keys, git commit),
-``final_eval.json``, ``trace_<domain>.npz``, ``log.jsonl``, ``metrics.json``,
+``final_eval.json``, ``trace_<domain>.npz`` (and ``trace_<domain>_train.npz``), ``log.jsonl``, ``metrics.json``,
 ``checkpoints/``. Every JSON file is written to a temporary path and renamed,
 so a killed run never leaves a half-written artifact.
 
@@ -31,7 +31,7 @@ from moe import checkpoint, rundir
 from moe import seeds as seeds_lib
 from moe.data import pipeline
 from moe.config import resolve
-from moe.evaluate import evaluate_and_trace, make_eval_step
+from moe.evaluate import evaluate_and_trace, make_eval_step, trace_split
 from moe.model import build_model, param_counts
 from moe.train import (Member, host_local, init_state, is_lead_process, make_optimizer, make_train_step, silent,
                        train_runs)
@@ -119,7 +119,8 @@ def dry_run(config: ml_collections.ConfigDict) -> dict[str, Any]:
 # ---------------------------------------------------------------- the run
 
 
-def summary_metrics(config, final_eval: dict, traces: dict, last_train: dict) -> dict[str, Any]:
+def summary_metrics(config, final_eval: dict, traces: dict, last_train: dict,
+                    train_traces: dict | None = None) -> dict[str, Any]:
     ppls = [v["val_ppl"] for v in final_eval.values()]
     tokens = [v["tokens"] for v in final_eval.values()]
     losses = [v["val_loss"] for v in final_eval.values()]
@@ -131,7 +132,8 @@ def summary_metrics(config, final_eval: dict, traces: dict, last_train: dict) ->
     }
     if config.eval.cache_metrics:
         from cachesim.metrics import paper_metrics
-        out["domains"] = {d: paper_metrics(t) for d, t in traces.items()}
+        # The paper's static pin is in-sample; train_traces give the out-of-sample one beside it.
+        out["domains"] = {d: paper_metrics(t, fit=(train_traces or {}).get(d)) for d, t in traces.items()}
     return out
 
 
@@ -224,22 +226,30 @@ def _run_locked(configs: list[ml_collections.ConfigDict], workdirs: list[pathlib
     # own device, the single-device computation; no process waits on another's files.
     # One eval step (one compile) serves every seed of a group: the same function, the same numbers.
     eval_step = make_eval_step(result.graphdef, ref, with_probs=ref.eval.trace_probs)
-    windows = {d: pipeline.eval_windows(ref.data, d, n_windows=ref.eval.windows, seq_len=ref.model.context)["tokens"]
+    windows = {d: pipeline.eval_windows(ref.data, d, n_windows=ref.eval.windows or None, seq_len=ref.model.context)["tokens"]
                for d in rundir.DOMAINS}
+    train_windows = {}
+    if ref.eval.train_trace_tokens:  # a short trace of each domain's training split
+        train_windows = {d: pipeline.train_windows(ref.data, d, n_windows=max(1, ref.eval.train_trace_tokens
+                                                                               // ref.model.context),
+                                                   seq_len=ref.model.context)["tokens"]
+                         for d in rundir.DOMAINS}
     for c, w, state, last in zip(configs, workdirs, result.states, result.last_metrics):
         if lead:
             rundir.write_progress(w, phase="evaluating", step=num_train_steps(c), pid=os.getpid())
         params = host_local(state["params"])
         final_eval, traces, window_losses = evaluate_and_trace(c, eval_step, params, windows, log)
+        train_traces = trace_split(c, eval_step, params, train_windows, "train")
         if lead:
-            write_evaluation(w, final_eval, traces, window_losses, window_tokens=c.model.context)
+            write_evaluation(w, final_eval, traces, window_losses, window_tokens=c.model.context,
+                             train_traces=train_traces)
         # MELINOE's figure (transfers with/without prefetch); a plain run started from weights has no predictor
         if finetune and "predictor" in c and c.predictor.enabled:
             from moe.transfers import transfer_study
             transfers = transfer_study(c, result.graphdef, params, base, log)
             if lead:
                 rundir.write_json(w / rundir.TRANSFERS, transfers)
-        metrics = summary_metrics(c, final_eval, traces, last)
+        metrics = summary_metrics(c, final_eval, traces, last, train_traces)
         if lead:
             rundir.write_json(w / rundir.METRICS, metrics)
             rundir.write_progress(w, phase="done", step=num_train_steps(c), pid=os.getpid())
@@ -251,13 +261,15 @@ def _run_locked(configs: list[ml_collections.ConfigDict], workdirs: list[pathlib
 
 
 def write_evaluation(workdir: pathlib.Path, final_eval: dict, traces: dict, window_losses: dict | None = None,
-                     *, window_tokens: int | None = None) -> None:
-    """trace_<domain>.npz, eval_windows.npz (per-window mean CE, when given), then final_eval.json (last: it
-    marks the evaluation written)."""
+                     *, window_tokens: int | None = None, train_traces: dict | None = None) -> None:
+    """trace_<domain>.npz (and trace_<domain>_train.npz), eval_windows.npz (per-window mean CE, when given),
+    then final_eval.json (last: it marks the evaluation written)."""
     from cachesim.trace import save_trace
 
     for domain, trace in traces.items():
         save_trace(workdir / rundir.trace_file(domain), trace)
+    for domain, trace in (train_traces or {}).items():
+        save_trace(workdir / rundir.train_trace_file(domain), trace)
     if window_losses is not None:
         rundir.write_eval_windows(workdir, window_losses, window_tokens)
     rundir.write_json(workdir / rundir.FINAL_EVAL, final_eval)

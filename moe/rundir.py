@@ -11,6 +11,8 @@ that knows what lives in it:
 ``eval_windows.npz`` per evaluation window, its mean CE (``ce_<domain>``, (N,) float64) and
                      ``window_tokens``: the paired bootstrap of ``analysis`` resamples them
 ``trace_<d>.npz``    router traces, one per domain (``cachesim.trace`` format)
+``trace_<d>_train.npz``  a short router trace of the domain's training split, the
+                     data out-of-sample static pins are fitted on
 ``metrics.json``     mean PPLs and cache metrics; written last by ``main.py``
 ``log.jsonl``        one training record per ``train.log_every`` steps
 ``eval.jsonl``       one validation record per ``train.eval_every`` steps
@@ -67,6 +69,7 @@ ATTEMPTS = "attempts.jsonl"
 LAUNCH_LOG = "launch.log"
 LOCK = ".run.lock"
 TRACE_PREFIX = "trace_"
+TRAIN_SUFFIX = "_train"
 # Where a sweep keeps run directories it replaced (``--rerun_changed``); hidden, so analysis skips it.
 SUPERSEDED = ".superseded"
 # Run-dir lock fds a launcher passes to its worker (comma-separated fd numbers).
@@ -93,16 +96,34 @@ def trace_file(domain: str) -> str:
     return f"{TRACE_PREFIX}{domain}.npz"
 
 
+def train_trace_file(domain: str) -> str:
+    """``trace_<domain>_train.npz``: the domain's training-split trace."""
+    return f"{TRACE_PREFIX}{domain}{TRAIN_SUFFIX}.npz"
+
+
 def trace_domain(path: PathLike) -> str:
-    """The domain a trace file is named after (``trace_code.npz`` -> ``code``); other names: the stem."""
+    """The domain a trace file is named after (``trace_code.npz`` and ``trace_code_train.npz`` ->
+    ``code``); other names: the stem."""
     stem = pathlib.Path(path).stem
-    return stem[len(TRACE_PREFIX):] if stem.startswith(TRACE_PREFIX) else stem
+    stem = stem[len(TRACE_PREFIX):] if stem.startswith(TRACE_PREFIX) else stem
+    return stem[:-len(TRAIN_SUFFIX)] if stem.endswith(TRAIN_SUFFIX) else stem
+
+
+def _traces(workdir: PathLike, train: bool) -> dict[str, pathlib.Path]:
+    found = {trace_domain(p): p for p in pathlib.Path(workdir).glob(f"{TRACE_PREFIX}*.npz")
+             if p.is_file() and p.stem.endswith(TRAIN_SUFFIX) == train}
+    return dict(sorted(found.items(), key=lambda kv: domain_sort_key(kv[0])))
 
 
 def trace_files(workdir: PathLike) -> dict[str, pathlib.Path]:
-    """``{domain: path}`` of the traces in a run directory, paper domains first, then the rest sorted."""
-    found = {trace_domain(p): p for p in pathlib.Path(workdir).glob(f"{TRACE_PREFIX}*.npz") if p.is_file()}
-    return dict(sorted(found.items(), key=lambda kv: domain_sort_key(kv[0])))
+    """``{domain: path}`` of the evaluation traces in a run directory, paper domains first, then the
+    rest sorted (training-split traces are not among them: see ``train_trace_files``)."""
+    return _traces(workdir, train=False)
+
+
+def train_trace_files(workdir: PathLike) -> dict[str, pathlib.Path]:
+    """``{domain: path}`` of the training-split traces (``trace_<domain>_train.npz``)."""
+    return _traces(workdir, train=True)
 
 
 def domain_sort_key(domain: str) -> tuple[int, str]:

@@ -48,7 +48,7 @@ def _training_windows(config: ml_collections.ConfigDict, n: int) -> np.ndarray:
 
 
 def _held_out_windows(config: ml_collections.ConfigDict) -> tuple[np.ndarray, list[str]]:
-    n = config.predictor.eval_windows or config.eval.windows
+    n = config.predictor.eval_windows or config.eval.windows or None
     parts, names = [], []
     for domain in DOMAINS:
         w = pipeline.eval_windows(config.data, domain, n_windows=n, seq_len=config.model.context)["tokens"]

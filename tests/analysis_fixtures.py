@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import json
 import math
+import re
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from cachesim.trace import make_trace, save_trace
+from moe import rundir
 
 E = 16
 K = 2
@@ -47,14 +50,24 @@ def spread_experts(layers: int = 2, tokens: int = 64) -> np.ndarray:
 def write_run(root: Path, name: str, *, arm: str = "A", lam: float = 0.0, mu: float = 0.0, seed: int = 1,
               tokens: float = 1e6, losses: dict[str, float] | None = None,
               eval_tokens: dict[str, int] | None = None, traces: dict[str, np.ndarray] | None = None,
-              extra_config: dict | None = None, final_eval: bool = True) -> Path:
-    """A run directory in main.py's format; ``losses`` are per-domain val CE (PPL = exp)."""
+              extra_config: dict | None = None, final_eval: bool = True,
+              window_losses: dict[str, list[float]] | None = None, window_tokens: int = 1024) -> Path:
+    """A run directory in main.py's format; ``losses`` are per-domain val CE (PPL = exp).
+
+    ``window_losses``: per-domain CE of each evaluation window of ``window_tokens``
+    tokens (written to eval_windows.npz as training does; the domain's loss and
+    token count then follow from them).
+    """
     run = root / name
     run.mkdir(parents=True)
     config = {"arm": arm, "lambda_loc": lam, "mu_dom": mu, "alpha_balance": 0.01, "tokens": tokens, "bsz": 8,
-              "seq": 1024, "lr": 6e-4, "seed": seed, "run_name": name, "params": 1000, "size": "tiny",
+              "seq": window_tokens, "lr": 6e-4, "seed": seed, "run_name": name, "params": 1000, "size": "tiny",
               **(extra_config or {})}
     (run / "config.json").write_text(json.dumps(config))
+    if window_losses is not None:
+        rundir.write_eval_windows(run, window_losses, window_tokens)
+        losses = {d: float(np.mean(v)) for d, v in window_losses.items()}
+        eval_tokens = {d: len(v) * window_tokens for d, v in window_losses.items()}
     losses = losses or {"prose": 3.0, "code": 1.0, "math": 2.0}
     if final_eval:
         evals = {}
@@ -105,22 +118,41 @@ def uniform_counts(num_tokens: int = 100, num_layers: int = 2) -> list[list[int]
 def fake_run(name: str, *, arm: str = "A", lam: float = 0.0, mu: float = 0.0, seed: int | None = 1,
              tokens: float = 1e6, size: str = "tiny", losses: dict[str, float] | None = None,
              eval_tokens: dict[str, int] | None = None, metrics: dict[str, dict] | None = None,
-             counts: dict[str, list] | None = None, problems: tuple[str, ...] = ()):
-    """An analysis.runs.Run with chosen PPLs and per-domain paper_metrics."""
+             counts: dict[str, list] | None = None, problems: tuple[str, ...] = (),
+             window_ce: dict[str, Sequence[float]] | None = None,
+             window_misses: dict[str, Sequence[int]] | None = None, window_tokens: int | None = None):
+    """An analysis.runs.Run with chosen PPLs and per-domain paper_metrics.
+
+    ``window_ce`` (per-window CE; the domain losses then follow from it) and
+    ``window_misses`` (per-window LRU@25% misses, in the facts as the metric
+    cache holds them) need ``window_tokens``.
+    """
     from analysis.runs import DomainEval, Run
 
+    if window_ce is not None:
+        losses = {d: float(np.mean(v)) for d, v in window_ce.items()}
     losses = losses or {"prose": 3.0, "code": 1.0, "math": 2.0}
     domains = {}
     for d, loss in losses.items():
         pm = (metrics or {}).get(d) or fake_paper_metrics()
         facts = {"paper_metrics": pm, "expert_counts": (counts or {}).get(d) or uniform_counts(pm["num_tokens"],
                                                                                                pm["num_layers"])}
+        if window_misses is not None:
+            facts["window_misses"] = {"policy": "lru", "fraction": "0.25", "segment_tokens": window_tokens,
+                                      "misses": list(window_misses[d]), "reason": ""}
         n = (eval_tokens or {}).get(d, 100)
+        ce = None if window_ce is None else tuple(float(x) for x in window_ce[d])
         domains[d] = DomainEval(val_loss=loss, val_ppl=math.exp(loss), tokens=n, tokens_assumed=False,
-                                trace_path=None, facts=None if problems else facts)
+                                trace_path=None, facts=None if problems else facts, window_ce=ce)
     config = {"arm": arm, "lambda_loc": lam, "mu_dom": mu, "tokens": tokens, "seed": seed, "size": size}
     return Run(path=Path("/nonexistent") / name, name=name, arm=arm, lam=lam, mu=mu, seed=seed, tokens=tokens,
-               size=size, params=None, config=config, domains=domains, problems=problems)
+               size=size, params=None, config=config, domains=domains, problems=problems,
+               window_tokens=window_tokens)
+
+
+def squash(text: str) -> str:
+    """Markdown with runs of spaces made one (tabulate pads cells to the column width)."""
+    return re.sub(r" {2,}", " ", text)
 
 
 def block_experts(layers: int = 2, tokens: int = 64, block: int = 8) -> np.ndarray:

@@ -16,7 +16,7 @@ import json
 import math
 
 import pytest
-from analysis_fixtures import alternating_experts, fake_run, spread_experts, sticky_experts, write_run
+from analysis_fixtures import alternating_experts, fake_run, spread_experts, squash, sticky_experts, write_run
 
 from analysis import arm_m, cli, formatting, summary, tables, verdict
 from analysis.cache import MetricsStore
@@ -147,7 +147,7 @@ def test_transfers_rows_exact(runs):
         "predictor_demand": 20.0, "reduction": 2.0, "reduction_predictor": 2.5, "predictor_recall": 0.75,
         "base_recall": 0.5, "base_ppl": 100.0, "finetuned_ppl": 101.0}
     assert first["delta_ppl"] == 101.0 / 100.0 - 1.0  # unrounded
-    table = formatting.render_markdown(arm_m.transfers_table(runs, arm_m.load_transfers(runs)))
+    table = squash(formatting.render_markdown(arm_m.transfers_table(runs, arm_m.load_transfers(runs))))
     assert "| m-s1 | M λ=0 μ=0 lambda_cs=0.1 lambda_rm=0.01 gamma=0.9 cache_capacity=4 from A 1M 100k tiny | 4 " \
            "| 60.00 | 30.00 | 24.00 | 20.00 | 2.00× | 2.50× | 75.0% | 50.0% | +1.00% |" in table
     assert "| m-s2 |" in table and "| 40.00 | 24.00 | 20.00 | 1.50× | 2.50× |" in table
@@ -176,7 +176,7 @@ def test_ablation_groups_seeds_per_setting(runs):
     assert cs1["miss_reduction_25"] == pytest.approx(1 - 0.35 / 4.3, rel=1e-12)
     assert (cs2["lambda_cs"], cs2["seeds"], cs2["lfu_transfers"]) == (0.2, 1, None)  # no transfers.json: a dash
     assert cs2["delta_ppl"] == pytest.approx(0.05, rel=1e-12)
-    table = formatting.render_markdown(arm_m.ablation_table(runs, studies))
+    table = squash(formatting.render_markdown(arm_m.ablation_table(runs, studies)))
     assert "| 0.1 | 0.01 | 0.9 | 4 | 100k | 2 | 36.00 | +20.00% | 35.00 | 0.117 | +91.9% |" in table
     assert "| 0.2 | 0.01 | 0.9 | 4 | 100k | 1 | 31.50 | +5.00% | — | 0.117 | +91.9% |" in table
 

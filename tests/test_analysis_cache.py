@@ -152,11 +152,11 @@ def test_reuse_by_lag_is_added_to_the_entry_on_first_use(tmp_path, monkeypatch):
     store = cache.MetricsStore(tmp_path / "user")
     run = load_run(path, store=store)
     assert "reuse_by_lag" not in run.domains["code"].facts  # tables do not pay for it
-    curve = store.reuse_by_lag(path, path / "trace_code.npz")
+    curve = store.reuse_by_lag(path / "trace_code.npz")
     # Tokens alternate {0,1}, {2,3}: nothing is shared at odd lags, everything at even ones.
     assert curve == {"1": 0.0, "2": 1.0, "4": 1.0, "8": 1.0, "16": 1.0, "32": 1.0}
     fresh = cache.MetricsStore(tmp_path / "user")
-    assert fresh.reuse_by_lag(path, path / "trace_code.npz") == curve
+    assert fresh.reuse_by_lag(path / "trace_code.npz") == curve
     assert len(calls) == 1 and fresh.computed == 0
 
 
@@ -187,7 +187,9 @@ def test_the_fingerprint_covers_every_module_the_metrics_run():
               "from cachesim.trace import make_trace\n"
               "rng = np.random.default_rng(0)\n"
               "experts = np.stack([[rng.choice(8, 2, replace=False) for _ in range(64)] for _ in range(2)])\n"
-              "paper_metrics(make_trace(experts.astype(np.int16), 8))\n"
+              "trace = make_trace(experts.astype(np.int16), 8)\n"
+              "from analysis.cache import window_misses\n"
+              "window_misses(trace, paper_metrics(trace), 16)\n"
               "print('\\n'.join(m.__file__ for n, m in sys.modules.items()\n"
               "                 if n.split('.')[0] == 'cachesim' and getattr(m, '__file__', None)))\n")
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
@@ -195,4 +197,32 @@ def test_the_fingerprint_covers_every_module_the_metrics_run():
     covered = {p.resolve() for p in cache.metric_sources()}
     assert loaded and loaded <= covered, f"not fingerprinted: {sorted(map(str, loaded - covered))}"
     names = {p.name for p in covered}
-    assert {"stack.py", "simulate.py", "metrics.py", "policies.py", "trace.py"} <= names
+    assert {"stack.py", "simulate.py", "metrics.py", "policies.py", "trace.py", "segments.py", "online.py"} <= names
+
+
+def test_window_misses_are_each_windows_share_of_one_replay(tmp_path):
+    """LRU@25% (4 of 16 experts) over 8-token windows, one cache per layer across the whole trace."""
+    path = write_run(tmp_path, "r", window_tokens=8, traces={"prose": block_experts(), "code": sticky_experts(),
+                                                             "math": alternating_experts()})
+    run = load_run(path, store=cache.MetricsStore(tmp_path / "user"))
+    windows = {d: ev.facts["window_misses"] for d, ev in run.domains.items()}
+    assert {w["segment_tokens"] for w in windows.values()} == {8}
+    # Blocks of 8 tokens on a fresh pair of experts: each block's first token misses 2 per layer.
+    assert windows["prose"]["misses"] == [4] * 8
+    # {0, 1} throughout, and {0,1},{2,3} alternating (4 experts fit): only the first window misses, once per
+    # expert and layer; the cache carries over, so later windows never miss.
+    assert windows["code"]["misses"] == [4, 0, 0, 0, 0]
+    assert windows["math"]["misses"] == [8, 0, 0, 0, 0]
+
+
+def test_a_new_window_length_recomputes_and_keeps_the_reuse_curve(tmp_path, count_calls):
+    path = write_run(tmp_path, "r", window_tokens=8, traces={"code": block_experts()}, losses={"code": 1.0})
+    store = cache.MetricsStore(tmp_path / "user")
+    store.trace_facts({"code": path / "trace_code.npz"}, 8)
+    curve = store.reuse_by_lag(path / "trace_code.npz")
+    fresh = cache.MetricsStore(tmp_path / "user")
+    facts = fresh.trace_facts({"code": path / "trace_code.npz"}, 16)["code"]
+    assert len(count_calls) == 2 and facts["window_misses"]["misses"] == [8] * 4 and facts["reuse_by_lag"] == curve
+    odd = fresh.trace_facts({"code": path / "trace_code.npz"}, 48)["code"]["window_misses"]
+    assert odd["misses"] is None and odd["reason"] == ("the trace has 64 tokens, not a multiple of the 48-token "
+                                                       "evaluation window")

@@ -4,28 +4,39 @@ import json
 import math
 
 import pytest
-from analysis_fixtures import alternating_experts, block_experts, spread_experts, sticky_experts, write_run
+from analysis_fixtures import (alternating_experts, block_experts, spread_experts, squash, sticky_experts,
+                               write_run)
 
 from analysis import cli, figures, profile, tables, verdict
 
 A_LOSSES = {"prose": math.log(60.0), "code": math.log(5.0), "math": math.log(25.0)}  # mean PPL 30
+# Eight evaluation windows of 8 tokens per domain (the 64-token traces), their CE spread around the domain's.
+WINDOW = 8
+DEVIATIONS = (0.3, -0.3, 0.1, -0.1, 0.2, -0.2, 0.05, -0.05)
 
 
-def _scaled(factor):
-    return {d: loss + math.log(factor) for d, loss in A_LOSSES.items()}
+def _windows(factor):
+    """Per-window CE of a run whose every window's PPL is ``factor`` times arm A's (a paired shift)."""
+    return {d: [loss + math.log(factor) + dev for dev in DEVIATIONS] for d, loss in A_LOSSES.items()}
 
 
 @pytest.fixture(scope="module")
 def study(tmp_path_factory):
-    """Arm A (no locality) vs two arm-B runs with 87.5% fewer LRU misses at +0.5% and +2% PPL."""
+    """Arm A (no locality) vs arm-B runs with 87.5% fewer LRU misses at +0.5%/+0.7% (two seeds) and +2% PPL.
+
+    Every window of a B run has 1/8 of arm A's misses (A misses all 4 requests of each token, B the 2 of a
+    block's first token per layer) and `factor` times its PPL, so the paired bootstrap's intervals are points.
+    """
     root = tmp_path_factory.mktemp("study")
     spread = {d: spread_experts() for d in A_LOSSES}
     local = {d: block_experts() for d in A_LOSSES}
-    write_run(root, "a-s1", seed=1, losses=A_LOSSES, traces=spread, eval_tokens={"prose": 100, "code": 300,
-                                                                                 "math": 100})
-    write_run(root, "b-good", arm="B", lam=0.02, losses=_scaled(1.005), traces=local)
-    write_run(root, "b-costly", arm="B", lam=0.05, losses=_scaled(1.02), traces=local)
-    write_run(root, "b-other-budget", arm="B", lam=0.05, tokens=5e5, losses=_scaled(1.0), traces=local)
+    windows = {"window_tokens": WINDOW}
+    write_run(root, "a-s1", seed=1, window_losses=_windows(1.0), traces=spread, **windows)
+    write_run(root, "b-good", arm="B", lam=0.02, window_losses=_windows(1.005), traces=local, **windows)
+    write_run(root, "b-good-s2", arm="B", lam=0.02, seed=2, window_losses=_windows(1.007), traces=local, **windows)
+    write_run(root, "b-costly", arm="B", lam=0.05, window_losses=_windows(1.02), traces=local, **windows)
+    write_run(root, "b-other-budget", arm="B", lam=0.05, tokens=5e5, window_losses=_windows(1.0), traces=local,
+              **windows)
     unfinished = write_run(root / "triage", "b-unfinished", arm="B", lam=0.2, final_eval=False, traces={})
     assert unfinished.exists()
     return root
@@ -57,24 +68,37 @@ def test_tables_json(study, tmp_path, capsys):
     code, out, _ = _run_cli(tables.main, [str(study), "--format", "json", *_cache_args(tmp_path)], capsys)
     assert code == 0
     rows = {r["run"]: r for r in json.loads(out)}
-    assert set(rows) == {"a-s1", "b-good", "b-costly", "b-other-budget"}  # the unfinished run is not a row
+    # The unfinished run is not a row.
+    assert set(rows) == {"a-s1", "b-good", "b-good-s2", "b-costly", "b-other-budget"}
     a, good = rows["a-s1"], rows["b-good"]
+    # exp(mean CE) per domain: the deviations cancel within each domain.
     assert a["ppl"] == pytest.approx(30.0, rel=1e-12)
-    assert a["ppl_token_weighted"] == pytest.approx((60 * 125 * 25) ** 0.2, rel=1e-12)
+    assert a["ppl_token_weighted"] == pytest.approx((60 * 5 * 25) ** (1 / 3), rel=1e-12)  # equal token counts
     assert (a["reuse"], a["lru_miss_25"], a["static_hit_50"], a["collapsed"]) == (0.0, 4.0, 0.5, 0)
     assert good["reuse"] == pytest.approx(56 / 63) and good["lru_miss_25"] == 0.5
     assert good["miss_reduction_25"] == pytest.approx(0.875)
     assert good["delta_ppl"] == pytest.approx(0.005)
     assert good["domains"]["code"]["delta_ppl"] == pytest.approx(0.005)
-    assert rows["b-other-budget"]["baseline"] is None
+    # Paired windows: every resample has B's PPL 1.005 x A's and 1/8 of its misses.
+    assert good["delta_ppl_ci"] == pytest.approx([0.005, 0.005], rel=1e-9)
+    assert good["miss_reduction_25_ci"] == pytest.approx([0.875, 0.875], rel=1e-12)
+    assert good["delta_ppl_ci_note"] == good["miss_reduction_25_ci_note"] == ""
+    assert good["seeds_delta_ppl"]["n"] == 2 and good["seeds_delta_ppl"]["mean"] == pytest.approx(0.006)
+    assert good["seeds_delta_ppl"]["sd"] == pytest.approx(0.002 / math.sqrt(2))
+    assert rows["b-costly"]["seeds_delta_ppl"] is None  # one seed: no spread
+    other = rows["b-other-budget"]
+    assert other["baseline"] is None and other["delta_ppl_ci"] is None and other["delta_ppl_ci_note"] == "no baseline"
 
 
 def test_tables_markdown_and_out_dir(study, tmp_path, capsys):
     code, out, _ = _run_cli(tables.main, [str(study), *_cache_args(tmp_path)], capsys)
     assert code == 0
+    out = squash(out)
     for title in ("### Main results", "### Per-domain results", "### All runs", "### Scale"):
         assert title in out
-    assert "| b-good | B | 0.02 | 0 | 1 | 1M | 30.15 |" in out
+    assert ("| b-good | B | 0.02 | 0 | 1 | 1M | 30.15 | 19.67 | +0.50% | [+0.50, +0.50]% | +0.60% ± 0.14 (2 seeds) "
+            "| +87.5% | [+87.5, +87.5]% | +87.5% ± 0.0 (2 seeds) | 0.889 |") in out
+    assert "| b-costly | B | 0.05 | 0 | 1 | 1M | 30.60 | 19.97 | +2.00% | [+2.00, +2.00]% | — | +87.5% |" in out
     assert "| b-good | B | 0.02 | 0 | 1 | 1M | prose | 60.30 | +0.50% | 0.889 | 87.5% |" in out
     assert ("| b-unfinished | B | 0.2 | 0 | 1 | 1M | tiny | 1k | incomplete: missing final_eval.json "
             "| — | — | — | — |") in out
@@ -90,12 +114,19 @@ def test_tables_markdown_and_out_dir(study, tmp_path, capsys):
 def test_verdict_lines(study, tmp_path, capsys):
     code, out, _ = _run_cli(verdict.main, [str(study), *_cache_args(tmp_path)], capsys)
     assert code == 0
-    lines = out.splitlines()  # configurations by (size, tokens, arm, λ, μ)
+    lines = out.splitlines()  # configurations by (size, tokens, arm, λ, μ), each followed by its two gates
     assert lines[0].endswith("-> NO VERDICT") and "b-other-budget" in lines[0]
-    assert lines[1].startswith("RQ1 [B λ=0.02 μ=0 1M tiny] b-good vs A (a-s1): LRU miss/token@25% 0.500 vs A "
-                               "4.000 = 87.5% reduction")
+    assert lines[1].startswith("RQ1 [B λ=0.02 μ=0 1M tiny] b-good, b-good-s2 vs A (a-s1): LRU miss/token@25% 0.500 "
+                               "vs A 4.000 = 87.5% reduction")
     assert lines[1].endswith("-> PASS (metric and quality met)")
-    assert lines[2].endswith("-> FAIL (metric met, quality missed)")
+    assert lines[2:4] == [
+        "  RQ1 miss reduction ≥ 30.0%: holds at the point and at the 95% CI's lower bound (point 87.5%, 95% CI "
+        "[87.5, 87.5]%); over 2 seeds 87.5% ± 0.0 (SD), 87.5% to 87.5%",
+        "  RQ1 ΔPPL ≤ +1.00%: holds at the point and at the 95% CI's upper bound (point +0.60%, 95% CI "
+        "[+0.60, +0.60]%); over 2 seeds +0.60% ± 0.14 (SD), +0.50% to +0.70%"]
+    assert lines[4].endswith("-> FAIL (metric met, quality missed)")
+    assert lines[6] == ("  RQ1 ΔPPL ≤ +1.00%: fails at the point and at the 95% CI's upper bound (point +2.00%, "
+                        "95% CI [+2.00, +2.00]%)")
     assert "RQ1 overall: PASS (passed by B λ=0.02 μ=0 1M tiny)" in lines
     assert "COLLAPSE a-s1: none (every expert >= 1% usage in every layer)" in lines
     code, out, _ = _run_cli(verdict.main, [str(study), "--format", "json", *_cache_args(tmp_path)], capsys)
@@ -126,7 +157,8 @@ def test_figures(study, tmp_path, capsys):
     assert code == 0, err
     names = {p.name for p in out_dir.iterdir()}
     assert sorted(out.split()) == sorted(str(out_dir / n) for n in names)
-    for stem in ("dose_response", "hit_vs_budget_a-s1", "hit_vs_budget_b-good", "usage_a-s1", "usage_b-good",
+    for stem in ("dose_response", "training_curves", "hit_vs_budget_a-s1", "hit_vs_budget_b-good",
+                 "hit_vs_budget_A_vs_B_0.02_0_1M_tiny", "usage_a-s1", "usage_b-good", "usage_runs",
                  "reuse_vs_lag_runs", "frontier_b-good", "hit_vs_budget_real-model", "reuse_vs_lag_real-model",
                  "usage_real-model"):
         assert {f"{stem}.png", f"{stem}.pdf"} <= names, stem
@@ -164,7 +196,7 @@ def test_dose_response_points_are_relative_to_matching_a(study, tmp_path):
 
     runs = load_runs([study], store=MetricsStore(tmp_path / "user"))
     points = {p["run"]: p for p in figures.dose_response_points(runs)}
-    assert set(points) == {"b-good", "b-costly"}
+    assert set(points) == {"b-good", "b-good-s2", "b-costly"}
     assert points["b-costly"]["miss_reduction"] == pytest.approx(0.875)
     assert points["b-costly"]["ppl_cost"] == pytest.approx(0.02)
 
@@ -193,6 +225,24 @@ def test_profile_json_known_values(tmp_path, capsys):
     assert math_d["cache"]["lru"] == 1 - (8 / 40) / 4
     assert prof["capacity"] == 4 and prof["layer"] == "all"
     code, out, _ = _run_cli(profile.main, [str(folder), "--layer", "1"], capsys)
-    assert code == 0 and "### Routing profile" in out and "layer 1" in out and "| mean |" in out
+    assert code == 0 and "### Routing profile" in out and "layer 1" in out and "| mean |" in squash(out)
     code, _, err = _run_cli(profile.main, [str(folder), "--layer", "7"], capsys)
     assert code == 2 and "out of range" in err
+
+
+def test_hit_vs_budget_curves_are_full_miss_ratio_curves():
+    """Every capacity 0..E from one replay per policy, as the reference counts them."""
+    from cachesim import reference as ref
+    from cachesim.policies import CacheSpec
+    from tests.cachesim_fixtures import random_trace
+
+    trace = random_trace(2, 2, 40, 2, 8, skew=0.5)
+    curves = figures.simulated_budget_curves({"code": trace}, policies=("lru", "static_w0.2"))
+    fracs, hits = curves["code"]["lru"]
+    assert fracs == [c / 8 for c in range(9)] and hits[0] == 0
+    assert all(a <= b for a, b in zip(hits, hits[1:]))
+    for c in (2, 5):
+        misses = sum(ref.layer_misses(trace.experts.tolist(), CacheSpec("lru", capacity=c), 8))
+        assert hits[c] == 1 - misses / (40 * 2 * 2)
+    static = sum(ref.layer_misses(trace.experts.tolist(), CacheSpec("static", capacity=3, warmup=0.2), 8))
+    assert curves["code"]["static_w0.2"][1][3] == 1 - static / 160

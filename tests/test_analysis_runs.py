@@ -102,3 +102,23 @@ def test_duplicate_run_names_get_their_folder(tmp_path):
     write_run(tmp_path / "s2", "same")
     names = sorted(r.name for r in load_runs([tmp_path], with_metrics=False))
     assert names == ["s1/same", "s2/same"]
+
+
+def test_per_window_losses_are_read_and_checked_against_final_eval(tmp_path):
+    windows = {"prose": [3.0, 3.2, 2.8, 3.0], "code": [1.0, 1.5, 0.5, 1.0], "math": [2.0] * 4}
+    path = write_run(tmp_path, "r", window_losses=windows, window_tokens=16)
+    run = load_run(path, with_metrics=False)
+    assert run.window_tokens == 16
+    assert run.domains["code"].window_ce == (1.0, 1.5, 0.5, 1.0)
+    assert run.domains["code"].val_loss == pytest.approx(1.0) and run.domains["code"].tokens == 64
+    # Without eval_windows.npz the window length is the training context (config.json's seq).
+    assert load_run(write_run(tmp_path, "plain", window_tokens=32), with_metrics=False).window_tokens == 32
+    final = json.loads((path / "final_eval.json").read_text())
+    final["code"]["val_loss"] = 1.1  # another evaluation's numbers
+    (path / "final_eval.json").write_text(json.dumps(final))
+    with pytest.raises(AnalysisError, match=r"eval_windows.npz: 'code' has 4 windows of 16 tokens with mean CE "
+                                            r"1.000000, but final_eval.json says 64 tokens, val_loss 1.100000"):
+        load_run(path, with_metrics=False)
+    (path / "eval_windows.npz").write_bytes(b"PK\x03\x04 truncated")
+    with pytest.raises(AnalysisError, match=r"eval_windows.npz: not a readable eval_windows.npz"):
+        load_run(path, with_metrics=False)

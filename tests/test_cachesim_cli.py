@@ -82,7 +82,7 @@ def test_collapse_is_flagged(tmp_path, capsys):
 
 @pytest.mark.parametrize("argv, message", [
     (["--capacity", "1.5"], "fractions lie in [0, 1]"),
-    (["--policies", "fifo"], "unknown policy"),
+    (["--policies", "psychic"], "unknown policy"),
     (["--lru_recency", "clock"], "unknown LRU recency"),
     (["--layers", "7"], "has layers 0..2"),
     (["--layers", "a,b"], "use 'all'"),
@@ -135,3 +135,37 @@ def test_module_entry_point(traces):
                             capture_output=True, text=True, cwd=REPO, check=False)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)[0]["policy"] == "lru"
+
+
+def test_scopes_fits_and_curves_from_the_cli(traces, capsys):
+    """--scope, --static_fit and --capacity all: records match the reference oracle."""
+    code, out, _ = _run([traces[0], "--policies", "lru,static", "--capacity", "4",
+                         "--scope", "layer,global,global-uniform", "--static_fit", f"self,{traces[1]}",
+                         "--format", "json"], capsys)
+    assert code == 0
+    records = json.loads(out)
+    assert len(records) == 3 * (1 + 2)  # scopes x (lru + two static fits)
+    trace = random_trace(0, 3, 40, 2, 8, skew=0.4)
+    other = random_trace(1, 3, 40, 2, 8, skew=0.4)
+    for r in records:
+        assert r["engine"] == "cachesim"
+        spec = CacheSpec(r["policy"], capacity=4, scope=r["scope"], quota=r["quota"],
+                         fit=None if r.get("static_fit") is None else "other")
+        want = sum(ref.layer_misses(trace.experts.tolist(), spec, 8,
+                                    other.experts.tolist() if spec.fit else None))
+        assert r["misses"] == want, r
+        assert r["capacity_frac"] == 4 / (24 if r["scope"] == "global" else 8)
+    code, out, _ = _run([traces[0], "--policies", "lru", "--capacity", "all", "--scope", "global",
+                         "--format", "json"], capsys)
+    curve = json.loads(out)
+    assert [r["capacity"] for r in curve] == list(range(25))  # 0..L·E
+    assert curve[0]["hit_rate"] == 0 and curve[-1]["misses"] == sum(
+        len(np.unique(trace.experts[layer])) for layer in range(3))
+
+
+def test_new_options_reject_bad_words_with_exit_2(traces, capsys):
+    for argv in (["--scope", "everywhere"], ["--capacity", "most"], ["--static_fit", ""]):
+        code, _, err = _run([traces[0], *argv], capsys)
+        assert code == 2 and err.startswith("error: ") and err.count("\n") == 1, (argv, err)
+    code, _, err = _run([traces[0], "--scope", "global", "--layers", "0", "--layers", "1"], capsys)
+    assert code == 2 and "one layer selection" in err

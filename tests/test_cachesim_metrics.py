@@ -88,7 +88,7 @@ def test_paper_metrics_shape_and_values():
     json.dumps(result)  # plain JSON types
     assert set(result) == {"num_tokens", "num_layers", "num_experts", "k", "reuse_lag1",
                            "chance_uniform", "chance_marginal", "working_set_95",
-                           "collapsed", "collapsed_per_layer", "cache"}
+                           "collapsed", "collapsed_per_layer", "cache", "static_fit"}
     assert set(result["cache"]) == {"lru", "lfu", "static_w1.0", "static_w0.2", "belady"}
     assert result["reuse_lag1"] == metrics.reuse(trace)
     assert result["collapsed_per_layer"] == metrics.collapse_counts(trace)

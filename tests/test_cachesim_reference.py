@@ -99,7 +99,7 @@ def test_warmup_tokens_are_exact_decimals():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"policy": "fifo", "capacity": 2}, "unknown policy"),
+    ({"policy": "psychic", "capacity": 2}, "unknown policy"),
     ({"policy": "lru"}, "exactly one"),
     ({"policy": "lru", "capacity": 2, "fraction": 0.5}, "exactly one"),
     ({"policy": "lru", "capacity": -1}, ">= 0"),

@@ -78,12 +78,16 @@ def test_second_call_with_new_traces_of_the_same_shape_does_not_recompile():
     first = [random_trace(10, 2, 50, 2, 8), random_trace(11, 2, 50, 2, 8)]
     second = [random_trace(12, 2, 50, 2, 8, skew=1.0), random_trace(13, 2, 50, 2, 8)]
     sim.simulate(first, specs)
-    compiles = sim._simulate_grid._cache_size()
+
+    def compiles():
+        return stack.replay._cache_size() + stack.replay_recency._cache_size()
+
+    before = compiles()
     results = sim.simulate(second, specs)
-    assert sim._simulate_grid._cache_size() == compiles
+    assert compiles() == before
     # New capacities are traced values too.
     sim.simulate(second, _specs([0, 3, 7], warmup=0.5))
-    assert sim._simulate_grid._cache_size() == compiles
+    assert compiles() == before
     for trace, got in zip(second, results):
         np.testing.assert_array_equal(got, _reference_misses(trace, specs))
 
@@ -111,27 +115,67 @@ def test_chunked_replay_matches_reference_exactly(short_chunks, trace, data):
     np.testing.assert_array_equal(got, _reference_misses(trace, specs))
 
 
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(bits=st.sampled_from([4, 5, 6, 7]), k=st.integers(1, 3), seed=st.integers(0, 2**16),
+       data=st.data())
+def test_packed_recency_words_match_the_reference_at_every_capacity(bits, k, seed, data):
+    """The one-word LRU stack (`stack._word_request`) at every capacity 0..slots,
+    for ids of 4 to 7 bits (8, 6, 5 and 4 slots), from exact and from reversed
+    (wrong) chunk-start stacks."""
+    slots = 32 // bits
+    num_experts = data.draw(st.integers(max(slots, 2 ** (bits - 1) + 1), 2 ** bits))
+    trace = random_trace(seed, 2, 32, k, num_experts, skew=data.draw(st.sampled_from([0.0, 1.0])))
+    capacities = np.tile(np.arange(slots + 1, dtype=np.int32), (trace.num_layers, 1))
+    want = np.array([[ref.count_misses(trace.experts[layer].tolist(), CacheSpec("lru", capacity=int(c)),
+                                       num_experts) for c in range(slots + 1)]
+                     for layer in range(trace.num_layers)])
+    requests, guesses = sim.recency_inputs([trace.experts[l].reshape(-1) for l in range(2)],
+                                           4, 8 * k, slots, num_experts)
+    for wrong in (False, True):
+        start = guesses.copy()
+        if wrong:
+            start[:, 1:] = start[:, 1:, ::-1]
+        misses, _ = stack.replay_recency(requests, stack.pack_words(start, num_experts), capacities,
+                                         num_experts=num_experts, num_chunks=4, per_group=k, packed=True)
+        np.testing.assert_array_equal(np.asarray(misses)[:, 0], want)
+
+
 def test_chunked_replay_rereplays_chunks_whose_guess_was_wrong(short_chunks):
     """Wrong guesses (a reversed stack) and no warm-up: the verification must
     re-replay chunks until the counts are those of one sequential replay."""
     trace = random_trace(7, 3, 64, 2, 9, skew=0.7)
+    rows = list(range(trace.num_layers))
+    starts = np.arange(8) * 8
     for spec in _specs([1, 3, 5], warmup=1.0):
         if spec.policy == "static":
             continue
         variant = policies.policy_code(spec)
-        rows = [layer for layer in range(trace.num_layers)]
-        starts = np.arange(8) * 8
-        inputs = [sim.replay_inputs(trace.experts[layer].astype(np.int32), starts, [variant],
-                                    9, 64) for layer in rows]
-        requests, following = (np.stack(part) for part in list(zip(*inputs))[:2])
-        guesses = np.stack([g[0] for _, _, g in inputs])
-        guesses[:, 1:] = guesses[:, 1:, ::-1]  # chunk 0 starts empty: its guess is exact
-        capacities = np.full((len(rows), 1), spec.capacity, np.int32)
-        misses, rounds = stack.replay(requests, following, guesses, capacities, variant=variant,
-                                      num_experts=9, num_chunks=8, warmup=0)
         want = _reference_misses(trace, [spec])[:, 0]
-        np.testing.assert_array_equal(np.asarray(misses)[:, 0], want)
+        capacities = np.full((len(rows), 1), spec.capacity, np.int32)
+        if variant == policies.LRU_REQUEST:
+            requests, guesses = sim.recency_inputs([trace.experts[l].reshape(-1) for l in rows],
+                                                   8, 16, 8, 16)
+            guesses[:, 1:] = guesses[:, 1:, ::-1]
+            for packed in (False, True):
+                got = guesses if not packed else stack.pack_words(guesses, 16)
+                misses, rounds = stack.replay_recency(requests, got, capacities, num_experts=16,
+                                                      num_chunks=8, per_group=2, packed=packed)
+                np.testing.assert_array_equal(np.asarray(misses)[:, 0, 0], want)
+                assert int(rounds) > 1, spec
+            continue
+        inputs = [sim.replay_inputs(trace.experts[layer].astype(np.int32), starts, {variant: 16},
+                                    16, 64) for layer in rows]
+        requests = np.stack([p.requests for p in inputs])
+        keys = np.stack([p.keys[variant] for p in inputs]) if variant in p_keys else None
+        guesses = np.stack([p.guesses[variant] for p in inputs])
+        guesses[:, 1:] = guesses[:, 1:, ::-1]  # chunk 0 starts empty: its guess is exact
+        misses, rounds = stack.replay(requests, keys, guesses, capacities, variant=variant,
+                                      num_experts=16, num_chunks=8, warmup=0)
+        np.testing.assert_array_equal(np.asarray(misses)[:, 0, 0], want)
         assert int(rounds) > 1, spec
+
+
+p_keys = (policies.LFU, policies.BELADY)
 
 
 def test_chunking_is_a_function_of_shapes():
@@ -141,6 +185,8 @@ def test_chunking_is_a_function_of_shapes():
     assert sim.chunking(24, 499_712, 16) == (chunks, padded, warmup)
     assert sim.chunking(3, 40, 16) == (1, 40, 0)  # short traces: one chunk, no warm-up
     assert sim.chunking(192, 8_000, 128)[0] == 1  # many rows of many experts fill the lanes
+    chunks, padded, _ = sim.chunking(1, 8_000 * 48, 1024, multiple=48)  # a global row
+    assert (padded // chunks) % 48 == 0
 
 
 def test_simulate_errors():

@@ -84,6 +84,13 @@ def test_run_directory_contract(uninterrupted):
                 got = metrics["domains"][d]["cache"][name][fraction]
                 assert got["capacity"] == capacity and np.isclose(got["hit_rate"], 1 - misses / requests), (d, name)
                 assert np.isclose(got["misses_per_token"], misses / len(layers[0]))
+    # A training-split trace per domain; the static pin fitted on it beside the in-sample one.
+    with np.load(uninterrupted / "trace_code_train.npz") as z:
+        assert z["experts"].shape == (2, 128, 2)
+    code = metrics["domains"]["code"]
+    assert set(code["cache"]["static_train"]) == {"0.125", "0.25", "0.5"}
+    assert code["static_fit"]["static_w1.0"].startswith("in-sample")
+    assert code["static_fit"]["static_train"].startswith("out-of-sample")
 
 
 @pytest.mark.slow

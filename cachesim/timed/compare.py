@@ -71,11 +71,14 @@ def prepare(trace: Trace, model: ModelShape, hardware: Hardware, *, cache: str =
     """Fits `model`'s sizes to the trace's shape and builds the shared workload.
 
     Without `capacity`, the cache holds what fits in the compute tier beside the
-    dense weights and `queue_slots` staging slots.
+    dense weights and `queue_slots` staging slots — of `model` itself when it is
+    deeper than the trace (the results are then projected to its layers, see
+    `cachesim.timed.projection`), so each layer gets what it would on that model.
     """
+    sized = model if model.num_layers >= trace.num_layers else None
     model = model.for_trace_shape(trace.num_layers, trace.num_experts, trace.k)
     if capacity is None:
-        capacity = str(default_capacity(model, hardware, queue_slots))
+        capacity = str(min(default_capacity(sized or model, hardware, queue_slots), trace.num_experts))
     spec = cache_spec(cache, capacity, rounding, static_warmup)
     return build_workload(trace, model, hardware, spec, speculation=speculation,
                           placement=placement, placement_warmup=placement_warmup,

@@ -222,7 +222,7 @@ def evaluate_points(model: tuple, points: Sequence[Point], mixed_points: Sequenc
 
     graphdef, params, config, step = model
     num_experts, k = int(config.model.num_experts), int(config.model.top_k)
-    windows = int(options.windows or config.eval.windows)
+    windows = options.windows or config.eval.windows or None  # None: every held-out window
     seq = int(config.model.context)
     evaluator = CoupledEvaluator(graphdef, config, policy=options.policy, carry=options.carry)
     t0, evaluated = time.perf_counter(), 0
@@ -242,8 +242,10 @@ def evaluate_points(model: tuple, points: Sequence[Point], mixed_points: Sequenc
         return result
 
     records = [_record("domains", p, capacity(p), num_experts) for p in points]
+    windows_used = None
     for domain in options.domains:
         data = pipeline.eval_windows(config.data, domain, n_windows=windows, seq_len=seq)
+        windows_used = int(data["tokens"].shape[0]) if windows_used is None else min(windows_used, len(data["tokens"]))
         result = run_stream(data["tokens"], data["domains"], points)
         advance()
         for s, record in enumerate(records):
@@ -252,7 +254,7 @@ def evaluate_points(model: tuple, points: Sequence[Point], mixed_points: Sequenc
     if mixed_points:
         run_length = int(options.mixed_run_length or config.data.mixed_run_length)
         data = pipeline.mixed_eval_stream(config.data, domains=options.domains, run_length=run_length,
-                                          n_windows=windows * len(options.domains), seq_len=seq)
+                                          n_windows=windows and windows * len(options.domains), seq_len=seq)
         mixed_windows = int(data["tokens"].shape[0])
         result = run_stream(data["tokens"], data["domains"], mixed_points)
         advance()
@@ -265,7 +267,7 @@ def evaluate_points(model: tuple, points: Sequence[Point], mixed_points: Sequenc
         _aggregate(record)
     elapsed = time.perf_counter() - t0
     description = {
-        "windows_per_domain": windows, "seq": seq, "domains": list(options.domains), "policy": options.policy,
+        "windows_per_domain": windows_used, "seq": seq, "domains": list(options.domains), "policy": options.policy,
         "carry": options.carry, "capacity_rounding": options.rounding, "mixed_run_length": run_length,
         "mixed_windows": mixed_windows, "corpus": str(config.data.corpus), "num_experts": num_experts, "k": k,
         "num_layers": int(config.model.n_layers), "checkpoint_step": step,

@@ -169,21 +169,24 @@ def windows(stream: np.ndarray, n_windows: int, seq_len: int) -> np.ndarray:
     return np.asarray(stream[positions], dtype=np.int32)
 
 
-def _count(available_tokens: int, n_windows: int, seq_len: int, what: str) -> int:
-    if n_windows <= 0 or seq_len <= 0:
+def _count(available_tokens: int, n_windows: int | None, seq_len: int, what: str) -> int:
+    """How many windows to read: ``n_windows``, or every window there is when it is None."""
+    if (n_windows is not None and n_windows <= 0) or seq_len <= 0:
         raise DataError(f"n_windows and seq_len must be > 0, got {n_windows} and {seq_len}")
     available = max(available_tokens - 1, 0) // seq_len
     if available == 0:
         raise DataError(f"{what} has {available_tokens:,} tokens, less than one window of {seq_len}+1; "
                         "raise data.val_tokens_per_domain or lower the context")
+    if n_windows is None:
+        return available
     if available < n_windows:
         warnings.warn(f"{what} has {available_tokens:,} tokens = {available} windows of {seq_len}+1; "
                       f"using {available} instead of the {n_windows} asked", stacklevel=3)
     return min(n_windows, available)
 
 
-def eval_windows(data_cfg, domain: str, *, n_windows: int, seq_len: int) -> dict[str, np.ndarray]:
-    """The first ``min(n_windows, available)`` windows of ``domain``'s validation split.
+def eval_windows(data_cfg, domain: str, *, n_windows: int | None, seq_len: int) -> dict[str, np.ndarray]:
+    """The first ``min(n_windows, available)`` windows of ``domain``'s validation split (None: all of them).
 
     Returns {"tokens", "domains"}: int32 (N, T+1); warns when fewer than asked exist.
     """
@@ -191,6 +194,28 @@ def eval_windows(data_cfg, domain: str, *, n_windows: int, seq_len: int) -> dict
     n = _count(len(val), n_windows, seq_len, f"the {domain} validation split")
     tokens = windows(val, n, seq_len)
     return {"tokens": tokens, "domains": np.full_like(tokens, DOMAINS.index(domain))}
+
+
+def train_windows(data_cfg, domain: str, *, n_windows: int, seq_len: int) -> dict[str, np.ndarray]:
+    """The first ``min(n_windows, available)`` windows of ``domain``'s training tokens.
+
+    The training split stores the domains one after another (``moe.data.store``),
+    so a domain's tokens are one contiguous block. Returns {"tokens", "domains"}:
+    int32 (N, T+1); warns when fewer than asked exist.
+    """
+    if domain not in DOMAINS:
+        raise DataError(f"unknown domain {domain!r}; choose one of {', '.join(DOMAINS)}")
+    corpus = open_prepared(data_cfg)
+    ids = corpus.train_domains()
+    code = DOMAINS.index(domain)
+    lo, hi = (int(i) for i in np.searchsorted(ids, [code, code + 1]))
+    if hi > lo and (ids[lo] != code or ids[hi - 1] != code):
+        raise DataError(f"{corpus.directory}: the training split does not store {domain} in one block; "
+                        "re-prepare the data")
+    block = corpus.train_tokens()[lo:hi]
+    n = _count(len(block), n_windows, seq_len, f"the {domain} training split")
+    tokens = windows(block, n, seq_len)
+    return {"tokens": tokens, "domains": np.full_like(tokens, code)}
 
 
 def mixed_stream(val: dict[str, np.ndarray], domains: Sequence[str], run_length: int,
@@ -222,8 +247,8 @@ def _joined(pieces: list[np.ndarray], ids: list[np.ndarray]) -> tuple[np.ndarray
 
 
 def mixed_eval_stream(data_cfg, *, domains: Sequence[str] = DOMAINS, run_length: int | None = None,
-                      n_windows: int, seq_len: int) -> dict[str, np.ndarray]:
-    """Validation tokens as round-robin domain runs (see :func:`mixed_stream`), cut into windows.
+                      n_windows: int | None, seq_len: int) -> dict[str, np.ndarray]:
+    """Validation tokens as round-robin domain runs (see :func:`mixed_stream`), cut into windows (None: all).
 
     ``run_length`` defaults to ``data.mixed_run_length``. Returns {"tokens",
     "domains"}: int32 (N, T+1); a window may span a domain switch, and its
@@ -238,6 +263,7 @@ def mixed_eval_stream(data_cfg, *, domains: Sequence[str] = DOMAINS, run_length:
         raise DataError(f"run_length must be > 0, got {run_length}")
     corpus = open_prepared(data_cfg)
     val = {d: corpus.val_tokens(d) for d in domains}
-    tokens, ids = mixed_stream(val, domains, run_length, n_windows * seq_len + 1)
+    wanted = sum(map(len, val.values())) if n_windows is None else n_windows * seq_len + 1
+    tokens, ids = mixed_stream(val, domains, run_length, wanted)
     n = _count(len(tokens), n_windows, seq_len, f"the mixed stream of {'/'.join(domains)} (runs of {run_length})")
     return {"tokens": windows(tokens, n, seq_len), "domains": windows(ids, n, seq_len)}

@@ -1,0 +1,511 @@
+"""The results page of a study: what was run, on what, and finding by finding whether the paper's claims hold.
+
+Usage::
+
+    python -m analysis.report ROOT --name=cpu-study --out=DIR
+
+writes ``DIR/<name>.md`` and its figures under ``DIR/<name>/`` (PNG). ROOT is a
+sweep root (``python -m launch.sweep --root=ROOT``): its run directories, the
+frontier.json of the runs the study's frontier covered, and the sweep's
+status.json. Every number on the page is computed here from those files, by
+the same functions as ``analysis.tables`` and ``analysis.verdict``; rerunning
+the command on the same runs gives the same bytes, except the lines of the
+"Timings" section (wall times and rates), which are the only measured-time
+lines on the page.
+
+The findings (:func:`findings`) are pure functions of the tables' rows and
+the frontier points; each says whether the claim replicates here, in words
+the numbers allow (a claim whose confidence interval straddles the line is
+"not resolved", not "replicated").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import platform
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from analysis import cli, complementarity, figures, formatting, plots, study, summary, tables, verdict
+from analysis.runs import AnalysisError, Run
+from moe import rundir
+
+TIMINGS_HEADING = "## Timings"
+CAPACITY = 0.25  # the frontier's cache capacity (fraction of E), as configs/study_cpu.py runs it
+ELISION_EPSILON = 0.02
+# Within this relative difference two load counts are "the same" (priming's "no gain").
+NO_GAIN = 0.01
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    """One claim of the paper, and what this study's numbers say about it."""
+
+    claim: str
+    status: str   # "replicates", "partly replicates", "does not replicate", "not resolved", "not tested"
+    evidence: str
+
+
+# -- inputs ---------------------------------------------------------------------------------------
+def _pct(x: float | None, digits: int = 1, signed: bool = True) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return formatting.EMPTY
+    return f"{x * 100:+.{digits}f}%" if signed else f"{x * 100:.{digits}f}%"
+
+
+def _ci(low: float | None, high: float | None, digits: int = 1) -> str:
+    if low is None or high is None or math.isnan(low) or math.isnan(high):
+        return "no CI"
+    return f"95% CI [{_pct(low, digits)}, {_pct(high, digits)}]"
+
+
+def data_manifests(runs: Sequence[Run]) -> list[dict[str, Any]]:
+    """The prepared corpora the runs read: recipe, tokenizer hash and every file's SHA-256 (MANIFEST.json).
+
+    Found from each run's recorded data config (moe.data.config.prepared_dir), so
+    the page names exactly the bytes the runs were trained and evaluated on.
+    """
+    import ml_collections
+
+    from moe.data import config as data_config
+    from moe.data import store
+
+    found: dict[str, dict[str, Any]] = {}
+    for run in runs:
+        data = (run.config.get("config") or {}).get("data")
+        if not data:
+            continue
+        directory = data_config.prepared_dir(ml_collections.ConfigDict(data))
+        path = directory / store.MANIFEST
+        if not path.is_file():
+            found.setdefault(str(directory), {"missing": True, "corpus": data.get("corpus"), "runs": []})
+        else:
+            text = path.read_bytes()
+            manifest = json.loads(text)
+            entry = found.setdefault(str(directory), {
+                "missing": False, "corpus": manifest["recipe"]["corpus"], "runs": [],
+                "manifest_sha256": hashlib.sha256(text).hexdigest(),
+                "tokenizer": manifest["tokenizer"]["name"], "tokenizer_sha256": manifest["tokenizer"]["sha256"],
+                "files": {f["name"]: f["sha256"] for f in sorted(manifest["files"], key=lambda f: f["name"])}})
+        found[str(directory)]["runs"].append(run.name)
+    return list(found.values())
+
+
+def machine() -> str:
+    """CPU model and core count of this machine, and the Python/platform (the page states where it ran)."""
+    model = platform.processor() or "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{model}, {os.cpu_count()} cores, {platform.system()} {platform.machine()}, Python {platform.python_version()}"
+
+
+def run_timings(runs: Sequence[Run]) -> pd.DataFrame:
+    """Per run: steps, tokens, wall time over its attempts and tokens/s (DONE and log.jsonl)."""
+    records = []
+    for run in runs:
+        done = rundir.read_done(run.path) or {}
+        log = rundir.read_log(run.path)
+        rates = [r["tok_s"] for r in log if isinstance(r.get("tok_s"), (int, float))]
+        records.append({"run": run.name, "steps": done.get("steps"), "tokens": run.tokens,
+                        "wall_s": done.get("wall_s"), "completed_at": done.get("completed_at"),
+                        "tok_s": float(pd.Series(rates).median()) if rates else None})
+    return pd.DataFrame.from_records(records, columns=["run", "steps", "tokens", "wall_s", "completed_at", "tok_s"])
+
+
+def sweep_wall_s(root: Path) -> float | None:
+    """The sweep's wall time: from its start (status.json) to the last run's DONE."""
+    try:
+        status = json.loads((root / "status.json").read_text())
+    except (OSError, ValueError):
+        return None
+    started = status.get("started")
+    ends = []
+    for path in root.iterdir():
+        done = rundir.read_done(path) if path.is_dir() else None
+        if done and done.get("completed_at"):
+            ends.append(pd.Timestamp(done["completed_at"]).timestamp())
+    return max(ends) - started if started is not None and ends else None
+
+
+# -- findings (pure) ------------------------------------------------------------------------------
+def _b_by_lambda(comp: pd.DataFrame) -> pd.DataFrame:
+    """Arm-B rows with a baseline, one per λ: seed means of both statistics and the first seed's CIs."""
+    b = comp[(comp["arm"] == "B") & comp["delta_ppl"].notna()].sort_values(["lam", "seed"])
+    rows = []
+    for lam, group in b.groupby("lam", sort=True):
+        first = group.iloc[0]
+        rows.append({"lam": lam, "seeds": len(group), "delta_ppl": group["delta_ppl"].mean(),
+                     "miss_reduction": group["miss_reduction_25"].mean(),
+                     "delta_ppl_ci": (first["delta_ppl_ci_low"], first["delta_ppl_ci_high"]),
+                     "miss_ci": (first["miss_reduction_25_ci_low"], first["miss_reduction_25_ci_high"]),
+                     "run": first["run"]})
+    return pd.DataFrame(rows)
+
+
+def dose_response_finding(comp: pd.DataFrame) -> Finding:
+    claim = "The dose-response is monotone: a larger λ gives fewer misses and a higher PPL."
+    b = _b_by_lambda(comp)
+    if len(b) < 2:
+        return Finding(claim, "not tested", "fewer than two λ values of arm B with an arm-A baseline")
+    misses_up = bool((b["miss_reduction"].diff().dropna() > 0).all())
+    ppl_up = bool((b["delta_ppl"].diff().dropna() > 0).all())
+    steps = " → ".join(f"λ={r.lam:g}: miss red. {_pct(r.miss_reduction)} ({_ci(*r.miss_ci)}), "
+                       f"ΔPPL {_pct(r.delta_ppl, 2)} ({_ci(*r.delta_ppl_ci, 2)})" for r in b.itertuples())
+    # Adjacent λ steps whose intervals do not overlap: the increase is resolved at 95%.
+    separated = sum(1 for lo, hi in zip(b.itertuples(), list(b.itertuples())[1:])
+                    if not math.isnan(hi.miss_ci[0]) and not math.isnan(lo.miss_ci[1]) and hi.miss_ci[0] > lo.miss_ci[1])
+    status = ("replicates" if misses_up and ppl_up else "partly replicates" if misses_up or ppl_up
+              else "does not replicate")
+    words = (f"misses fall monotonically with λ: {'yes' if misses_up else 'no'}; PPL rises monotonically: "
+             f"{'yes' if ppl_up else 'no'}; {separated} of {len(b) - 1} adjacent λ steps in miss reduction are "
+             f"separated at 95% (seed-mean points, first-seed CIs). {steps}.")
+    return Finding(claim, status, words)
+
+
+def gates_finding(comp: pd.DataFrame) -> Finding:
+    claim = (f"The gates are coupled: no λ meets both the miss gate (≥ {verdict.RQ1_MIN_MISS_REDUCTION:.0%} fewer "
+             f"LRU misses @25%) and the quality gate (ΔPPL ≤ +{verdict.RQ1_MAX_PPL_COST:.0%}).")
+    b = _b_by_lambda(comp)
+    if b.empty:
+        return Finding(claim, "not tested", "no arm-B run with an arm-A baseline")
+    parts, both, both_at_bound = [], [], []
+    for r in b.itertuples():
+        miss = r.miss_reduction >= verdict.RQ1_MIN_MISS_REDUCTION
+        ppl = r.delta_ppl <= verdict.RQ1_MAX_PPL_COST
+        miss_b = not math.isnan(r.miss_ci[0]) and r.miss_ci[0] >= verdict.RQ1_MIN_MISS_REDUCTION
+        ppl_b = not math.isnan(r.delta_ppl_ci[1]) and r.delta_ppl_ci[1] <= verdict.RQ1_MAX_PPL_COST
+        parts.append(f"λ={r.lam:g}: miss gate {'met' if miss else 'missed'}, quality gate {'met' if ppl else 'missed'}")
+        if miss and ppl:
+            both.append(r.lam)
+        if miss_b and ppl_b:
+            both_at_bound.append(r.lam)
+    if not both:
+        status, lead = "replicates", "No λ meets both gates at the point estimate."
+    elif not both_at_bound:
+        status = "not resolved"
+        lead = (f"λ = {', '.join(f'{x:g}' for x in both)} meets both at the point estimate but not at the "
+                "bounds of its 95% CIs.")
+    else:
+        status = "does not replicate"
+        lead = f"λ = {', '.join(f'{x:g}' for x in both_at_bound)} meets both gates even at its CI bounds."
+    return Finding(claim, status, f"{lead} {'; '.join(parts)}.")
+
+
+def _frontier_points(points: Sequence[Mapping[str, Any]], *, epsilon: float = 0.0, prime: bool = False,
+                     stream: str = "domains") -> dict[float, Mapping[str, Any]]:
+    """{τ: point} of one frontier: the τ series at the study's capacity, other interventions as given."""
+    out = {}
+    for p in points:
+        s = p["setting"]
+        if (p["stream"] == stream and math.isclose(p["capacity_fraction"], CAPACITY) and s["cache_prior"] == 0
+                and s.get("max_rank") is None and math.isclose(s["epsilon"], epsilon) and s["prime"] == prime):
+            out[float(s["tau"])] = p
+    return out
+
+
+_FRONTIER_NO_CI = ("no CI: frontier.json holds means over its evaluation windows, not per-window values")
+
+
+def rerouting_finding(frontiers: Mapping[str, Sequence[Mapping[str, Any]]], a_run: str, b_run: str) -> Finding:
+    claim = "τ-rerouting costs less PPL on B than on A (the trained locality and the inference-time steering stack)."
+    if a_run not in frontiers or b_run not in frontiers:
+        return Finding(claim, "not tested", f"no frontier.json for {a_run if a_run not in frontiers else b_run}")
+    a, b = _frontier_points(frontiers[a_run]), _frontier_points(frontiers[b_run])
+    taus = sorted(t for t in a.keys() & b.keys() if t > 0)
+    if not taus:
+        return Finding(claim, "not tested", "the frontiers share no τ > 0")
+    parts, cheaper = [], 0
+    for t in taus:
+        ca, cb = a[t]["ppl_cost_vs_tau0"], b[t]["ppl_cost_vs_tau0"]
+        ma, mb = a[t]["miss_reduction_vs_tau0"], b[t]["miss_reduction_vs_tau0"]
+        cheaper += cb < ca
+        parts.append(f"τ={t:g}: PPL cost A {_pct(ca, 2)} vs B {_pct(cb, 2)} (B − A {(cb - ca) * 100:+.2f} points), "
+                     f"miss reduction A {_pct(ma)} vs B {_pct(mb)}")
+    status = ("replicates" if cheaper == len(taus) else "partly replicates" if cheaper else "does not replicate")
+    return Finding(claim, status, f"B's PPL cost is lower at {cheaper} of {len(taus)} τ values "
+                                  f"({a_run} vs {b_run}, against each run's own τ = 0; {_FRONTIER_NO_CI}). "
+                   + "; ".join(parts) + ".")
+
+
+def elision_finding(frontiers: Mapping[str, Sequence[Mapping[str, Any]]], b_run: str) -> Finding:
+    claim = f"ε-elision (ε = {ELISION_EPSILON:g}) drops expert loads on B."
+    if b_run not in frontiers:
+        return Finding(claim, "not tested", f"no frontier.json for {b_run}")
+    plain = _frontier_points(frontiers[b_run]).get(0.0)
+    elided = _frontier_points(frontiers[b_run], epsilon=ELISION_EPSILON).get(0.0)
+    if plain is None or elided is None:
+        return Finding(claim, "not tested", f"{b_run}'s frontier has no τ = 0 point at ε = {ELISION_EPSILON:g}")
+    fewer = elided["misses_per_token"] < plain["misses_per_token"]
+    return Finding(claim, "replicates" if fewer else "does not replicate",
+                   f"{b_run}: misses/token {plain['misses_per_token']:.3f} → {elided['misses_per_token']:.3f} "
+                   f"(miss reduction {_pct(elided['miss_reduction_vs_tau0'])}, loads skipped "
+                   f"{elided['loads_skipped_per_token']:.3f}/token) at a PPL cost of "
+                   f"{_pct(elided['ppl_cost_vs_tau0'], 2)}; {_FRONTIER_NO_CI}.")
+
+
+def priming_finding(frontiers: Mapping[str, Sequence[Mapping[str, Any]]], runs: Sequence[str]) -> Finding:
+    claim = "Domain priming (prefetching a domain's experts at a domain switch) gives no gain in total loads."
+    parts, gains = [], []
+    for name in runs:
+        if name not in frontiers:
+            continue
+        plain = _frontier_points(frontiers[name], stream="mixed").get(0.0)
+        primed = _frontier_points(frontiers[name], stream="mixed", prime=True).get(0.0)
+        if plain is None or primed is None:
+            continue
+        loads = {k: p["misses_per_token"] + p["prefetch_loads_per_token"] for k, p in (("plain", plain), ("primed", primed))}
+        gain = 1 - loads["primed"] / loads["plain"] if loads["plain"] > 0 else float("nan")
+        gains.append(gain)
+        parts.append(f"{name}: loads/token (misses + prefetches) {loads['plain']:.3f} unprimed vs "
+                     f"{loads['primed']:.3f} primed ({_pct(gain)} saved; demand misses "
+                     f"{plain['misses_per_token']:.3f} → {primed['misses_per_token']:.3f})")
+    if not gains:
+        return Finding(claim, "not tested", "no frontier with primed and unprimed mixed-stream points")
+    status = "replicates" if all(g <= NO_GAIN for g in gains) else "does not replicate"
+    return Finding(claim, status, f"a gain counts if it saves more than {NO_GAIN:.0%} of loads; "
+                                  + "; ".join(parts) + f"; {_FRONTIER_NO_CI}.")
+
+
+def collapse_finding(rows: Sequence[Mapping[str, Any]]) -> Finding:
+    claim = f"Expert collapse (experts under {summary.COLLAPSE_USAGE:.0%} of tokens) appears at high λ."
+    b = sorted((r for r in rows if r["arm"] == "B"), key=lambda r: (r["lam"], r["seed"] or 0))
+    a = [r for r in rows if r["arm"] == "A"]
+    if not b:
+        return Finding(claim, "not tested", "no arm-B runs")
+    top = max(r["lam"] for r in b)
+    at_top = max(r["collapsed"] for r in b if r["lam"] == top)
+    below = max((r["collapsed"] for r in b if r["lam"] < top), default=0)
+    baseline = max((r["collapsed"] for r in a), default=0)
+    parts = [f"{r['run']}: {r['collapsed']}" for r in a + b]
+    # Collapse "appears" at high λ only where it exceeds arm A's and the lower λ's (a tiny model can collapse anyway).
+    if at_top > max(below, baseline):
+        status = "replicates"
+    elif at_top > baseline:
+        status = "partly replicates"
+    else:
+        status = "does not replicate"
+    return Finding(claim, status, f"collapsed experts (summed over layers): {', '.join(parts)}.")
+
+
+def findings(rows: Sequence[Mapping[str, Any]], comp: pd.DataFrame,
+             frontiers: Mapping[str, Sequence[Mapping[str, Any]]], frontier_runs: Sequence[str]) -> list[Finding]:
+    """Every claim the page checks, in the issue's order. ``frontier_runs``: [arm-A run, arm-B run]."""
+    a_run, b_run = (list(frontier_runs) + ["", ""])[:2]
+    return [dose_response_finding(comp), gates_finding(comp), rerouting_finding(frontiers, a_run, b_run),
+            elision_finding(frontiers, b_run), priming_finding(frontiers, [a_run, b_run]), collapse_finding(rows)]
+
+
+# -- figures --------------------------------------------------------------------------------------
+def write_figures(runs: Sequence[Run], out: Path, frontier_runs: Sequence[str]) -> dict[str, Path]:
+    """{caption: PNG path} of the page's figures, drawn into ``out``."""
+    drawn: dict[str, Path] = {}
+    complete = [r for r in runs if r.complete]
+    by_name = {r.name: r for r in complete}
+
+    def attempt(caption: str, draw) -> None:
+        try:
+            drawn[caption] = draw()
+        except AnalysisError:
+            pass  # the figure's inputs are absent (e.g. no arm-B run); the page lists what it has
+
+    attempt("Dose-response: LRU miss reduction @25% and PPL cost vs λ (arm B vs arm A), RQ1 gates dashed",
+            lambda: study.write_dose_response(complete, out / "dose_response.png"))
+    attempt("Training curves: training LM loss and validation PPL per domain vs tokens",
+            lambda: study.write_training_curves(runs, out / "training_curves.png"))
+    for name in frontier_runs:
+        run = by_name.get(name)
+        frontier = figures.read_frontier(run) if run is not None else None
+        if frontier is not None:
+            series, reference = frontier
+            drawn[f"τ frontier of {name}: PPL cost vs miss reduction (vs {reference})"] = plots.frontier(
+                series, out / f"frontier_{name}.png", title=f"{name}: PPL cost vs miss reduction (vs {reference})",
+                miss_gate=verdict.RQ1_MIN_MISS_REDUCTION, ppl_gate=verdict.RQ1_MAX_PPL_COST)[0]
+    attempt("Hit rate vs cache budget, arm B (middle λ) over arm A",
+            lambda: study.write_hit_vs_budget_a_vs_b(complete, out / "hit_vs_budget.png",
+                                                     config=_middle_b_label(complete, frontier_runs)))
+    attempt("Expert usage per layer (one colour scale for every run)",
+            lambda: study.write_usage_heatmaps(complete, out / "usage.png"))
+    return drawn
+
+
+def _middle_b_label(runs: Sequence[Run], frontier_runs: Sequence[str]) -> str | None:
+    """The configuration label of the frontier's arm-B run (the study's middle λ), if present."""
+    for run in runs:
+        if run.name in frontier_runs and run.arm == "B":
+            return summary.config_label(run)
+    return None
+
+
+# -- the page -------------------------------------------------------------------------------------
+def _table_md(table: formatting.Table) -> str:
+    return formatting.render(table, "markdown").rstrip() + "\n"
+
+
+def _training_lines(runs: Sequence[Run], rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Arm A's end-of-training PPLs, and whether every run's validation PPL was still falling at the end."""
+    lines = []
+    a_rows = [r for r in rows if r["arm"] == "A"]
+    for r in a_rows:
+        per = ", ".join(f"{d} {v['ppl']:.2f}" for d, v in r["domains"].items())
+        lines.append(f"* Arm A `{r['run']}`: mean PPL **{r['ppl']:.2f}** after {summary.format_tokens(r['tokens'])} "
+                     f"tokens ({per}).")
+    falling, flat = [], []
+    for run in runs:
+        evals = rundir.read_log(run.path, name=rundir.EVAL_LOG)
+        if len(evals) < 2:
+            continue
+        before, last = (sum(v["ppl"] for v in e["domains"].values()) / len(e["domains"]) for e in evals[-2:])
+        (falling if last < before else flat).append(f"{run.name} ({before:.1f} → {last:.1f})")
+    if falling or flat:
+        lines.append(f"* Validation PPL (mean over domains, last two evaluations during training) still falling at "
+                     f"the end: {len(falling)} of {len(falling) + len(flat)} runs"
+                     + (f"; not falling: {', '.join(flat)}" if flat else "") + ".")
+    return lines
+
+
+def render_page(*, name: str, root_label: str, command: str, rows, comp, found: Sequence[Finding],
+                table_md: Sequence[str], verdict_txt: str, figure_paths: Mapping[str, str],
+                manifests: Sequence[Mapping[str, Any]], commits: Sequence[str], machine_line: str,
+                training: Sequence[str], timings: pd.DataFrame, wall_s: float | None) -> str:
+    """The markdown page (pure: every input given)."""
+    replicated = sum(f.status == "replicates" for f in found)
+    out = [f"# Results: {name}", "",
+           f"Our own study, from configs to verdict: {len(rows)} runs, {replicated} of {len(found)} of the paper's "
+           "qualitative findings replicate at this scale (table below). Every number is regenerated by the command "
+           "below; confidence intervals are 95% paired-bootstrap intervals over evaluation windows "
+           "(`analysis.intervals`), which measure evaluation noise, not training noise.", ""]
+    if figure_paths:
+        caption, path = next(iter(figure_paths.items()))
+        out += [f"![{caption}]({path})", ""]
+    out += ["## How this page was made", "", "```", command, "```", "",
+            f"* Runs under `{root_label}`; code at git commit {', '.join(f'`{c}`' for c in commits) or 'unrecorded'} "
+            "(recorded by each run).",
+            f"* Machine: {machine_line}."]
+    for m in manifests:
+        if m["missing"]:
+            out.append(f"* Data ({m['corpus']}): the prepared corpus is not on this machine; no hashes.")
+            continue
+        out.append(f"* Data: `{m['corpus']}` corpus, tokenizer {m['tokenizer']} (sha256 `{m['tokenizer_sha256'][:16]}…`), "
+                   f"MANIFEST.json sha256 `{m['manifest_sha256']}`; files: "
+                   + ", ".join(f"{n} `{h[:16]}…`" for n, h in m["files"].items()) + ".")
+    out += ["", "## Training", "", *training, ""]
+    out += ["## Findings", "", "| claim | here | evidence |", "|---|---|---|"]
+    out += [f"| {f.claim} | **{f.status}** | {f.evidence} |" for f in found]
+    out += ["", "## ΔPPL and miss reduction vs arm A, per run", "",
+            "| run | λ | μ | seed | ΔPPL vs A | 95% CI | LRU miss red. @25% | 95% CI |", "|---|---|---|---|---|---|---|---|"]
+    for r in comp[comp["arm"] != "A"].itertuples():
+        out.append(f"| {r.run} | {r.lam:g} | {r.mu:g} | {r.seed} | {_pct(r.delta_ppl, 2)} | "
+                   f"{_ci(r.delta_ppl_ci_low, r.delta_ppl_ci_high, 2)} | {_pct(r.miss_reduction_25)} | "
+                   f"{_ci(r.miss_reduction_25_ci_low, r.miss_reduction_25_ci_high)} |")
+    out += ["", "## Tables", ""]
+    for md in table_md:
+        out += [md]
+    out += ["## Verdict (SPEC §9)", "", "```", verdict_txt.rstrip(), "```", ""]
+    out += ["## Figures", ""]
+    for caption, path in list(figure_paths.items()):
+        out += [f"**{caption}**", "", f"![{caption}]({path})", ""]
+    out += [TIMINGS_HEADING, "",
+            "Measured wall times (the only lines that change when the page is regenerated).", "",
+            f"* Study wall time (sweep start to the last run's end): "
+            f"{_duration(wall_s) if wall_s is not None else 'unknown (no status.json)'}.", "",
+            "| run | steps | tokens | wall | tokens/s (median) |", "|---|---|---|---|---|"]
+    for t in timings.itertuples():
+        out.append(f"| {t.run} | {t.steps} | {summary.format_tokens(t.tokens)} | "
+                   f"{_duration(t.wall_s) if t.wall_s == t.wall_s and t.wall_s is not None else '—'} | "
+                   f"{f'{t.tok_s:,.0f}' if t.tok_s == t.tok_s and t.tok_s is not None else '—'} |")
+    return "\n".join(out) + "\n"
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(int(round(seconds)), 60)
+    return f"{minutes // 60}h{minutes % 60:02d}m{secs:02d}s" if minutes >= 60 else f"{minutes}m{secs:02d}s"
+
+
+def strip_timings(page: str) -> str:
+    """The page without its Timings section: what must be byte-identical when it is regenerated."""
+    return page.split(TIMINGS_HEADING, 1)[0]
+
+
+def build(root: Path, name: str, out: Path, *, command: str, frontier_runs: Sequence[str],
+          cache_dir: str | None = None, jobs: int | None = None) -> Path:
+    """Writes out/<name>.md and out/<name>/*.png; returns the page's path."""
+    runs = study.load_study(root, cache_dir=cache_dir, jobs=jobs)
+    complete = [r for r in runs if r.complete]
+    if not complete:
+        raise AnalysisError(f"no complete runs under {root}; run the sweep first")
+    rows = tables.main_rows(runs)
+    comp = study.comparisons(runs)
+    frontiers = complementarity.load_frontiers(complete)
+    found = findings(rows, comp, frontiers, frontier_runs)
+    built = tables.build_tables(runs, ["main", "per_domain", "complementarity"] if frontiers else
+                                ["main", "per_domain"], frontiers, {})
+    figure_dir = out / name
+    drawn = write_figures(runs, figure_dir, frontier_runs)
+    figure_paths = {c: f"{name}/{p.name}" for c, p in drawn.items()}
+    commits = sorted({str(r.config.get("git_commit")) for r in complete if r.config.get("git_commit")})
+    page = render_page(name=name, root_label=root.name, command=command, rows=rows, comp=comp, found=found,
+                       table_md=[_table_md(t) for t in built], verdict_txt=verdict.verdict_text(runs),
+                       figure_paths=figure_paths, manifests=data_manifests(complete), commits=commits,
+                       machine_line=machine(), training=_training_lines(complete, rows),
+                       timings=run_timings(complete), wall_s=sweep_wall_s(root))
+    path = out / f"{name}.md"
+    rundir.write_atomic(path, page)
+    return path
+
+
+COMMAND = cli.run_command("python -m analysis.report", __doc__.split("\n\n")[0])
+COMMAND.define("string", "name", None, "the page's name: writes OUT/<name>.md and its figures under OUT/<name>/")
+COMMAND.define("string", "out", None, "the folder of the page (e.g. docs/results)")
+COMMAND.define("string", "frontier_runs", "",
+               "comma-separated [arm-A run, arm-B run] whose frontier.json the findings compare "
+               "(default: the study config's frontier runs recorded in ROOT/study.json, else a-s1 and the middle-λ B)")
+COMMAND.define("string", "command", "", "the command line the page states (default: the sweep's, from status.json)")
+
+
+def _default_frontier_runs(root: Path) -> list[str]:
+    """The frontier runs of the sweep's study (status.json's config), else every run with a frontier.json."""
+    found = sorted(p.name for p in root.iterdir() if (p / rundir.FRONTIER).is_file())
+    a = [n for n in found if n.startswith("a-")]
+    b = [n for n in found if n.startswith("b-")]
+    return (a[:1] + b[:1]) if a or b else found[:2]
+
+
+def _sweep_command(root: Path, name: str, out: Path) -> str:
+    try:
+        status = json.loads((root / "status.json").read_text())
+    except (OSError, ValueError):
+        status = {}
+    sweep = status.get("command") or f"python -m launch.sweep --root={root.name}"
+    sweep = re.sub(r"--root=\S+", f"--root={root.name}", sweep)
+    return f"{sweep}\npython -m analysis.report {root.name} --name={name} --out={out.name}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = cli.parse_runs(COMMAND, argv)
+    if not args.name or not args.out:
+        raise ValueError("--name and --out are required: the page is written to OUT/<name>.md")
+    if len(args.paths) != 1 or not Path(args.paths[0]).is_dir():
+        raise ValueError(f"give one sweep root directory (got {' '.join(args.paths)})")
+    root, out = Path(args.paths[0]), Path(args.out)
+    frontier_runs = [n for n in args.frontier_runs.split(",") if n] or _default_frontier_runs(root)
+    path = build(root, args.name, out, command=args.command or _sweep_command(root, args.name, out),
+                 frontier_runs=frontier_runs, cache_dir=args.cache_dir, jobs=args.jobs)
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(cli.run_main(main))

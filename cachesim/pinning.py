@@ -1,0 +1,50 @@
+"""The static rule (SPEC §7): pin the c keys most requested in a fitting prefix, never change.
+
+One ordering serves every capacity: keys by request count, most requested
+first, ties (and keys never requested) to the lowest id; a static cache of
+capacity c holds the first c. The counts may come from the scored trace's
+own warm-up prefix (in-sample: w = 1.0 is the reference's convention) or
+from another trace (out-of-sample: another split, domain or run), and the
+keys may be one layer's experts or the global scope's (layer, expert) pairs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def pin_order(counts: np.ndarray) -> np.ndarray:
+    """(..., K) request counts -> (..., K) keys in pinning order."""
+    return np.argsort(-np.asarray(counts, np.int64), axis=-1, kind="stable")
+
+
+def pin_ranks(counts: np.ndarray) -> np.ndarray:
+    """(..., K) request counts -> (..., K) each key's place in the pinning order."""
+    order = pin_order(counts)
+    ranks = np.empty_like(order)
+    np.put_along_axis(ranks, order, np.arange(order.shape[-1]), axis=-1)
+    return ranks
+
+
+def pinned_sets(counts: np.ndarray, capacity: int) -> np.ndarray:
+    """(L, E) bool: the experts static pinning holds, per layer, given (L, E) request counts.
+
+    The same rule the grid simulator scores; the timed model and out-of-sample
+    pinning (counts from another trace) read their pinned sets from here.
+    """
+    return pin_ranks(counts) < int(capacity)
+
+
+def served_curve(fit_counts: np.ndarray, counts: np.ndarray, groups: int = 1) -> np.ndarray:
+    """Requests a static pin serves at every capacity 0..K, per group of keys.
+
+    fit_counts: (K,) counts the pin is fitted on; counts: (K,) the scored
+    requests per key, keys split into `groups` consecutive blocks (layers of
+    the global scope). Returns (groups, K + 1) int64: column c is what the c
+    first keys of the pinning order serve of each block.
+    """
+    order = pin_order(fit_counts)
+    block = np.arange(counts.shape[-1]) // (counts.shape[-1] // groups)
+    served = np.zeros((groups, counts.shape[-1] + 1), np.int64)
+    served[block[order], np.arange(1, counts.shape[-1] + 1)] = np.asarray(counts, np.int64)[order]
+    return np.cumsum(served, axis=1)

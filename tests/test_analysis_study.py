@@ -1,0 +1,161 @@
+"""analysis.study, the results page's API: per-run comparisons with CIs as DataFrames, one PNG per figure."""
+
+import math
+
+import numpy as np
+import pytest
+from analysis_fixtures import E, block_experts, spread_experts, sticky_experts, write_run
+
+from analysis import plots, study
+from analysis.runs import AnalysisError
+from cachesim.trace import make_trace, save_trace
+
+DOMAINS = ("prose", "code", "math")
+LOSSES = {"prose": math.log(60.0), "code": math.log(5.0), "math": math.log(25.0)}
+DEVIATIONS = (0.2, -0.2, 0.1, -0.1, 0.3, -0.3, 0.0, 0.0)
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _windows(shift):
+    return {d: [loss + shift + dev for dev in DEVIATIONS] for d, loss in LOSSES.items()}
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    """Arm A, and arm B (λ = 0.05) with two seeds at +1% and +3% PPL in every window (exact shifts, so
+    each paired interval is a point); b-ref has no eval_windows.npz (as the released reference runs), and its
+    code domain routes every token to experts 0 and 1 (sticky)."""
+    root = tmp_path_factory.mktemp("study")
+    write_run(root, "a-s1", window_losses=_windows(0.0), window_tokens=8, traces={d: spread_experts() for d in DOMAINS})
+    for seed, ppl in ((1, 1.01), (2, 1.03)):
+        write_run(root, f"b-s{seed}", arm="B", lam=0.05, seed=seed, window_losses=_windows(math.log(ppl)),
+                  window_tokens=8, traces={d: block_experts() for d in DOMAINS})
+    write_run(root, "b-ref", arm="B", lam=0.2, losses={d: loss + math.log(1.02) for d, loss in LOSSES.items()},
+              eval_tokens={d: 64 for d in DOMAINS}, extra_config={"seq": 8},
+              traces={"prose": block_experts(), "code": sticky_experts(tokens=64), "math": block_experts()})
+    return root
+
+
+@pytest.fixture(scope="module")
+def runs(root, tmp_path_factory):
+    return study.load_study(root, cache_dir=tmp_path_factory.mktemp("cache"), jobs=1)
+
+
+def test_load_study_orders_the_runs_as_the_tables(runs):
+    assert [r.name for r in runs] == ["a-s1", "b-s1", "b-s2", "b-ref"]  # arm, λ, then seed
+
+
+def test_delta_ppl_vs_a_per_run_with_ci_and_seed_spread(runs):
+    df = study.delta_ppl_vs_a(runs).set_index("run")
+    assert list(df.columns) == ["arm", "lam", "mu", "seed", "tokens", "size", "baseline", "delta_ppl",
+                                "delta_ppl_ci_low", "delta_ppl_ci_high", "delta_ppl_ci_note", "delta_ppl_seeds_n",
+                                "delta_ppl_seeds_mean", "delta_ppl_seeds_sd"]
+    assert df.loc["b-s1", "baseline"] == "a-s1"
+    # Every window's CE is shifted by ln 1.01: every resample gives ΔPPL = 1% (pairing).
+    assert df.loc["b-s1", ["delta_ppl", "delta_ppl_ci_low", "delta_ppl_ci_high"]].tolist() == pytest.approx(
+        [0.01] * 3, rel=1e-9)
+    assert df.loc["b-s2", "delta_ppl_ci_high"] == pytest.approx(0.03, rel=1e-9)
+    # Seeds 1 and 2 of B λ=0.05: mean 2%, SD (ddof 1) = |3% − 1%| / √2.
+    assert df.loc["b-s1", "delta_ppl_seeds_n"] == 2
+    assert df.loc["b-s2", ["delta_ppl_seeds_mean", "delta_ppl_seeds_sd"]].tolist() == pytest.approx(
+        [0.02, 0.02 / math.sqrt(2)], rel=1e-9)
+    # Arm A against the mean of arm A (itself): zero, and a single seed has no spread.
+    assert df.loc["a-s1", "delta_ppl"] == pytest.approx(0.0, abs=1e-12)
+    assert df.loc["a-s1", "delta_ppl_seeds_n"] == 1 and math.isnan(df.loc["a-s1", "delta_ppl_seeds_sd"])
+    # Without per-window losses: the point, no interval, and why.
+    assert df.loc["b-ref", "delta_ppl"] == pytest.approx(0.02, rel=1e-9)
+    assert math.isnan(df.loc["b-ref", "delta_ppl_ci_low"]) and math.isnan(df.loc["b-ref", "delta_ppl_ci_high"])
+    assert df.loc["b-ref", "delta_ppl_ci_note"] == "no eval_windows.npz (per-window losses): b-ref"
+
+
+def test_miss_reduction_vs_a_per_run_with_ci(runs):
+    df = study.miss_reduction_vs_a(runs).set_index("run")
+    # spread_experts cycles all 16 experts: LRU@25% (4 slots) misses all 4 requests per token (2 layers × k 2);
+    # block_experts misses 2 per 8-token block per layer: 0.5 per token, a reduction of 1 − 0.5/4 = 87.5%.
+    # Both repeat every 8 tokens, so every window (and resample) has that reduction.
+    assert df.loc["b-s1", ["miss_reduction_25", "miss_reduction_25_ci_low", "miss_reduction_25_ci_high"]
+                  ].tolist() == pytest.approx([0.875] * 3, rel=1e-12)
+    assert df.loc["b-s1", "miss_reduction_25_ci_note"] == ""
+    # b-ref (windows of config.json's seq): sticky code misses only its first 2 requests per layer, all in
+    # window 0: 4/64 per token. Resamples without window 0 have none, so the interval is a real one.
+    point = 1 - (0.5 + 4 / 64 + 0.5) / 3 / 4
+    ref = df.loc["b-ref"]
+    assert ref["miss_reduction_25"] == pytest.approx(point, rel=1e-12) and ref["miss_reduction_25_ci_note"] == ""
+    assert ref["miss_reduction_25_ci_low"] < point < ref["miss_reduction_25_ci_high"] == pytest.approx(
+        1 - (0.5 + 0.0 + 0.5) / 3 / 4, rel=1e-12)  # ≥ 2.5% of resamples draw no window 0: the upper bound
+    assert df.loc["b-s1", "miss_reduction_25_seeds_sd"] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_comparisons_are_the_frame_and_the_tables_numbers(runs):
+    both = study.comparisons(runs).set_index("run")
+    frame = study.frame(runs).groupby("run").first()
+    for name in both.index:
+        for key in ("delta_ppl", "miss_reduction_25", "delta_ppl_ci_low", "miss_reduction_25_ci_high"):
+            left, right = both.loc[name, key], frame.loc[name, f"run_{key}"]
+            assert (math.isnan(left) and math.isnan(right)) or left == right, (name, key)
+
+
+# -- figures, one PNG each --------------------------------------------------------------------------
+def _drawn(monkeypatch):
+    """Captures each figure save_figure gets (then saves it as usual)."""
+    figs = []
+    original = plots.save_figure
+    monkeypatch.setattr(plots, "save_figure", lambda fig, stem: figs.append(fig) or original(fig, stem))
+    return figs
+
+
+def _only_png(path, folder):
+    assert path.read_bytes()[:8] == PNG_MAGIC
+    assert sorted(p.name for p in folder.iterdir()) == [path.name]  # no PDF beside it
+
+
+def test_each_figure_writes_the_one_png_asked_for(runs, tmp_path):
+    for i, (write, kwargs) in enumerate([(study.write_training_curves, {}), (study.write_dose_response, {}),
+                                         (study.write_hit_vs_budget_a_vs_b, {}), (study.write_usage_heatmaps, {})]):
+        folder = tmp_path / str(i)
+        path = write(runs, folder / "fig.png", **kwargs)
+        assert path == folder / "fig.png"
+        _only_png(path, folder)
+    with pytest.raises(ValueError, match="give a path ending in .png"):
+        study.write_training_curves(runs, tmp_path / "fig.pdf")
+
+
+def test_hit_vs_budget_overlays_the_chosen_configuration_on_arm_a(runs, tmp_path, monkeypatch):
+    figs = _drawn(monkeypatch)
+    study.write_hit_vs_budget_a_vs_b(runs, tmp_path / "b02.png", config="B λ=0.2 μ=0 1M tiny")
+    assert figs[-1].texts[0].get_text().startswith("B λ=0.2 μ=0 1M tiny vs A")
+    labels = {line.get_label() for ax in figs[-1].axes for line in ax.get_lines()}
+    assert {"LRU (B)", "LRU (A)", "Belady (bound) (A)"} <= labels  # each policy, solid B over dashed A
+    with pytest.raises(AnalysisError, match=r"no configuration C λ=1 with a baseline among the runs \(configurations with one: "
+                                            r"B λ=0.05 μ=0 1M tiny, B λ=0.2 μ=0 1M tiny\)"):
+        study.write_hit_vs_budget_a_vs_b(runs, tmp_path / "x.png", config="C λ=1")
+
+
+def test_usage_heatmaps_share_one_colour_scale(runs, tmp_path, monkeypatch):
+    figs = _drawn(monkeypatch)
+    study.write_usage_heatmaps(runs, tmp_path / "usage.png")
+    images = [image for ax in figs[-1].axes for image in ax.get_images()]
+    assert len(images) == 4 * 3  # a row per run, a panel per domain
+    # spread and block give each expert 1/8 of the tokens, sticky experts 0 and 1 all of them: every panel,
+    # of every run, on the 0..1 scale of the largest share.
+    assert {(im.norm.vmin, im.norm.vmax) for im in images} == {(0.0, 1.0)}
+
+
+def test_trace_usage_of_a_wide_model_is_log_scaled_with_sorted_experts(tmp_path, monkeypatch):
+    """E = 64 (as Qwen3's 128): a log colour scale, and each layer's experts sorted by their usage."""
+    rng = np.random.default_rng(0)
+    weights = np.arange(64, 0, -1, dtype=float) ** 2  # expert 0 the most used
+    experts = np.stack([[rng.choice(64, 2, replace=False, p=weights / weights.sum()) for _ in range(200)]
+                        for _ in range(2)])
+    experts = (experts + np.array([0, 7])[:, None, None]) % 64  # layer 1's favourites are others
+    folder = tmp_path / "traces"
+    folder.mkdir()
+    save_trace(folder / "code.npz", make_trace(experts.astype(np.int16), 64, model="synthetic", name="code"))
+    figs = _drawn(monkeypatch)
+    path = study.write_trace_usage(folder, tmp_path / "out" / "qwen.png")
+    _only_png(path, tmp_path / "out")
+    (image,) = figs[-1].axes[0].get_images()
+    assert type(image.norm).__name__ == "LogNorm"
+    shown = np.asarray(image.get_array())
+    assert np.all(np.diff(shown, axis=1) <= 1e-12)  # descending usage along each layer's row
+    assert E == 16  # the run fixtures' narrow models keep the linear scale (above)
