@@ -2,7 +2,8 @@
 
 Import the fixtures a test module uses (``from data_fixtures import embedded``). pytest makes a
 separate session fixture per importing module, so the expensive ones keep their result in this
-module's ``_SESSION`` and prepare once per process (once per xdist worker).
+module's ``_SESSION``; the corpus itself is prepared once per session across xdist workers
+(``conftest.shared_dir``).
 """
 
 from __future__ import annotations
@@ -41,10 +42,11 @@ _SESSION: dict[str, tuple] = {}
 
 def _prepared_once(key: str, tmp_path_factory, cfg_factory):
     if key not in _SESSION:
-        directory = tmp_path_factory.mktemp(key) / "corpus"
-        cfg = cfg_factory(directory)
-        prepare(cfg, log=quiet)
-        _SESSION[key] = (cfg, directory)
+        from tests.conftest import shared_dir
+        # Prepared once per session, by whichever xdist worker asks first (tests only read it).
+        directory = shared_dir(tmp_path_factory, f"corpus-{key}", lambda d: prepare(cfg_factory(d / "corpus"),
+                                                                                     log=quiet)) / "corpus"
+        _SESSION[key] = (cfg_factory(directory), directory)
     cfg, directory = _SESSION[key]
     return cfg.copy_and_resolve_references(), directory  # a test may edit its copy
 

@@ -100,13 +100,18 @@ def solo_run(tmp_path_factory) -> pathlib.Path:
     """Run dir of arm B (λ=0.05) seed 2 on the tiny config, trained in-process on one device.
 
     The reference that vmapped seeds and 2-device data parallelism must reproduce.
-    Cached per process, so modules that import the fixture share one run.
+    Built once per session across xdist workers (conftest.shared_dir): every module reads one run.
     """
     if "dir" not in _SOLO:
-        from launch import plan
-        from moe.run import run
-        workdir = tmp_path_factory.mktemp("solo") / "b-lam0.05-s2"
-        overrides = {**TINY_OVERRIDES, "train.log_every": 1, "seed": 2, "run_name": workdir.name}
-        assert run(plan.build_config(f"{ARM_B}:tiny", overrides), workdir, log=quiet)
-        _SOLO["dir"] = workdir
+        from tests.conftest import shared_dir
+
+        def build(directory):
+            from launch import plan
+            from moe.run import run
+            workdir = directory / "b-lam0.05-s2"
+            overrides = {**TINY_OVERRIDES, "train.log_every": 1, "seed": 2, "run_name": workdir.name}
+            assert run(plan.build_config(f"{ARM_B}:tiny", overrides), workdir, log=quiet)
+
+        # One run for the whole session, whichever worker needs it first (tests only read it).
+        _SOLO["dir"] = shared_dir(tmp_path_factory, "solo", build) / "b-lam0.05-s2"
     return _SOLO["dir"]

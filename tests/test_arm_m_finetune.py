@@ -22,8 +22,10 @@ from moe.lora import count_params
 from moe.model import build_model
 from moe.config import resolve
 from moe.run import run
+from moe.model import REMAT_POLICIES
 from moe.train import (compute_loss, init_state, make_optimizer, make_train_step, split_trainable, train,
-                       trainable_filter)
+                       train_step_fn, trainable_filter)
+from remat_fixtures import checkpoint_policies
 from tests.conftest import REPO
 
 TRAINED = ("router/kernel", "lora_up_a", "lora_up_b", "lora_down_a", "lora_down_b")
@@ -119,6 +121,9 @@ def test_fine_tuning_step_under_remat_equals_the_plain_step(base_run):
     for policy in ("none", "full"):
         config.model.remat = policy
         graphdef, state = init_state(config, tx)
+        # The step really rematerialises each block (equal numbers alone would pass with remat a no-op).
+        want = [] if policy == "none" else [REMAT_POLICIES[policy]] * config.model.n_layers
+        assert checkpoint_policies(train_step_fn(graphdef, tx, config), state, batch) == want
         outs.append(make_train_step(graphdef, tx, config)(state, batch))
     (plain, plain_metrics), (rematted, remat_metrics) = outs
     assert float(remat_metrics["loss"]) == pytest.approx(float(plain_metrics["loss"]), rel=1e-6)

@@ -74,7 +74,7 @@ def test_arm_m_in_two_processes_fine_tunes_like_two_devices(tmp_path):
         "XLA_FLAGS", "")) + " --xla_force_host_platform_device_count=2"}])
     procs += start(tmp_path, two, base_dir, "mp", [
         {"JAX_COORDINATOR_ADDRESS": address, "JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": str(i)} for i in (0, 1)])
-    (dp,), (mp0, mp1) = [finish(procs[:1], timeout=240), finish(procs[1:], timeout=240)]
+    (dp,), (mp0, mp1) = [finish(procs[:1]), finish(procs[1:])]
     assert "data parallel over 2 devices\n" in dp["out"]
     assert "data parallel over 2 devices in 2 processes" in mp0["out"]
     assert "fine-tuning from" in mp0["out"] and "step 1/" not in mp1["out"]

@@ -80,6 +80,25 @@ def test_reset_per_window_starts_every_window_with_an_empty_cache(tiny, plain):
     assert persist.misses.sum() <= result.misses.sum()
 
 
+@pytest.mark.parametrize("policy", ["lru", "lru_token", "lfu"])
+def test_all_off_with_every_policy_and_capacity_edges_equals_the_python_reference(tiny, plain, policy):
+    # Capacity 0 (holds nothing: every request misses), 3, E (never evicts) and > E, one vmapped call.
+    from cachesim.reference import replay_lfu, replay_lru
+    replay = {"lru": replay_lru, "lru_token": lambda t, c: replay_lru(t, c, "token"), "lfu": replay_lfu}[policy]
+    config, _, graphdef, params, tokens = tiny
+    capacities = [0, CAPACITY, 8, 11]
+    result, _ = CoupledEvaluator(graphdef, config, policy=policy)(
+        params, tokens, np.zeros_like(tokens), [Setting()] * len(capacities), capacities, batch_size=2)
+    experts = np.asarray(plain["experts"])  # (L, T, k)
+    for s, capacity in enumerate(capacities):
+        np.testing.assert_allclose(result.ce[s], plain["ce"], rtol=1e-6, atol=1e-6)
+        want = [[sum(flags) for flags in replay(experts[layer].tolist(), capacity)] for layer in range(len(experts))]
+        np.testing.assert_array_equal(result.misses[s], want, err_msg=f"{policy} capacity {capacity}")
+    assert (result.misses[0] == experts.shape[2]).all()  # capacity 0: all k requests of every token miss
+    distinct = [len(np.unique(layer)) for layer in experts]
+    assert result.misses[2].sum(axis=1).tolist() == result.misses[3].sum(axis=1).tolist() == distinct
+
+
 SETTINGS = [
     Setting(tau=0.5),
     Setting(tau=1.0, epsilon=0.45),

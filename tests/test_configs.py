@@ -59,18 +59,32 @@ def test_paper_sweep_grids():
     assert len(smoke) == len({(r["loss.lambda_loc"], r["seed"]) for r in smoke}) == 6
 
 
+@pytest.mark.parametrize("size", ["tiny", None])
 @pytest.mark.parametrize("module", sorted(ARMS))
-def test_every_sweep_entry_applies_and_validates(module):
+def test_every_sweep_entry_applies_and_validates(module, size):
+    # Through the launcher's own path (launch.plan.build_config), and every override must read back
+    # with its value and type while every other field keeps the arm's default.
+    from launch.plan import build_config, get_dotted
+
     mod = importlib.import_module(f"configs.{module}")
-    for overrides in mod.sweep("tiny"):
-        c = mod.get_config("tiny")
-        for dotted, value in overrides.items():
-            node = c
-            *parents, leaf = dotted.split(".")
-            for p in parents:
-                node = node[p]
-            node[leaf] = value
+    default = mod.get_config(size).to_dict()
+    entries = mod.sweep(size)
+    assert entries and all(entries)
+    for overrides in entries:
+        c = build_config(f"configs/{module}.py" + (f":{size}" if size else ""), overrides)
         validate(c)
+        for dotted, value in overrides.items():
+            got = get_dotted(c, dotted)
+            assert got == value and type(got) is type(value), (dotted, got, value)
+        rest = c.to_dict()
+        for dotted in overrides:
+            *parents, leaf = dotted.split(".")
+            node, base = rest, default
+            for part in parents:
+                node, base = node[part], base[part]
+            node[leaf] = base[leaf]
+        assert rest == default, overrides
+    assert len({tuple(sorted(e.items())) for e in entries}) == len(entries)
 
 
 @pytest.mark.parametrize("field,value,message", [

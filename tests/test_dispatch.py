@@ -211,6 +211,16 @@ def test_auto_is_the_fastest_dropless_entry_of_the_committed_benchmark(backend):
     assert AUTO_DISPATCH[backend] == (name, int(block) if block else AUTO_DISPATCH[backend][1])
 
 
+def test_auto_dispatch_is_the_measured_mapping():
+    # Pinned: cpu from benchmarks/results/dispatch_cpu.json (checked above), gpu/tpu the unmeasured
+    # block-sparse default. A swap or a silent edit fails here; re-measure and update both together.
+    assert AUTO_DISPATCH == {"cpu": ("sparse", 128), "gpu": ("sparse_batched", 128), "tpu": ("sparse_batched", 128)}
+    assert AUTO_SOURCE == {"cpu": "137m/1x1024/float32/remat=none"}
+    assert [select_dispatch("auto", b) for b in ("cpu", "gpu", "tpu", "other")] == [
+        "sparse", "sparse_batched", "sparse_batched", "sparse_batched"]
+    assert select_dispatch("auto") == AUTO_DISPATCH[jax.default_backend()][0]
+
+
 def test_auto_dispatch_is_dropless_and_resolves_block_size():
     for backend in ("cpu", "gpu", "tpu", "other"):
         name, block = AUTO_DISPATCH.get(backend, (select_dispatch("auto", backend), select_block_size(0, backend)))

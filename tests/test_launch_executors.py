@@ -25,6 +25,7 @@ from launch.local import LocalExecutor
 from launch.plan import Job, RunSpec
 from launch.resources import Slot
 from launch_fixtures import fake_python, quiet, write_complete_run  # noqa: F401 (fixture)
+from tests.conftest import HANG_S
 
 
 def make_specs(root, *names, extra=()):
@@ -84,20 +85,21 @@ def test_local_sigterm_stops_workers_and_keeps_runs_pending(tmp_path, fake_pytho
                              echo=quiet, poll_s=0.05)
 
     def stop_when_both_run():
-        deadline = time.time() + 30
-        while time.time() < deadline and sum(st.state == "running" for st in states.values()) < 2:
+        # The event: both sleepers are running and have written their progress record (then sleep 60 s).
+        end = time.monotonic() + HANG_S
+        while time.monotonic() < end and not all(rundir.read_progress(s.workdir) for s in specs[:2]):
             time.sleep(0.05)
-        time.sleep(0.3)
         os.kill(os.getpid(), signal.SIGTERM)  # the sweep's own SIGTERM, as from a scheduler or `kill`
 
     before = signal.getsignal(signal.SIGTERM)
     killer = threading.Thread(target=stop_when_both_run)
     killer.start()
-    t0 = time.time()
     with pytest.raises(execute.SweepInterrupted):
         executor.run([Job((s,)) for s in specs], states, writer)
     killer.join()
-    assert time.time() - t0 < 30  # the 60 s sleepers were stopped, not waited for
+    # The 60 s sleepers were stopped, not waited for: neither got to write its finished run.
+    assert all(rundir.read_progress(s.workdir) for s in specs[:2])
+    assert not any((s.workdir / "final_eval.json").exists() for s in specs)
     assert [st.state for st in states.values()] == ["pending", "pending", "pending"]
     assert states["ok-c"].attempts == 0  # never started after the stop request
     assert signal.getsignal(signal.SIGTERM) == before  # the sweep's handler is removed again
@@ -111,8 +113,8 @@ def test_local_waits_for_a_previous_worker_holding_the_run(tmp_path, fake_python
     lines, seen = [], {}
 
     def release_after_b():  # the executor owns signal handlers, so it runs in the main thread
-        deadline = time.time() + 30
-        while time.time() < deadline and states["ok-b"].state != "done":
+        end = time.monotonic() + HANG_S
+        while time.monotonic() < end and states["ok-b"].state != "done":
             time.sleep(0.05)
         seen.update({n: st.state for n, st in states.items()})
         os.close(held)

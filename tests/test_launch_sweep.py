@@ -7,7 +7,6 @@ import io
 import json
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -59,12 +58,14 @@ def test_vmapped_seeds_match_their_solo_run_and_a_finished_sweep_restarts_in_sec
     st = json.loads((root / "status.json").read_text())
     assert st["counts"] == {"done": 2, "running": 0, "failed": 0, "pending": 0}
 
-    t0 = time.perf_counter()
-    again = run_sweep(*args)
-    restart_s = time.perf_counter() - t0
+    # A finished sweep restarts without starting a run, importing jax or compiling anything (so in
+    # seconds: benchmarks/launch_bench.py measures that figure; a test asserts the cause, not a clock).
+    probe = ("import atexit, runpy, sys; atexit.register(lambda: print('jax imported:', 'jax' in sys.modules)); "
+             "sys.argv = ['launch.sweep', *sys.argv[1:]]; runpy.run_module('launch.sweep', run_name='__main__')")
+    again = subprocess.run([sys.executable, "-c", probe, *args], capture_output=True, text=True, cwd=REPO, timeout=600)
     assert again.returncode == 0, again.stderr
     assert "2 runs, 2 done, 0 to run" in again.stdout
-    assert restart_s < 30, restart_s  # no jax, no compile: seconds even on a loaded 2-core machine
+    assert "jax imported: False" in again.stdout, again.stdout[-2000:]
     assert rundir.read_done(s2)["attempts"] == 1  # untouched
 
 

@@ -11,6 +11,8 @@ from flax import nnx
 
 from moe.model import MoETransformer, build_model, param_counts, route
 from model_fixtures import tiny_model_cfg
+from moe.model import REMAT_POLICIES
+from remat_fixtures import checkpoint_policies
 
 
 model_cfg = tiny_model_cfg
@@ -60,8 +62,7 @@ def test_model_is_causal():
     assert not np.allclose(ha[:, 10:], hb[:, 10:])
 
 
-@functools.lru_cache(maxsize=None)
-def _loss_and_grads(remat, dispatch):
+def _loss_fn(remat, dispatch):
     tokens = jax.random.randint(jax.random.key(3), (2, 16), 0, 97)
     model = build_model(model_cfg(remat=remat, dispatch=dispatch, block_size=4), seed=0)
     graphdef, params = nnx.split(model, nnx.Param)
@@ -71,7 +72,13 @@ def _loss_and_grads(remat, dispatch):
         hidden, router = m(tokens)
         return jnp.mean(hidden.astype(jnp.float32) ** 2) + jnp.mean(router.probs ** 2)
 
-    return jax.jit(jax.value_and_grad(loss))(params)
+    return jax.value_and_grad(loss), params
+
+
+@functools.lru_cache(maxsize=None)
+def _loss_and_grads(remat, dispatch):
+    fn, params = _loss_fn(remat, dispatch)
+    return jax.jit(fn)(params)
 
 
 @pytest.mark.parametrize("policy", ["full", "dots"])
@@ -81,6 +88,15 @@ def test_remat_on_and_off_give_equal_loss_and_grads(policy, dispatch):
     np.testing.assert_allclose(v0, v1, rtol=1e-6)
     for a, b in zip(jax.tree.leaves(g0), jax.tree.leaves(g1)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("policy", ["none", "full", "dots"])
+@pytest.mark.parametrize("dispatch", ["dense", "sparse"])
+def test_remat_puts_one_checkpoint_with_its_policy_around_each_block(policy, dispatch):
+    # Equal numbers cannot tell remat from none: the gradient's jaxpr must hold the checkpoints.
+    fn, params = _loss_fn(policy, dispatch)
+    want = [] if policy == "none" else [REMAT_POLICIES[policy]] * model_cfg().n_layers
+    assert checkpoint_policies(fn, params) == want
 
 
 def test_same_seed_same_parameters_different_seed_different():

@@ -13,7 +13,7 @@ from moe.cache_aware import reroute
 from cachesim.reference import replay_lfu, replay_lru
 from moe.cache_aware.reroute import Features, RerouteError, Setting, make_params
 from cachesim.online import init_cache_state
-from tests.reroute_fixtures import PyLRU, py_route
+from tests.reroute_fixtures import PyLRU, RangeHistory, py_route
 
 
 def state_with(resident, num_experts, capacity=None):
@@ -317,3 +317,29 @@ def test_empty_cache_state_shape():
     state = reroute.init_route_state(5, (2, 3))
     assert state.cache.resident.shape == (2, 3, 5) and state.range_sum.shape == (2, 3)
     assert init_cache_state(5).size.shape == ()
+
+
+@settings(max_examples=40)
+@given(seed=st.integers(0, 2**16), sharp=st.sampled_from([0.5, 2.0, 6.0]),
+       strength=st.sampled_from([0.0, 0.1, 0.5, 1.0, 3.0]), tau=st.sampled_from([0.0, 0.2, 0.5]),
+       epsilon=st.sampled_from([0.0, 0.1]), max_rank=st.sampled_from([None, (1, 3)]), capacity=st.integers(0, E))
+def test_cache_prior_stream_matches_python_reference(seed, sharp, strength, tau, epsilon, max_rank, capacity):
+    # Cache-Prior over a whole stream (its running Δ_avg and the cache it lifts change every token),
+    # combined with the other rules; one compile (every rule compiled in) serves all examples.
+    probs = random_probs(seed, sharp)
+    logits = np.log(probs)
+    setting = Setting(cache_prior=strength, tau=tau, epsilon=epsilon, max_rank=max_rank)
+    params, _ = make_params([setting], [capacity], k=K, num_experts=E)
+    features = Features(cache_prior=True, max_rank=True, elision=True)
+    state, out = stream_fn(features)(jax.tree.map(lambda a: a[0], params), jnp.asarray(probs),
+                                     jnp.zeros((N, 0), jnp.int32), jnp.arange(N, dtype=jnp.int32))
+    cache, history = PyLRU(capacity), RangeHistory()
+    for t in range(N):
+        ref = py_route(probs[t], cache, setting, K, logits=logits[t], history=history)
+        assert out.experts[t].tolist() == ref.experts, (t, ref)
+        np.testing.assert_allclose(out.gates[t], ref.gates, rtol=1e-6, atol=1e-7)
+        assert [int(out.misses[t]), int(out.elided[t])] == [ref.misses, ref.elided], t
+    assert set(np.flatnonzero(np.asarray(state.cache.resident))) == cache.resident
+    if strength > 0:  # the reference keeps Δ_avg's history only while the prior is on
+        np.testing.assert_allclose(float(state.range_sum), history.total, rtol=1e-5)
+        assert int(state.range_count) == history.count == N

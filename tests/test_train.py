@@ -11,7 +11,7 @@ import pytest
 
 from configs import arm_b
 from configs.base import num_train_steps
-from moe import checkpoint
+from moe import checkpoint, rundir
 from moe.data import pipeline
 from moe.config import resolve
 from moe.train import NonFiniteLossError, one_cycle_schedule, train
@@ -66,9 +66,14 @@ def test_resume_continues_exactly(tmp_path):
 
 
 def test_router_item_holds_router_weights_and_usage(tmp_path):
-    config = tiny_config(ckpt_every=4)
+    config = tiny_config(ckpt_every=4, keep_checkpoints=2)
     result = train(config, tmp_path, iterator(config), log=lambda m: None)
+    # Retention: saved every 4 steps and at the last, only the newest keep_checkpoints = 2 remain.
+    total = num_train_steps(config)
+    saved = sorted(set(range(4, total + 1, 4)) | {total})
+    assert len(saved) > 2 and rundir.checkpoint_steps(tmp_path) == saved[-2:]
     states = checkpoint.read_router_states(tmp_path)
+    assert sorted(states) == saved[-2:]
     last = states[max(states)]
     L, d, E = config.model.n_layers, config.model.d_model, config.model.num_experts
     assert last["router_kernel"].shape == (L, d, E) and last["usage"].shape == (L, E)
