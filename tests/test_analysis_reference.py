@@ -16,6 +16,7 @@ import pytest
 from analysis import cli, summary, tables, verdict
 from analysis.cache import MetricsStore
 from analysis.runs import load_runs
+from tests.conftest import shared_dir
 
 RUNS = {"a-sanity-s1", "b-l01", "b-l05", "b-l20", "a-main-s1", "a-main-s2", "b-main-s1", "b-main-s2", "b-l02-main",
         "b-l03-main", "c-main-s1"}
@@ -36,9 +37,15 @@ def writable_reference(reference_dir, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def reference_runs(writable_reference):
+def reference_runs(writable_reference, tmp_path_factory):
     # The metric cache is keyed by content: the copy reads the user cache the released runs filled.
-    return load_runs([writable_reference[0]], store=MetricsStore(jobs=cli.default_jobs()))
+    # xdist splits this module's tests across workers; the first to get here fills the cache, the
+    # others wait for it (shared_dir's lock) instead of simulating the same 33 traces again.
+    def load():
+        return load_runs([writable_reference[0]], store=MetricsStore(jobs=cli.default_jobs()))
+
+    shared_dir(tmp_path_factory, "reference-metrics", lambda _: load())
+    return load()
 
 
 @pytest.mark.slow
