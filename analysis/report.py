@@ -424,8 +424,8 @@ def render_page(*, name: str, root_label: str, command: str, rows, comp, found: 
             "| run | steps | tokens | wall | tokens/s (median) |", "|---|---|---|---|---|"]
     for t in timings.itertuples():
         out.append(f"| {t.run} | {t.steps} | {summary.format_tokens(t.tokens)} | "
-                   f"{_duration(t.wall_s) if t.wall_s == t.wall_s and t.wall_s is not None else '—'} | "
-                   f"{f'{t.tok_s:,.0f}' if t.tok_s == t.tok_s and t.tok_s is not None else '—'} |")
+                   f"{_duration(t.wall_s) if pd.notna(t.wall_s) else '—'} | "
+                   f"{f'{t.tok_s:,.0f}' if pd.notna(t.tok_s) else '—'} |")
     return "\n".join(out) + "\n"
 
 
@@ -471,12 +471,12 @@ COMMAND.define("string", "name", None, "the page's name: writes OUT/<name>.md an
 COMMAND.define("string", "out", None, "the folder of the page (e.g. docs/results)")
 COMMAND.define("string", "frontier_runs", "",
                "comma-separated [arm-A run, arm-B run] whose frontier.json the findings compare "
-               "(default: the study config's frontier runs recorded in ROOT/study.json, else a-s1 and the middle-λ B)")
+               "(default: the first arm-A and the first arm-B run under ROOT that hold a frontier.json)")
 COMMAND.define("string", "command", "", "the command line the page states (default: the sweep's, from status.json)")
 
 
 def _default_frontier_runs(root: Path) -> list[str]:
-    """The frontier runs of the sweep's study (status.json's config), else every run with a frontier.json."""
+    """The first arm-A and the first arm-B run (by name) holding a frontier.json: the study's frontier runs."""
     found = sorted(p.name for p in root.iterdir() if (p / rundir.FRONTIER).is_file())
     a = [n for n in found if n.startswith("a-")]
     b = [n for n in found if n.startswith("b-")]
