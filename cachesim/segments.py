@@ -23,6 +23,7 @@ import numpy as np
 
 from cachesim.online import init_cache_state, replay
 from cachesim.policies import CacheSpec, policy_code
+from cachesim.simulate import lru_segment_misses
 from cachesim.trace import Trace
 
 SEGMENT_POLICIES = ("lru", "lfu")
@@ -62,11 +63,14 @@ def segment_misses(trace: Trace, spec: CacheSpec, segment_tokens: int) -> np.nda
     if trace.num_tokens % segment_tokens:
         raise SegmentError(f"trace {trace.name!r} has {trace.num_tokens} tokens, not a multiple of "
                            f"{segment_tokens}-token segments; pass the evaluation window length")
+    capacity = min(spec.capacity_for(trace.num_experts), trace.num_experts)
+    if spec.policy == "lru" and spec.recency == "request":  # a recency stack of ids: no keys to overflow
+        return lru_segment_misses(np.asarray(trace.experts), trace.num_experts, capacity,
+                                  int(segment_tokens)).sum(axis=0)
     # The online cache packs (key, id) as key·E + id in int32 with LRU keys up to T·k.
     if (trace.num_tokens * trace.k + 1) * trace.num_experts >= 2**31:
         raise SegmentError(f"trace {trace.name!r} is too long for int32 cache keys (T·k·E = "
                            f"{trace.num_tokens * trace.k * trace.num_experts:,} >= 2**31); split it")
-    capacity = min(spec.capacity_for(trace.num_experts), trace.num_experts)
     misses = _segment_misses(jnp.asarray(trace.experts, jnp.int32), jnp.int32(policy_code(spec)),
                              jnp.int32(capacity), num_experts=trace.num_experts, segment_tokens=int(segment_tokens))
     return np.asarray(misses, np.int64)

@@ -507,6 +507,30 @@ def _replay_rows(rows: _Rows, specs: Sequence[CacheSpec], k: int, pad_tokens: in
     return misses
 
 
+def lru_segment_misses(experts: np.ndarray, num_experts: int, capacity: int, segment_tokens: int) -> np.ndarray:
+    """(L, T / segment_tokens) demand misses of LRU (request recency), one cache per layer over
+    the whole trace, counted per consecutive segment of `segment_tokens` tokens.
+
+    The recency replay's chunks are the segments themselves: its chunk starts
+    are exact (`recency_inputs`), so each chunk's misses are that segment's
+    share of the one sequential replay — no per-token pass needed.
+    experts: (L, T, k) expert ids; capacity <= num_experts.
+    """
+    num_layers, num_tokens, k = experts.shape
+    num_chunks = num_tokens // segment_tokens
+    slots = 32 // stack.slot_bits(num_experts)
+    packed = capacity <= slots <= num_experts  # as `_packs`: one 32-bit word per lane
+    depth = slots if packed else _depth(np.array([capacity]), num_experts)
+    flat, guesses = recency_inputs([layer.reshape(-1) for layer in np.asarray(experts)], num_chunks,
+                                   segment_tokens * k, depth, num_experts)
+    if packed:
+        guesses = stack.pack_words(guesses, num_experts)
+    capacities = np.full((num_layers, 1), capacity, np.int32)
+    misses, _ = stack.replay_recency(flat, guesses, capacities, num_experts=num_experts, num_chunks=num_chunks,
+                                     per_group=k, packed=packed, per_chunk=True)
+    return np.asarray(misses)[:, 0, 0, :].astype(np.int64)
+
+
 def _packs(rows: _Rows, depths: dict[int, int]) -> bool:
     """LRU's recency stack fits one 32-bit word per lane for these capacities."""
     slots = 32 // stack.slot_bits(rows.num_keys)

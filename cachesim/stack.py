@@ -186,7 +186,12 @@ def _verified(run: Callable, inputs, start, capacities, num_chunks: int):
 
 def _per_row(misses, rows: int, num_chunks: int):
     """(C, G, lanes) -> (rows, G, C), chunks summed."""
-    return jnp.transpose(misses.reshape(misses.shape[:2] + (rows, num_chunks)).sum(-1), (2, 1, 0))
+    return _per_chunk(misses, rows, num_chunks).sum(-1)
+
+
+def _per_chunk(misses, rows: int, num_chunks: int):
+    """(C, G, lanes) -> (rows, G, C, chunks); lane = row · num_chunks + chunk (`_lanes_last`)."""
+    return jnp.transpose(misses.reshape(misses.shape[:2] + (rows, num_chunks)), (2, 1, 0, 3))
 
 
 # ---------------------------------------------------------------- priority stacks
@@ -372,9 +377,9 @@ def word_thresholds(capacities, bits: int):
 
 
 @functools.partial(jax.jit, static_argnames=("num_experts", "num_chunks", "per_group",
-                                             "groups", "packed"))
+                                             "groups", "packed", "per_chunk"))
 def replay_recency(requests, guesses, capacities, *, num_experts: int, num_chunks: int,
-                   per_group: int, groups: int = 1, packed: bool = False):
+                   per_group: int, groups: int = 1, packed: bool = False, per_chunk: bool = False):
     """Demand misses of LRU with request recency for every (row, capacity).
 
     requests: (rows, N) of `request_dtype(num_experts)`, each row's requests
@@ -385,7 +390,11 @@ def replay_recency(requests, guesses, capacities, *, num_experts: int, num_chunk
       each chunk start (`recency_stacks`), or (rows, num_chunks) uint32 words
       with `packed` (`pack_words`).
     capacities: (rows, C) int32, each <= M.
-    Returns ((rows, groups, C) int32 misses, the number of replay rounds).
+    per_chunk: keep each chunk's misses apart (chunks are consecutive spans of
+      each row, so chunks aligned with segments of a trace count each segment's
+      share of the one sequential replay).
+    Returns ((rows, groups, C) int32 misses — (rows, groups, C, num_chunks)
+    with `per_chunk` — and the number of replay rounds).
     """
     rows, total = requests.shape
     length = total // num_chunks
@@ -419,6 +428,8 @@ def replay_recency(requests, guesses, capacities, *, num_experts: int, num_chunk
         start = jnp.transpose(guesses, (2, 0, 1)).reshape(guesses.shape[2], rows * num_chunks)
     lane_capacities = jnp.repeat(capacities.T, num_chunks, axis=1)
     misses, rounds = _verified(run, reqs, start, lane_capacities, num_chunks)
+    if per_chunk:
+        return _per_chunk(misses, rows, num_chunks), rounds
     return _per_row(misses, rows, num_chunks), rounds
 
 

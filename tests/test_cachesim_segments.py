@@ -26,19 +26,33 @@ def _reference_segments(trace, spec):
     return np.diff(counts)
 
 
+def _skewed_trace(seed, num_experts):
+    rng = np.random.default_rng(seed)
+    # Skewed choices, so caches both hit and miss.
+    p = np.arange(1, num_experts + 1) / (num_experts * (num_experts + 1) / 2)
+    experts = np.stack([[rng.choice(num_experts, K, replace=False, p=p) for _ in range(TOKENS)]
+                        for _ in range(LAYERS)]).astype(np.int16)
+    return make_trace(experts, num_experts)
+
+
 @settings(max_examples=10, deadline=None)
 @given(seed=st.integers(0, 2**16), capacity=st.integers(0, E + 1),
        kind=st.sampled_from([("lru", "request"), ("lru", "token"), ("lfu", "request")]))
 def test_segments_are_the_shares_of_one_replay(seed, capacity, kind):
-    rng = np.random.default_rng(seed)
-    # Skewed choices, so caches both hit and miss.
-    experts = np.stack([[rng.choice(E, K, replace=False, p=np.arange(1, E + 1) / (E * (E + 1) / 2))
-                         for _ in range(TOKENS)] for _ in range(LAYERS)]).astype(np.int16)
-    trace = make_trace(experts, E)
+    trace = _skewed_trace(seed, E)
     spec = CacheSpec(kind[0], capacity=capacity, recency=kind[1])
     got = segments.segment_misses(trace, spec, SEGMENT)
     assert got.dtype == np.int64 and got.shape == (TOKENS // SEGMENT,)
     np.testing.assert_array_equal(got, _reference_segments(trace, spec))
+
+
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 2**16), capacity=st.integers(0, 17))
+def test_lru_segments_with_a_packed_recency_word(seed, capacity):
+    """E = 16: capacities up to 8 take the one-word-per-lane recency stack, larger ones the id array."""
+    trace = _skewed_trace(seed, 16)
+    spec = CacheSpec("lru", capacity=capacity)
+    np.testing.assert_array_equal(segments.segment_misses(trace, spec, SEGMENT), _reference_segments(trace, spec))
 
 
 def test_requests_that_segments_cannot_serve_are_errors():
