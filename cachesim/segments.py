@@ -65,8 +65,7 @@ def segment_misses(trace: Trace, spec: CacheSpec, segment_tokens: int) -> np.nda
                            f"{segment_tokens}-token segments; pass the evaluation window length")
     capacity = min(spec.capacity_for(trace.num_experts), trace.num_experts)
     if spec.policy == "lru" and spec.recency == "request":  # a recency stack of ids: no keys to overflow
-        return lru_segment_misses(np.asarray(trace.experts), trace.num_experts, capacity,
-                                  int(segment_tokens)).sum(axis=0)
+        return lru_segment_misses(trace.experts, trace.num_experts, capacity, int(segment_tokens)).sum(axis=0)
     # The online cache packs (key, id) as key·E + id in int32 with LRU keys up to T·k.
     if (trace.num_tokens * trace.k + 1) * trace.num_experts >= 2**31:
         raise SegmentError(f"trace {trace.name!r} is too long for int32 cache keys (T·k·E = "

@@ -518,10 +518,9 @@ def lru_segment_misses(experts: np.ndarray, num_experts: int, capacity: int, seg
     """
     num_layers, num_tokens, k = experts.shape
     num_chunks = num_tokens // segment_tokens
-    slots = 32 // stack.slot_bits(num_experts)
-    packed = capacity <= slots <= num_experts  # as `_packs`: one 32-bit word per lane
-    depth = slots if packed else _depth(np.array([capacity]), num_experts)
-    flat, guesses = recency_inputs([layer.reshape(-1) for layer in np.asarray(experts)], num_chunks,
+    packed = _word_fits(capacity, num_experts)  # one 32-bit word per lane
+    depth = 32 // stack.slot_bits(num_experts) if packed else _depth(np.array([capacity]), num_experts)
+    flat, guesses = recency_inputs([layer.reshape(-1) for layer in experts], num_chunks,
                                    segment_tokens * k, depth, num_experts)
     if packed:
         guesses = stack.pack_words(guesses, num_experts)
@@ -533,9 +532,13 @@ def lru_segment_misses(experts: np.ndarray, num_experts: int, capacity: int, seg
 
 def _packs(rows: _Rows, depths: dict[int, int]) -> bool:
     """LRU's recency stack fits one 32-bit word per lane for these capacities."""
-    slots = 32 // stack.slot_bits(rows.num_keys)
-    # Every slot must hold a distinct key: fewer keys than slots take the array form.
-    return int(rows.capacities.max(initial=0)) <= slots <= rows.num_keys
+    return _word_fits(int(rows.capacities.max(initial=0)), rows.num_keys)
+
+
+def _word_fits(largest_capacity: int, num_keys: int) -> bool:
+    """A recency word's slots cover the largest capacity, and every slot holds a distinct key
+    (fewer keys than slots take the array form)."""
+    return largest_capacity <= 32 // stack.slot_bits(num_keys) <= num_keys
 
 
 def _check_int32(rows: _Rows, variants: Sequence[int], num_steps: int, k: int) -> None:
