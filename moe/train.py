@@ -475,7 +475,10 @@ class _Solo:
 
     def combine(self, states: list) -> Any:
         (state,) = states
-        return state if self.mesh is None else jax.device_put(state, self.placement)
+        # Committed to this run's devices even on one device: fine-tuning's base weights arrive
+        # uncommitted, and a first step on uncommitted arrays compiled the step a second time at
+        # step 2, when the step's own (committed) outputs came back in.
+        return jax.device_put(state, self.placement)
 
     def split(self, state) -> list:
         return [state]

@@ -12,11 +12,12 @@ import sys
 import textwrap
 import time
 
+import numpy as np
 import pytest
 
-from moe import distributed
+from moe import distributed, rundir
 from launch_fixtures import ARM_B, TINY_FLAGS, solo_run  # noqa: F401 (fixture)
-from tests.conftest import HANG_S, wait_for
+from tests.conftest import HANG_S, kill_seed, wait_for
 
 SLURM = {"SLURM_JOB_ID": "4242", "SLURM_PROCID": "3", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1",
          "SLURM_STEP_NODELIST": "gpu[007-010]"}
@@ -146,7 +147,8 @@ def assert_same_eval(got_dir, want_dir, rel: float) -> None:
 @pytest.fixture(scope="module")
 def two_device_run(tmp_path_factory):
     """main.py on 2 virtual CPU devices in one process (the data-parallel mesh)."""
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", CUDA_VISIBLE_DEVICES="")
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=2"
     workdir = tmp_path_factory.mktemp("dp2") / "b-lam0.05-s2"
     proc = subprocess.run([sys.executable, "main.py", *RUN_FLAGS, f"--workdir={workdir}"],
                           capture_output=True, text=True, cwd=distributed_repo(), env=env, timeout=600)
@@ -238,13 +240,29 @@ def run_dir_writes(writes: str, workdir) -> set[str]:
 
 
 @pytest.mark.slow
-def test_two_processes_train_like_two_devices_and_one(tmp_path, two_device_run, solo_run):
-    """main.py in 2 processes of 1 device: the 2-device run's losses exactly, the 1-device run's to
-    float tolerance; process 0 alone writes the run directory, the other writes nothing in it."""
+def test_two_processes_killed_and_restarted_train_like_two_devices_and_one(tmp_path, two_device_run, solo_run):
+    """main.py in 2 processes of 1 device, both SIGKILLed after a seeded checkpoint (a lost node)
+    and started again: the 2-device run's losses exactly, the 1-device run's to float tolerance;
+    process 0 alone writes the run directory, the other writes nothing in it, in either attempt."""
     workdir = tmp_path / "mp2"
-    out0, out1 = finish(start_processes(tmp_path, workdir))
+    seed = kill_seed()  # KILL_SEED=<seed> reproduces a failure
+    kill_after = int(np.random.default_rng(seed).integers(1, 3))  # checkpoint 1 or 2 of 4
+    print(f"KILL_SEED={seed}: SIGKILL to both processes after checkpoint {kill_after}")
+    (killed_dir := tmp_path / "killed").mkdir()
+    killed = start_processes(killed_dir, workdir, args=["--config.train.ckpt_every=1"])
+    wait_for(lambda: len(rundir.checkpoint_steps(workdir)) >= kill_after, killed[0][0],
+             what=f"checkpoint {kill_after} (KILL_SEED={seed})", poll=0.02)
+    for proc, _ in killed:
+        proc.kill()
+    for proc, _ in killed:
+        proc.wait()
+    assert not (workdir / "final_eval.json").exists(), f"killed too late (KILL_SEED={seed}): the run had finished"
+    assert run_dir_writes(killed[1][1]["writes"].read_text(), workdir) == set()
+
+    out0, out1 = finish(start_processes(tmp_path, workdir, args=["--config.train.ckpt_every=1"]))
     assert "data parallel over 2 devices in 2 processes" in out0["out"]
-    assert "step 1/" not in out1["out"] and "eval" not in out1["out"]
+    assert "resumed from checkpoint at step" in out0["out"]
+    assert "step 4/" not in out1["out"] and "eval" not in out1["out"]
     log = read_log(workdir)  # one record per step: only one process appended
     assert_same_losses(log, read_log(two_device_run), rel=1e-7)
     assert_same_losses(log, read_log(solo_run), rel=2e-5)

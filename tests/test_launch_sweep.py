@@ -3,17 +3,22 @@ resumption through the SLURM path (submitit's local executor), --dry_run, the an
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
+import os
+import signal
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from launch import plan, status, sweep
 from moe import rundir
 from launch.plan import Job
 from launch_fixtures import ARM_B, REPO, SOLO_FLAGS, TINY_OVERRIDES, quiet, solo_run  # noqa: F401 (fixture)
+from tests.conftest import kill_seed, wait_for
 
 
 def run_sweep(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -26,15 +31,30 @@ def read_log(workdir):
 
 
 @pytest.mark.slow
-def test_vmapped_seeds_match_their_solo_run_and_a_finished_sweep_restarts_in_seconds(tmp_path, solo_run):
+def test_vmapped_seeds_killed_and_relaunched_match_their_solo_run_and_a_finished_sweep_restarts_in_seconds(
+        tmp_path, solo_run):
     root = tmp_path / "sweep"
     args = [f"--config={ARM_B}:tiny", f"--root={root}", "--only=b-lam0.05-*", "--vmap_seeds=2", "--noanalysis",
-            "--status_every=0", *SOLO_FLAGS]
-    proc = run_sweep(*args)
+            "--status_every=0", *SOLO_FLAGS, "--config.train.ckpt_every=1"]
+    s1, s2 = root / "b-lam0.05-s1", root / "b-lam0.05-s2"
+    # SIGKILL to the sweep and its vmapped worker (one process group) after a seeded checkpoint.
+    seed = kill_seed()  # KILL_SEED=<seed> reproduces a failure
+    kill_after = int(np.random.default_rng(seed).integers(1, 3))  # checkpoint 1 or 2 of 4
+    print(f"KILL_SEED={seed}: SIGKILL after checkpoint {kill_after}")
+    first = subprocess.Popen([sys.executable, "-m", "launch.sweep", *args], cwd=REPO, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True)
+    wait_for(lambda: len(rundir.checkpoint_steps(s2)) >= kill_after, first,
+             what=f"checkpoint {kill_after} of the vmapped pair (KILL_SEED={seed})", poll=0.02)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(first.pid, signal.SIGKILL)
+    first.wait()
+    assert not rundir.is_done(s2), f"killed too late (KILL_SEED={seed}): the pair had finished"
+
+    proc = run_sweep(*args)  # the relaunch resumes the pair from its checkpoints
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "2 to run in 1 job(s)" in proc.stdout and "-m launch.vmap_seeds" in proc.stdout
-    s1, s2 = root / "b-lam0.05-s1", root / "b-lam0.05-s2"
     assert rundir.is_done(s1) and rundir.is_done(s2)
+    assert "resumed 2 seeds from their checkpoints at step" in (s2 / "launch.log").read_text()
     assert json.loads((s2 / "config.json").read_text())["run_name"] == "b-lam0.05-s2"
     assert "vmapped runs b-lam0.05-s1, b-lam0.05-s2" in (s2 / "launch.log").read_text()
 
@@ -48,7 +68,6 @@ def test_vmapped_seeds_match_their_solo_run_and_a_finished_sweep_restarts_in_sec
     for domain in ("prose", "code", "math"):
         assert vmap_eval[domain]["val_loss"] == pytest.approx(solo_eval[domain]["val_loss"], rel=1e-5)
     from cachesim.trace import load_trace
-    import numpy as np
     for domain in ("prose", "code", "math"):
         t_solo, t_vmap = load_trace(solo_run / f"trace_{domain}.npz"), load_trace(s2 / f"trace_{domain}.npz")
         assert np.array_equal(t_solo.experts, t_vmap.experts)
@@ -57,6 +76,8 @@ def test_vmapped_seeds_match_their_solo_run_and_a_finished_sweep_restarts_in_sec
 
     st = json.loads((root / "status.json").read_text())
     assert st["counts"] == {"done": 2, "running": 0, "failed": 0, "pending": 0}
+    done = rundir.read_done(s2)
+    assert done["attempts"] == len(rundir.read_attempts(s2)) >= 1
 
     # A finished sweep restarts without starting a run, importing jax or compiling anything (so in
     # seconds: benchmarks/launch_bench.py measures that figure; a test asserts the cause, not a clock).
@@ -66,7 +87,7 @@ def test_vmapped_seeds_match_their_solo_run_and_a_finished_sweep_restarts_in_sec
     assert again.returncode == 0, again.stderr
     assert "2 runs, 2 done, 0 to run" in again.stdout
     assert "jax imported: False" in again.stdout, again.stdout[-2000:]
-    assert rundir.read_done(s2)["attempts"] == 1  # untouched
+    assert rundir.read_done(s2) == done  # untouched
 
 
 @pytest.mark.slow
