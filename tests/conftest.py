@@ -101,6 +101,7 @@ SLOW_FIRST = (  # slowest first (cold timings of the suite on 2 cores)
     "test_arm_m_finetune.py", "test_main.py", "test_vmap_seeds.py", "test_train.py", "test_launch_sweep.py",
     "test_cached_eval_frontier.py", "test_analysis_cli.py", "test_arm_m_prefetch.py",
     "test_cachesim_reference_data.py", "test_arm_m_lora.py", "test_cached_eval_parity.py", "test_dispatch_in_model.py",
+    "test_decode_check.py", "test_wide_experts_parity.py",
 )
 
 

@@ -54,7 +54,9 @@ def test_vmapped_seeds_killed_and_relaunched_match_their_solo_run_and_a_finished
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "2 to run in 1 job(s)" in proc.stdout and "-m launch.vmap_seeds" in proc.stdout
     assert rundir.is_done(s1) and rundir.is_done(s2)
-    assert "resumed 2 seeds from their checkpoints at step" in (s2 / "launch.log").read_text()
+    launch_log = (s2 / "launch.log").read_text()
+    assert "resumed 2 seeds from their checkpoints at step" in launch_log
+    assert "seed batching: vmap" in launch_log  # auto on CPU below 50 steps (test_vmap_seeds runs unrolled)
     assert json.loads((s2 / "config.json").read_text())["run_name"] == "b-lam0.05-s2"
     assert "vmapped runs b-lam0.05-s1, b-lam0.05-s2" in (s2 / "launch.log").read_text()
 
@@ -71,6 +73,9 @@ def test_vmapped_seeds_killed_and_relaunched_match_their_solo_run_and_a_finished
     for domain in ("prose", "code", "math"):
         t_solo, t_vmap = load_trace(solo_run / f"trace_{domain}.npz"), load_trace(s2 / f"trace_{domain}.npz")
         assert np.array_equal(t_solo.experts, t_vmap.experts)
+    metrics = json.loads((s2 / "metrics.json").read_text())
+    assert metrics["run"] == "b-lam0.05-s2"
+    assert metrics["final_train"]["loss"] == pytest.approx(solo[-1]["loss"], rel=1e-5)
     # Seed 1 is a different run, not a copy.
     assert read_log(s1)[-1]["loss"] != vmapped[-1]["loss"]
 
