@@ -91,6 +91,25 @@ def kill_seed() -> int:
     return 0 if os.environ.get("CI") or os.environ.get("HYPOTHESIS_PROFILE") == "ci" else random.randrange(2**31)
 
 
+def wait_for_kill_point(workdir, proc, *, most: int) -> str:
+    """Waits until ``workdir`` holds a seeded number (1..most) of finished checkpoints, for a SIGKILL.
+
+    Prints and returns ``KILL_SEED=<n>`` (name it in failure messages; it replays the kill point).
+    The caller sends the signal: one process, a process group, or every process of a run.
+    """
+    import numpy as np
+
+    from moe import rundir
+
+    seed = kill_seed()
+    count = int(np.random.default_rng(seed).integers(1, most + 1))
+    label = f"KILL_SEED={seed}"
+    print(f"{label}: SIGKILL after checkpoint {count}")
+    wait_for(lambda: len(rundir.checkpoint_steps(workdir)) >= count, proc, what=f"checkpoint {count} ({label})",
+             poll=0.02)
+    return label
+
+
 # ---------------------------------------------------------------- scheduling
 # With -n auto, the suite's wall time is set by its longest tests: start them first so that
 # they do not run alone at the end. (xdist_group / --dist loadgroup would keep a module's

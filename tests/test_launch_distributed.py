@@ -12,12 +12,11 @@ import sys
 import textwrap
 import time
 
-import numpy as np
 import pytest
 
-from moe import distributed, rundir
+from moe import distributed
 from launch_fixtures import ARM_B, TINY_FLAGS, solo_run  # noqa: F401 (fixture)
-from tests.conftest import HANG_S, kill_seed, wait_for
+from tests.conftest import HANG_S, wait_for, wait_for_kill_point
 
 SLURM = {"SLURM_JOB_ID": "4242", "SLURM_PROCID": "3", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1",
          "SLURM_STEP_NODELIST": "gpu[007-010]"}
@@ -245,18 +244,14 @@ def test_two_processes_killed_and_restarted_train_like_two_devices_and_one(tmp_p
     and started again: the 2-device run's losses exactly, the 1-device run's to float tolerance;
     process 0 alone writes the run directory, the other writes nothing in it, in either attempt."""
     workdir = tmp_path / "mp2"
-    seed = kill_seed()  # KILL_SEED=<seed> reproduces a failure
-    kill_after = int(np.random.default_rng(seed).integers(1, 3))  # checkpoint 1 or 2 of 4
-    print(f"KILL_SEED={seed}: SIGKILL to both processes after checkpoint {kill_after}")
     (killed_dir := tmp_path / "killed").mkdir()
     killed = start_processes(killed_dir, workdir, args=["--config.train.ckpt_every=1"])
-    wait_for(lambda: len(rundir.checkpoint_steps(workdir)) >= kill_after, killed[0][0],
-             what=f"checkpoint {kill_after} (KILL_SEED={seed})", poll=0.02)
+    kill = wait_for_kill_point(workdir, killed[0][0], most=2)  # checkpoint 1 or 2 of 4, then both processes
     for proc, _ in killed:
         proc.kill()
     for proc, _ in killed:
         proc.wait()
-    assert not (workdir / "final_eval.json").exists(), f"killed too late (KILL_SEED={seed}): the run had finished"
+    assert not (workdir / "final_eval.json").exists(), f"killed too late ({kill}): the run had finished"
     assert run_dir_writes(killed[1][1]["writes"].read_text(), workdir) == set()
 
     out0, out1 = finish(start_processes(tmp_path, workdir, args=["--config.train.ckpt_every=1"]))

@@ -18,7 +18,7 @@ from launch import plan, status, sweep
 from moe import rundir
 from launch.plan import Job
 from launch_fixtures import ARM_B, REPO, SOLO_FLAGS, TINY_OVERRIDES, quiet, solo_run  # noqa: F401 (fixture)
-from tests.conftest import kill_seed, wait_for
+from tests.conftest import wait_for_kill_point
 
 
 def run_sweep(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -38,17 +38,13 @@ def test_vmapped_seeds_killed_and_relaunched_match_their_solo_run_and_a_finished
             "--status_every=0", *SOLO_FLAGS, "--config.train.ckpt_every=1"]
     s1, s2 = root / "b-lam0.05-s1", root / "b-lam0.05-s2"
     # SIGKILL to the sweep and its vmapped worker (one process group) after a seeded checkpoint.
-    seed = kill_seed()  # KILL_SEED=<seed> reproduces a failure
-    kill_after = int(np.random.default_rng(seed).integers(1, 3))  # checkpoint 1 or 2 of 4
-    print(f"KILL_SEED={seed}: SIGKILL after checkpoint {kill_after}")
     first = subprocess.Popen([sys.executable, "-m", "launch.sweep", *args], cwd=REPO, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL, start_new_session=True)
-    wait_for(lambda: len(rundir.checkpoint_steps(s2)) >= kill_after, first,
-             what=f"checkpoint {kill_after} of the vmapped pair (KILL_SEED={seed})", poll=0.02)
+    kill = wait_for_kill_point(s2, first, most=2)  # checkpoint 1 or 2 of 4
     with contextlib.suppress(ProcessLookupError):
         os.killpg(first.pid, signal.SIGKILL)
     first.wait()
-    assert not rundir.is_done(s2), f"killed too late (KILL_SEED={seed}): the pair had finished"
+    assert not rundir.is_done(s2), f"killed too late ({kill}): the pair had finished"
 
     proc = run_sweep(*args)  # the relaunch resumes the pair from its checkpoints
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -58,7 +54,7 @@ def test_vmapped_seeds_killed_and_relaunched_match_their_solo_run_and_a_finished
     assert "resumed 2 seeds from their checkpoints at step" in launch_log
     assert "seed batching: vmap" in launch_log  # auto on CPU below 50 steps (test_vmap_seeds runs unrolled)
     assert json.loads((s2 / "config.json").read_text())["run_name"] == "b-lam0.05-s2"
-    assert "vmapped runs b-lam0.05-s1, b-lam0.05-s2" in (s2 / "launch.log").read_text()
+    assert "vmapped runs b-lam0.05-s1, b-lam0.05-s2" in launch_log
 
     # Seed 2 trained in the vmapped pair == seed 2 trained alone (same data order, same math).
     solo, vmapped = read_log(solo_run), read_log(s2)

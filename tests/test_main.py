@@ -1,7 +1,6 @@
 """main.py end to end: dry run figures, the run directory, SIGKILL/SIGTERM resume."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -10,7 +9,7 @@ import numpy as np
 import pytest
 
 from moe import rundir
-from tests.conftest import REPO, kill_seed, shared_dir, wait_for
+from tests.conftest import REPO, shared_dir, wait_for, wait_for_kill_point
 
 
 def first_log_step(path):
@@ -96,16 +95,12 @@ def test_run_directory_contract(uninterrupted):
 @pytest.mark.slow
 def test_sigkill_at_a_random_step_then_restart_matches_uninterrupted(uninterrupted, tmp_path):
     workdir = tmp_path / "killed"
-    seed = kill_seed()  # KILL_SEED=<seed> reproduces a failure
-    kill_after = int(np.random.default_rng(seed).integers(1, 4))  # checkpoints to wait for: step 2, 4 or 6
-    print(f"KILL_SEED={seed}: SIGKILL after checkpoint {kill_after}")
     proc = subprocess.Popen([sys.executable, "main.py", *TINY, f"--workdir={workdir}"], cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wait_for(lambda: len([p for p in (workdir / "checkpoints").glob("*") if p.name.isdigit()]) >= kill_after,
-             proc, what=f"checkpoint {kill_after} (KILL_SEED={seed})", poll=0.02)
+    kill = wait_for_kill_point(workdir, proc, most=3)  # checkpoint at step 2, 4 or 6
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    assert not (workdir / "final_eval.json").exists(), f"killed too late (KILL_SEED={seed}): the run had finished"
+    assert not (workdir / "final_eval.json").exists(), f"killed too late ({kill}): the run had finished"
     again = main_py(*TINY, f"--workdir={workdir}")
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resumed from checkpoint" in again.stdout

@@ -44,8 +44,8 @@ def test_split_seeds_returns_each_seeds_exact_arrays():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("batching", ["unrolled"])
-def test_a_batched_seed_interrupted_and_resumed_matches_its_solo_run(tmp_path, solo_run, batching):
+def test_an_unrolled_seed_interrupted_and_resumed_matches_its_solo_run(tmp_path, solo_run):
+    batching = "unrolled"
     names = ["b-lam0.05-s1", "b-lam0.05-s2"]
     configs = [plan.build_config(f"{ARM_B}:tiny", {**TINY_OVERRIDES, "train.log_every": 1, "train.ckpt_every": 100,
                                                    "seed": seed, "run_name": name})
