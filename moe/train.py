@@ -508,7 +508,10 @@ class _Stacked:
         return seeds_lib.make_seed_step(train_step_fn(graphdef, tx, config), self.seeds, self.batching)
 
     def combine(self, states: list) -> Any:
-        return seeds_lib.stack(states)
+        # Committed, as _Solo's: a fresh group's stack is uncommitted and a resumed one (restored
+        # onto the placement) is not, and the two lowered to different programs, so every
+        # resume of a seed group compiled its step again instead of reading the compile cache.
+        return jax.device_put(seeds_lib.stack(states), self.placement)
 
     def split(self, state) -> list:
         return seeds_lib.split_seeds(state, self.seeds)

@@ -4,7 +4,8 @@ Arm B at the `tiny` size on the synthetic corpus with the byte tokenizer
 (vocab 256), trained for its 12 steps by `moe.run.run` exactly as main.py does,
 so the run directory is a real one: config.json, checkpoints, traces.
 pytest makes a separate session fixture per importing module, so the run is
-kept in this module's `_SESSION` and trained once per process (xdist worker).
+kept in this module's `_SESSION`; xdist workers share one run (conftest.shared_dir:
+the first to ask trains it, the others wait and read it). Tests only read it.
 """
 
 from __future__ import annotations
@@ -32,5 +33,6 @@ def train_tiny_run(directory: pathlib.Path, arm: str = "B") -> pathlib.Path:
 def tiny_run(tmp_path_factory) -> pathlib.Path:
     """The directory of a finished tiny arm-B run."""
     if "B" not in _SESSION:
-        _SESSION["B"] = train_tiny_run(tmp_path_factory.mktemp("decode-run"))
+        from tests.conftest import shared_dir
+        _SESSION["B"] = shared_dir(tmp_path_factory, "decode-run", train_tiny_run) / "run"
     return _SESSION["B"]

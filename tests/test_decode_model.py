@@ -55,10 +55,20 @@ def restored(tiny_run):  # noqa: F811
     return run, DecodeModel(run.graphdef, run.params, run.config.model)
 
 
+_FORWARDS: dict[int, object] = {}
+
+
 def training_logits(run, tokens):
-    model = nnx.merge(run.graphdef, run.params)
-    hidden, router = model(jnp.asarray(tokens))
-    return np.asarray(model.logits(hidden)), np.asarray(router.topk)  # (B, T, V), (L, B, T, k)
+    """The training forward's logits (B, T, V) and router top-k (L, B, T, k), jitted once per run
+    (one compile per batch shape instead of one per eager op)."""
+    if id(run) not in _FORWARDS:
+        def forward(params, tokens):
+            model = nnx.merge(run.graphdef, params)
+            hidden, router = model(tokens)
+            return model.logits(hidden), router.topk
+        _FORWARDS[id(run)] = jax.jit(forward)
+    logits, topk = _FORWARDS[id(run)](run.params, jnp.asarray(tokens))
+    return np.asarray(logits), np.asarray(topk)
 
 
 def test_teacher_forced_decode_reproduces_training_logits_and_routing(restored):
@@ -74,7 +84,8 @@ def test_teacher_forced_decode_reproduces_training_logits_and_routing(restored):
 
 def test_positions_past_the_context_start_a_fresh_kv_window(restored):
     run, dm = restored
-    tokens = np.random.default_rng(1).integers(0, dm.vocab_size, (1, 2 * dm.context)).astype(np.int32)
+    # Two streams, as above, so the decode pieces and the training forward compiled there are reused.
+    tokens = np.random.default_rng(1).integers(0, dm.vocab_size, (2, 2 * dm.context)).astype(np.int32)
     result = decode(dm, InMemoryExperts(dm), prompt=tokens[:, :1], steps=2 * dm.context, mode="teacher",
                     teacher=tokens, record_logits=True)
     second, topk = training_logits(run, tokens[:, dm.context:])

@@ -41,10 +41,15 @@ def _problem(seed, n=24, d=8, f=12, e=6, k=2):
     return x, topk, gates, w
 
 
+def jitted(dispatcher, **options):
+    """A dispatcher with its static options bound, jitted: one compile, where an eager call compiles every op."""
+    return jax.jit(functools.partial(dispatcher, **options))
+
+
 @pytest.mark.parametrize("name", sorted(DISPATCHERS))
 def test_matches_per_expert_loop(name):
     x, topk, gates, w = _problem(0)
-    y, dropped = DISPATCHERS[name](x, topk, gates, w, capacity_factor=16.0)
+    y, dropped = jitted(DISPATCHERS[name], capacity_factor=16.0)(x, topk, gates, w)
     np.testing.assert_allclose(np.asarray(y), per_expert_loop(x, topk, gates, w), rtol=2e-5, atol=2e-5)
     assert int(dropped) == 0
 
@@ -83,7 +88,7 @@ def test_capacity_drops_are_counted_and_lose_their_gate_mass():
     topk = jnp.tile(jnp.array([[0, 1]]), (n, 1))
     gates = jnp.tile(jnp.array([[0.75, 0.25]]), (n, 1))
     assert expert_capacity(n, 2, e, 1.0) == 3
-    y, dropped = capacity_dispatch(x, topk, gates, w, capacity_factor=1.0)
+    y, dropped = jitted(capacity_dispatch, capacity_factor=1.0)(x, topk, gates, w)
     assert int(dropped) == 6  # tokens 3..5 lose both assignments (stable order keeps the first 3)
     ref = per_expert_loop(x, topk, gates, w)
     np.testing.assert_allclose(np.asarray(y[:3]), ref[:3], rtol=2e-5, atol=2e-5)
@@ -92,8 +97,9 @@ def test_capacity_drops_are_counted_and_lose_their_gate_mass():
 
 def test_dense_is_exactly_the_gate_weighted_sum_in_bf16_inputs():
     x, topk, gates, w = _problem(2)
-    y32, _ = dense_dispatch(x, topk, gates, w)
-    y16, _ = dense_dispatch(x.astype(jnp.bfloat16), topk, gates, ExpertWeights(*(a.astype(jnp.bfloat16) for a in w)))
+    dense = jitted(dense_dispatch)
+    y32, _ = dense(x, topk, gates, w)
+    y16, _ = dense(x.astype(jnp.bfloat16), topk, gates, ExpertWeights(*(a.astype(jnp.bfloat16) for a in w)))
     assert y16.dtype == jnp.bfloat16
     np.testing.assert_allclose(np.asarray(y16, np.float32), np.asarray(y32), rtol=0.05, atol=0.05)
 

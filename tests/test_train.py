@@ -2,7 +2,6 @@
 
 import json
 import math
-import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -101,3 +100,19 @@ def test_non_finite_loss_stops_with_last_good_checkpoint_intact(tmp_path, monkey
         train(config, tmp_path, iterator(config), log=lambda m: None)
     assert (e.value.step, e.value.checkpoint_step, e.value.workdir) == (5, 4, tmp_path)
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == before
+
+
+@pytest.mark.parametrize("members", ["solo", "seed pair"])
+def test_fresh_and_restored_states_lower_to_one_program(members):
+    """A fresh state is uncommitted, a restored one is committed to the run's device: combined for
+    the step, both must lower to the same program, or every resume compiles the step again
+    instead of reading it from the compile cache (train_runs' combine commits them)."""
+    from moe.train import _Solo, _Stacked
+
+    placement = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    group = _Solo(tiny_config()) if members == "solo" else _Stacked(2, "vmap")
+    count = 1 if members == "solo" else 2
+    fresh = [{"w": jnp.full((3,), float(s)), "step": jnp.asarray(0, jnp.int32)} for s in range(count)]
+    restored = [jax.device_put(tree, placement) for tree in fresh]
+    step = jax.jit(lambda state: jax.tree.map(lambda x: x * 2, state), donate_argnums=0)
+    assert step.lower(group.combine(fresh)).as_text() == step.lower(group.combine(restored)).as_text()
