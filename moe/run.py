@@ -33,7 +33,7 @@ from moe.data import pipeline
 from moe.config import resolve
 from moe.evaluate import evaluate_and_trace, make_eval_step, trace_split
 from moe.model import build_model, param_counts
-from moe.train import (Member, host_local, init_state, is_lead_process, make_optimizer, make_train_step, silent,
+from moe.train import (Member, SoloLayout, host_local, init_state, is_lead_process, make_optimizer, silent,
                        train_runs)
 
 
@@ -84,18 +84,31 @@ def compiled_memory(compiled) -> tuple[int, dict[str, int]]:
     return breakdown["arguments"] + breakdown["outputs"] - breakdown["aliased"] + breakdown["temporaries"], breakdown
 
 
+def abstract_train_step(config: ml_collections.ConfigDict):
+    """(the jitted train step, its abstract state, its abstract batch) of a resolved config's run.
+
+    The run's own program: its devices (a data-parallel mesh when there are
+    several) and its state committed where the run keeps it, so that compiling
+    it fills the compile cache for the run that follows, and memory figures are
+    per device.
+    """
+    tx = make_optimizer(config.optim, num_train_steps(config))
+    layout = SoloLayout(config)
+    graphdef = nnx.graphdef(nnx.eval_shape(lambda: build_model(config.model, config.seed)))
+    state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=layout.placement),
+                         jax.eval_shape(lambda: init_state(config, tx)[1]))
+    batch = {k: jax.ShapeDtypeStruct((config.train.batch_size, config.model.context + 1), jnp.int32)
+             for k in ("tokens", "domains")}
+    return layout.step_fn(graphdef, tx, config), state, batch
+
+
 def dry_run(config: ml_collections.ConfigDict) -> dict[str, Any]:
     """Builds and compiles the train step on abstract shapes; nothing is allocated or trained."""
     config = resolve(config)
-    tx = make_optimizer(config.optim, num_train_steps(config))
-    model = nnx.eval_shape(lambda: build_model(config.model, config.seed))
-    counts = param_counts(model)
-    graphdef = nnx.graphdef(model)
-    abstract_state = jax.eval_shape(lambda: init_state(config, tx)[1])
-    batch = {k: jax.ShapeDtypeStruct((config.train.batch_size, config.model.context + 1), jnp.int32)
-             for k in ("tokens", "domains")}
+    counts = param_counts(nnx.eval_shape(lambda: build_model(config.model, config.seed)))
+    step, abstract_state, batch = abstract_train_step(config)
     t0 = time.perf_counter()
-    compiled = make_train_step(graphdef, tx, config).lower(abstract_state, batch).compile()
+    compiled = step.lower(abstract_state, batch).compile()
     compile_s = time.perf_counter() - t0
     step_bytes, breakdown = compiled_memory(compiled)
     budget = int(config.device_memory_gib * 2**30)

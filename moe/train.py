@@ -451,7 +451,7 @@ class TrainResult:
         return state
 
 
-class _Solo:
+class SoloLayout:
     """One member, data parallel over every device of every process when there are several."""
 
     def __init__(self, config: ml_collections.ConfigDict):
@@ -508,7 +508,7 @@ class _Stacked:
         return seeds_lib.make_seed_step(train_step_fn(graphdef, tx, config), self.seeds, self.batching)
 
     def combine(self, states: list) -> Any:
-        # Committed, as _Solo's: a fresh group's stack is uncommitted and a resumed one (restored
+        # Committed, as SoloLayout's: a fresh group's stack is uncommitted and a resumed one (restored
         # onto the placement) is not, and the two lowered to different programs, so every
         # resume of a seed group compiled its step again instead of reading the compile cache.
         return jax.device_put(seeds_lib.stack(states), self.placement)
@@ -561,7 +561,7 @@ def train_runs(members: Sequence[Member], *, batching: str = "solo", log: Callab
     """
     members = list(members)
     ref = members[0].config
-    layout = _Solo(ref) if batching == "solo" else _Stacked(len(members), batching)
+    layout = SoloLayout(ref) if batching == "solo" else _Stacked(len(members), batching)
     if batching == "solo" and len(members) != 1:
         raise ValueError(f"solo training takes one run, got {len(members)}; stack seeds with vmap or unrolled")
     total_steps = num_train_steps(ref)

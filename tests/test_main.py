@@ -26,7 +26,8 @@ def main_py(*args, timeout=300, **kw):
 
 
 def test_dry_run_prints_sizes_and_memory():
-    proc = main_py("--config=configs/arm_b.py:tiny", "--dry_run")
+    # The config of the runs below: the step compiled here is the one they train with (compile cache).
+    proc = main_py(*TINY, "--dry_run")
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     for key in ("params_total", "params_active", "train_step_bytes", "memory_breakdown", "fits_device_memory"):

@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from cachesim import reference
 from cachesim.policies import CacheSpec, warmup_tokens
@@ -139,3 +140,25 @@ def test_shape_mismatch_is_a_clear_error():
     from cachesim.timed.engine import build_workload
     with pytest.raises(StallConfigError, match="for_trace_shape"):
         build_workload(trace, model_for(3, 4, 1), machine(), CacheSpec("lru", capacity=1))
+
+
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(0, 10**7), floor=st.sampled_from([4, 16]))
+def test_replay_shapes_are_padded_to_coarse_buckets_at_most_a_sixteenth_longer(n, floor):
+    """The replay pads steps, union columns and spec lists to these sizes (one compile per bucket)."""
+    from cachesim.timed.residency import _bucket
+
+    size = _bucket(n, floor)
+    assert size >= max(n, floor) and (size == floor or size <= n + n / 16)
+    assert _bucket(size, floor) == size  # a bucket's own size needs no more padding
+
+
+def test_a_trace_padded_to_its_bucket_replays_like_the_unpadded_one():
+    """Lengths 17 and 18 share a bucket (one compile); each equals the cachesim replay of its own length."""
+    experts = random_experts(5, layers=2, tokens=18, experts=6)
+    for tokens in (17, 18):
+        part = experts[:, :tokens]
+        unions, lengths = step_unions(part, make_step_plan(tokens, Speculation()))  # a step per token
+        got = residency_passes(unions, lengths, 6, SPECS[:4], part)
+        want = simulate([make_trace(part, 6)], SPECS[:4])[0]  # (layers, specs) demand misses
+        np.testing.assert_array_equal(np.stack([r.miss.sum(axis=(0, 2)) for r in got], axis=1), want)

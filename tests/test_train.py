@@ -107,12 +107,28 @@ def test_fresh_and_restored_states_lower_to_one_program(members):
     """A fresh state is uncommitted, a restored one is committed to the run's device: combined for
     the step, both must lower to the same program, or every resume compiles the step again
     instead of reading it from the compile cache (train_runs' combine commits them)."""
-    from moe.train import _Solo, _Stacked
+    from moe.train import SoloLayout, _Stacked
 
     placement = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    group = _Solo(tiny_config()) if members == "solo" else _Stacked(2, "vmap")
+    group = SoloLayout(tiny_config()) if members == "solo" else _Stacked(2, "vmap")
     count = 1 if members == "solo" else 2
     fresh = [{"w": jnp.full((3,), float(s)), "step": jnp.asarray(0, jnp.int32)} for s in range(count)]
     restored = [jax.device_put(tree, placement) for tree in fresh]
     step = jax.jit(lambda state: jax.tree.map(lambda x: x * 2, state), donate_argnums=0)
     assert step.lower(group.combine(fresh)).as_text() == step.lower(group.combine(restored)).as_text()
+
+
+def test_the_dry_run_lowers_the_program_the_run_trains_with():
+    """main.py --dry_run compiles the run's own step (on its committed state and its batch), so the
+    run that follows reads the step from the compile cache instead of compiling it again."""
+    from moe.run import abstract_train_step
+    from moe.train import SoloLayout, init_state, make_optimizer
+
+    config = tiny_config()
+    step, abstract_state, abstract_batch = abstract_train_step(config)
+    layout = SoloLayout(config)
+    tx = make_optimizer(config.optim, num_train_steps(config))
+    graphdef, state = init_state(config, tx)
+    batch = layout.batch([next(iterator(config))])
+    trained = layout.step_fn(graphdef, tx, config).lower(layout.combine([state]), batch).as_text()
+    assert step.lower(abstract_state, abstract_batch).as_text() == trained
