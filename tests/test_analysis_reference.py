@@ -13,7 +13,7 @@ import shutil
 import numpy as np
 import pytest
 
-from analysis import summary, tables, verdict
+from analysis import cli, summary, tables, verdict
 from analysis.cache import MetricsStore
 from analysis.runs import load_runs
 from tests.conftest import shared_dir
@@ -41,10 +41,8 @@ def reference_runs(writable_reference, tmp_path_factory):
     # The metric cache is keyed by content: the copy reads the user cache the released runs filled.
     # xdist splits this module's tests across workers; the first to get here fills the cache, the
     # others wait for it (shared_dir's lock) instead of simulating the same 33 traces again.
-    # One job: the other xdist worker already keeps the second core busy, and each extra job
-    # process pays its own JAX start-up and replay compiles.
     def load():
-        return load_runs([writable_reference[0]], store=MetricsStore(jobs=1))
+        return load_runs([writable_reference[0]], store=MetricsStore(jobs=cli.default_jobs()))
 
     shared_dir(tmp_path_factory, "reference-metrics", lambda _: load())
     return load()

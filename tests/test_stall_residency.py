@@ -143,9 +143,9 @@ def test_shape_mismatch_is_a_clear_error():
 
 
 @settings(max_examples=200, deadline=None)
-@given(n=st.integers(0, 10**7), floor=st.sampled_from([4, 16]))
+@given(n=st.integers(0, 10**7), floor=st.sampled_from([1, 16]))
 def test_replay_shapes_are_padded_to_coarse_buckets_at_most_a_sixteenth_longer(n, floor):
-    """The replay pads steps, union columns and spec lists to these sizes (one compile per bucket)."""
+    """The replay pads its steps to these lengths (one compile per bucket)."""
     from cachesim.timed.residency import _bucket
 
     size = _bucket(n, floor)
@@ -160,5 +160,5 @@ def test_a_trace_padded_to_its_bucket_replays_like_the_unpadded_one():
         part = experts[:, :tokens]
         unions, lengths = step_unions(part, make_step_plan(tokens, Speculation()))  # a step per token
         got = residency_passes(unions, lengths, 6, SPECS[:4], part)
-        want = simulate([make_trace(part, 6)], SPECS[:4])[0]  # (layers, specs) demand misses
+        want = simulate([make_trace(part, 6)], SPECS[:4], pad_tokens=18)[0]  # (layers, specs) misses
         np.testing.assert_array_equal(np.stack([r.miss.sum(axis=(0, 2)) for r in got], axis=1), want)

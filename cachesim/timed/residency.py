@@ -216,11 +216,11 @@ def _replay(unions: np.ndarray, num_experts: int, specs: list[CacheSpec],
     from cachesim.simulate import next_request_index
 
     num_steps, num_layers, width = unions.shape
-    # Padded to coarse shapes, so traces of nearby lengths and spec lists of nearby sizes share one
-    # compile: trailing steps and extra columns of -1 request nothing (and come after every real
-    # step), extra specs repeat the last one; all are cut off below.
-    steps, columns, count = _bucket(num_steps, 16), _bucket(width, 4), _bucket(len(specs), 4)
-    if (steps + 1) * columns * num_experts >= 2**31:
+    # Steps padded to a coarse bucket, so traces of nearby lengths share one compile: the trailing
+    # steps of -1 request nothing, come after every real step, and are cut off below. (Widths and
+    # spec counts stay exact: each replays per column and per spec, padding them costs work.)
+    steps = _bucket(num_steps, 16)
+    if (steps + 1) * width * num_experts >= 2**31:
         raise StallConfigError(f"{num_steps} steps x {width} requests x {num_experts} experts "
                                "overflow the cache's int32 keys; simulate a prefix (--tokens)")
     if any(spec.policy == "belady" for spec in specs):
@@ -230,13 +230,11 @@ def _replay(unions: np.ndarray, num_experts: int, specs: list[CacheSpec],
         next_use = np.zeros_like(unions)
     policies = np.array([policy_code(spec) for spec in specs], np.int32)
     capacities = np.array(capacities, np.int32)
-    pad = ((0, steps - num_steps), (0, 0), (0, columns - width))
+    pad = ((0, steps - num_steps), (0, 0), (0, 0))
     unions = np.pad(unions.astype(np.int32), pad, constant_values=-1)
     next_use = np.pad(next_use, pad)
-    policies, capacities = (np.pad(a, (0, count - len(specs)), mode="edge") for a in (policies, capacities))
     miss, resident = _replay_fn()(unions, next_use, policies, capacities, np.int32(num_steps), num_experts=num_experts)
-    return (np.asarray(miss)[:len(specs), :num_steps, :, :width],
-            np.asarray(resident)[:len(specs), :num_steps])
+    return np.asarray(miss)[:, :num_steps], np.asarray(resident)[:, :num_steps]
 
 
 def _bucket(n: int, floor: int) -> int:
