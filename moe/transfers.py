@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
+import jax
 import ml_collections
 import numpy as np
 from flax import nnx
@@ -25,7 +26,7 @@ from flax import nnx
 from cachesim.policies import CacheSpec, capacity_from_fraction
 from moe.data import DOMAINS
 from moe.data import pipeline
-from moe.finetune import FinetuneError, load_base_params
+from moe.finetune import FinetuneError, initial_params, load_base_params
 from moe.model import build_model
 from moe.predictor import (RoutedSequences, expert_counts, fit_predictor, make_route_fn, predict_scores,
                            prior_scores, recall_and_coverage, route_sequences, top_c)
@@ -96,6 +97,21 @@ def model_transfers(train: RoutedSequences, held: RoutedSequences, domains: list
             "transfers": transfers}
 
 
+def base_as_step_zero(config: ml_collections.ConfigDict, base: ml_collections.ConfigDict,
+                      like: nnx.State) -> nnx.State:
+    """The base model in the fine-tuned model's structure: the fine-tuning run's step 0.
+
+    Its adapters have B = 0 and its frozen router is the router, so it computes
+    exactly the base model's function (W + s·A·0 is W; tested bit for bit), and
+    placed like ``like`` (the fine-tuned params) it runs through the same
+    compiled program: the study compiles its routing pass once, not once per
+    model.
+    """
+    _, _, base_params = load_base_params(config.init_from, base)
+    start = initial_params(nnx.split(build_model(config.model, config.seed), nnx.Param)[1], base_params)
+    return jax.tree.map(lambda x, ref: jax.device_put(x, ref.sharding), start, like)
+
+
 def transfer_study(config: ml_collections.ConfigDict, graphdef, params: nnx.State,
                    base: ml_collections.ConfigDict, log: Callable[[str], None]) -> dict[str, Any]:
     """Base vs fine-tuned: predictor recall and expert transfers per layer per sequence (MELINOE's figure)."""
@@ -105,16 +121,14 @@ def transfer_study(config: ml_collections.ConfigDict, graphdef, params: nnx.Stat
     capacity = capacity_from_fraction(pc.capacity_frac, num_experts)
     train_tokens = _training_windows(config, pc.train_windows)
     held_tokens, domains = _held_out_windows(config)
-    _, base_model_cfg, base_params = load_base_params(config.init_from, base)
-    base_graphdef = nnx.graphdef(nnx.eval_shape(lambda: build_model(base_model_cfg, config.seed)))
     out: dict[str, Any] = {
         "capacity": capacity, "prompt_len": prompt_len, "continuation_len": config.model.context - prompt_len,
         "train_sequences": int(train_tokens.shape[0]), "eval_sequences": int(held_tokens.shape[0]),
         "representation": REPRESENTATION, "policies": list(STUDY_POLICIES), "init_from": config.init_from,
         "models": {},
     }
-    for name, (gdef, p) in (("base", (base_graphdef, base_params)), ("finetuned", (graphdef, params))):
-        route_fn = make_route_fn(gdef, config, prompt_len)
+    route_fn = make_route_fn(graphdef, config, prompt_len)
+    for name, p in (("base", base_as_step_zero(config, base, params)), ("finetuned", params)):
         routed = [route_sequences(route_fn, p, tokens, batch_size=config.eval.batch_size, prompt_len=prompt_len)
                   for tokens in (train_tokens, held_tokens)]
         report = model_transfers(*routed, domains, num_experts, capacity, pc, config.seed)

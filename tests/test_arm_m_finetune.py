@@ -16,10 +16,11 @@ from arm_m_fixtures import BASE_STEP, arm_m_config, make_base_run
 from cachesim.trace import load_trace
 from configs.base import num_train_steps
 from losses.melinoe import melinoe_losses
-from moe import checkpoint, finetune
+from moe import checkpoint, finetune, transfers
 from moe.data import pipeline
 from moe.lora import count_params
 from moe.model import build_model
+from moe.predictor import make_route_fn
 from moe.config import resolve
 from moe.run import run
 from moe.model import REMAT_POLICIES
@@ -83,6 +84,30 @@ def test_fine_tuning_starts_exactly_at_the_base_model(base_run):
     np.testing.assert_array_equal(hidden, base_hidden)  # B = 0 adapters: W + s·A·0 is exactly W
     np.testing.assert_array_equal(router.probs, base_router.probs)
     np.testing.assert_array_equal(router.base_probs, router.probs)  # the frozen copy is the router
+
+
+def test_the_transfer_study_routes_the_base_as_step_zero_through_the_fine_tuned_program(base_run):
+    """Both models of the study share one compiled routing pass, and the base's outputs through it
+    are exactly those of the base run's own model (its adapters B = 0, its frozen router the router)."""
+    run_dir, base_config, base_state = base_run
+    config = resolve(arm_m_config(run_dir))
+    graphdef, params = fresh_start(config, base_config, base_state["params"])
+    rng = np.random.default_rng(2)
+    # B != 0, committed to the device as a trained state is
+    tuned = jax.device_put(jax.tree.map(lambda x: x + 0.01 * rng.standard_normal(x.shape).astype(x.dtype), params),
+                           jax.devices()[0])
+    base = transfers.base_as_step_zero(config, base_config, tuned)
+    assert jax.tree.structure(base) == jax.tree.structure(tuned)
+    assert [x.sharding for x in jax.tree.leaves(base)] == [x.sharding for x in jax.tree.leaves(tuned)]
+    tokens = jnp.asarray(rng.integers(0, config.model.vocab_size, (2, 17)), jnp.int32)
+    route = make_route_fn(graphdef, config, prompt_len=4)
+    got, tuned_out = route(base, tokens), route(tuned, tokens)
+    assert route._cache_size() == 1
+    base_graphdef = nnx.graphdef(nnx.eval_shape(lambda: build_model(base_config.model, base_config.seed)))
+    want = make_route_fn(base_graphdef, config, prompt_len=4)(base_state["params"], tokens)
+    for key in ("features", "topk", "ce"):
+        np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+    assert not np.array_equal(tuned_out["ce"], want["ce"])
 
 
 def test_melinoe_terms_reach_routers_only_through_p_and_never_the_base_router(base_run):
