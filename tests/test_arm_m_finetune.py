@@ -102,7 +102,7 @@ def test_the_transfer_study_routes_the_base_as_step_zero_through_the_fine_tuned_
     tokens = jnp.asarray(rng.integers(0, config.model.vocab_size, (2, 17)), jnp.int32)
     route = make_route_fn(graphdef, config, prompt_len=4)
     got, tuned_out = route(base, tokens), route(tuned, tokens)
-    assert route._cache_size() == 1
+    assert route._cache_size() == 1  # jit's count of the programs it compiled: one for both models
     base_graphdef = nnx.graphdef(nnx.eval_shape(lambda: build_model(base_config.model, base_config.seed)))
     want = make_route_fn(base_graphdef, config, prompt_len=4)(base_state["params"], tokens)
     for key in ("features", "topk", "ce"):
