@@ -55,19 +55,16 @@ def restored(tiny_run):  # noqa: F811
     return run, DecodeModel(run.graphdef, run.params, run.config.model)
 
 
-_FORWARDS: dict[int, object] = {}
+@nnx.jit
+def _forward(model, tokens):
+    """The training forward, jitted (one compile per model and batch shape, not one per eager op)."""
+    hidden, router = model(tokens)
+    return model.logits(hidden), router.topk
 
 
 def training_logits(run, tokens):
-    """The training forward's logits (B, T, V) and router top-k (L, B, T, k), jitted once per run
-    (one compile per batch shape instead of one per eager op)."""
-    if id(run) not in _FORWARDS:
-        def forward(params, tokens):
-            model = nnx.merge(run.graphdef, params)
-            hidden, router = model(tokens)
-            return model.logits(hidden), router.topk
-        _FORWARDS[id(run)] = jax.jit(forward)
-    logits, topk = _FORWARDS[id(run)](run.params, jnp.asarray(tokens))
+    """The training forward's logits (B, T, V) and router top-k (L, B, T, k)."""
+    logits, topk = _forward(nnx.merge(run.graphdef, run.params), jnp.asarray(tokens))
     return np.asarray(logits), np.asarray(topk)
 
 
