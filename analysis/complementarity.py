@@ -26,8 +26,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from analysis import summary
 from analysis.runs import AnalysisError, Run, read_json
 from moe import rundir
@@ -94,17 +92,10 @@ def reference_points(points: Sequence[Mapping[str, Any]], tau: float,
     return out
 
 
-def _seed_mean(values: Sequence[float | None]) -> float | None:
-    """Mean over seeds; None when any seed lacks the value (a partial mean would mislead)."""
-    if not values or any(v is None for v in values):
-        return None
-    return float(np.mean(values))
-
-
 def _mean_points(group: Sequence[Run], frontiers: Mapping[str, Sequence[Mapping[str, Any]]], tau: float,
                  fraction: float) -> dict[str, float | None]:
     found = [reference_points(frontiers[r.name], tau, str(r.path / FRONTIER_FILE)).get(fraction) for r in group]
-    return {key: _seed_mean([f[key] if f else None for f in found]) for key, _ in _FIELDS}
+    return {key: summary.seed_mean([f[key] if f else None for f in found]) for key, _ in _FIELDS}
 
 
 def _config_groups(runs: Sequence[Run], frontiers: Mapping[str, Any], arm: str) -> list[list[Run]]:

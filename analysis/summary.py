@@ -35,6 +35,8 @@ from typing import Any
 import numpy as np
 
 from analysis.runs import Run
+from cachesim.metrics import COLLAPSE_THRESHOLD
+from moe import baselines
 
 # Cache fractions are the keys paper_metrics uses (capacity = ceil(frac * E)).
 _CACHE_FIELDS = {
@@ -47,9 +49,8 @@ _CACHE_FIELDS = {
 }
 # The per-domain / per-run cache metric keys in table order.
 METRIC_KEYS = ("reuse", *_CACHE_FIELDS, "collapsed")
-# Usage below this fraction of tokens counts as a collapsed expert (SPEC §6); equal to
-# cachesim.metrics.COLLAPSE_THRESHOLD (a test checks), kept here so tables need no JAX import.
-COLLAPSE_USAGE = 0.01
+# Usage below this fraction of tokens counts as a collapsed expert (SPEC §6): cachesim's one threshold.
+COLLAPSE_USAGE = COLLAPSE_THRESHOLD
 # Config keys that distinguish arm-M configurations beyond λ and μ.
 ARM_M_KEYS = ("lambda_cs", "lambda_rm", "gamma", "cache_capacity")
 # What an arm-M run was fine-tuned from: runs from different bases are different configurations.
@@ -114,8 +115,29 @@ class Baseline:
 
 
 def matching_baseline_runs(run: Run, runs: Sequence[Run]) -> list[Run]:
-    """Complete arm-A runs with the same token budget and model size as ``run``."""
-    return [r for r in runs if r.arm == "A" and r.complete and r.tokens == run.tokens and r.size == run.size]
+    """Complete arm-A runs with the same token budget and model size as ``run`` (moe.baselines' rule)."""
+    return [r for r in runs if r.complete
+            and baselines.is_arm_a_match(r.arm, r.size, r.tokens, of_size=run.size, of_tokens=run.tokens)]
+
+
+def paired_baseline_run(run: Run, runs: Sequence[Run]) -> Run | None:
+    """The run ``run`` is compared with seed for seed: arm A of its seed (same batches), an arm-M run's base.
+
+    None for arm A itself (it is the baseline) and where no such run exists (the pooled baseline then
+    stands alone, and the tables say so).
+    """
+    if run.finetuned:
+        return base_run_lookup(run, runs)[0]
+    if run.arm == "A":
+        return None
+    return baselines.same_seed(matching_baseline_runs(run, runs), run.seed, lambda r: r.seed)
+
+
+def seed_mean(values: Sequence[float | None]) -> float | None:
+    """Mean over seeds; None when any seed lacks the value (a partial mean would mislead)."""
+    if not values or any(v is None for v in values):
+        return None
+    return float(np.mean(values))
 
 
 def make_baseline(baseline_runs: Sequence[Run]) -> Baseline | None:

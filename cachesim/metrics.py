@@ -13,10 +13,10 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from cachesim.policies import CacheSpec, exact_decimal
-from cachesim.simulate import simulate
 from cachesim.trace import Trace, TraceError
 
-# Experts used by fewer than this fraction of tokens count as collapsed.
+# Experts used by fewer than this fraction of tokens count as collapsed (SPEC §6, §9): the one
+# threshold; analysis imports it (this module stays JAX-free at import, the simulator loads on use).
 COLLAPSE_THRESHOLD = 0.01
 PAPER_FRACTIONS = ("0.125", "0.25", "0.5")
 # Name in paper_metrics -> spec at a given capacity fraction.
@@ -126,6 +126,8 @@ def cache_table(traces: Sequence[Trace], specs: Sequence[CacheSpec],
     """Per trace, per spec: capacity, misses, misses_per_token, hit_rate,
     with the selected layers summed (the capacity is the cache's: per layer,
     or the global budget)."""
+    from cachesim.simulate import simulate  # JAX: loaded on first simulation, not on import
+
     out = []
     for trace, misses in zip(traces, simulate(traces, specs, layers=layers, fits=fits)):
         num_layers = misses.shape[0]

@@ -74,7 +74,7 @@ import numpy as np
 
 from cachesim.cli_util import CLI, progress
 from cachesim.policies import ROUNDING_MODES, capacity_from_fraction, parse_capacities
-from moe import rundir
+from moe import baselines, rundir
 from moe.cache_aware.reroute import CACHE_POLICIES, RerouteError, Setting
 
 SCHEMA = 1
@@ -155,7 +155,8 @@ def load_model(run: Run) -> tuple[Any, Any, Any, int]:
 def find_arm_a(run: Run, given: Sequence[Run], explicit: Run | None) -> tuple[Run | None, str]:
     """The arm-A run to compare `run` against, and a note saying how it was found (or why not)."""
     def matches(other: Run) -> bool:
-        return other.arm == "A" and other.size == run.size and other.record.get("tokens") == run.record.get("tokens")
+        return baselines.is_arm_a_match(other.arm, other.size, other.record.get("tokens"), of_size=run.size,
+                                        of_tokens=run.record.get("tokens"))
 
     if explicit is not None:
         note = "given with --arm-a"
@@ -165,9 +166,10 @@ def find_arm_a(run: Run, given: Sequence[Run], explicit: Run | None) -> tuple[Ru
         return explicit, note
     if run.arm == "A":
         return run, "this run is arm A"
-    for other in given:
-        if matches(other):
-            return other, "an arm-A run among the --run directories"
+    found = [other for other in given if matches(other)]
+    paired = baselines.same_seed(found, run.record.get("seed"), lambda r: r.record.get("seed"))
+    if found:  # arm A of the run's own seed (same batches) where there is one
+        return paired or found[0], "an arm-A run among the --run directories"
     seen = {r.path.resolve() for r in given}
     for parent in dict.fromkeys(r.path.resolve().parent for r in given):
         for sibling in sorted(p for p in parent.iterdir() if p.is_dir() and p.resolve() not in seen):
