@@ -144,7 +144,7 @@ def ablation_rows(runs: Sequence[Run], studies: Mapping[str, Mapping[str, Any]])
             "runs": [r.name for r in group], "baseline": list(base.runs) if base else None,
             "ppl": ppl, "base_ppl": base.ppl if base else None,
             "delta_ppl": summary.relative_change(ppl, base.ppl) if base else None,
-            "lfu_transfers": summary.seed_mean([studies[r.name]["finetuned"]["transfers"] if r.name in studies else None
+            "lfu_transfers": summary.complete_mean([studies[r.name]["finetuned"]["transfers"] if r.name in studies else None
                                          for r in group]),
             "lru_miss_25": miss, "base_lru_miss_25": base_miss,
             "miss_reduction_25": 1.0 - miss / base_miss if base_miss else None,

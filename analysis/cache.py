@@ -37,7 +37,7 @@ from analysis.progress import progress
 from moe import rundir
 
 # Bump when the cached fields or the metric semantics they come from change.
-CACHE_VERSION = 2
+CACHE_VERSION = 3
 ENV_CACHE_DIR = "CACHEABLE_MOE_CACHE"
 
 
@@ -158,11 +158,14 @@ def window_misses(trace: Any, paper_metrics: dict[str, Any], segment_tokens: int
     return entry
 
 
-def compute_trace_facts(trace_path: str | os.PathLike, segment_tokens: int | None = None) -> dict[str, Any]:
+def compute_trace_facts(trace_path: str | os.PathLike, segment_tokens: int | None = None,
+                        fit_path: str | os.PathLike | None = None) -> dict[str, Any]:
     """Everything analysis needs from one trace, as plain JSON-able values.
 
     ``segment_tokens``: the run's evaluation window length, for the per-window
-    misses (None: not computed). cachesim (and with it JAX) is imported here,
+    misses (None: not computed). ``fit_path``: the domain's training-split trace
+    (``trace_<d>_train.npz``): paper_metrics then scores the out-of-sample pin
+    (``static_train``) exactly as the run's metrics.json does (one code path). cachesim (and with it JAX) is imported here,
     not at module level: a warm table rebuild reads cached JSON only and should
     not pay JAX's start-up.
     """
@@ -171,7 +174,8 @@ def compute_trace_facts(trace_path: str | os.PathLike, segment_tokens: int | Non
     from cachesim import trace as cs_trace
 
     trace = cs_trace.load_trace(trace_path)
-    paper = cs_metrics.paper_metrics(trace)
+    fit = cs_trace.load_trace(fit_path) if fit_path is not None else None
+    paper = cs_metrics.paper_metrics(trace, fit=fit)
     facts = {"paper_metrics": paper,
              "expert_counts": np.asarray(cs_metrics.expert_counts(trace), dtype=np.int64).tolist()}
     windows = window_misses(trace, paper, segment_tokens)
@@ -267,15 +271,22 @@ class MetricsStore:
             self._memo[sha] = _facts(entry)
         return self._memo[sha]
 
-    def trace_facts(self, traces: Mapping[str, Path], segment_tokens: int | None = None
-                    ) -> dict[str, dict[str, Any]]:
+    def key(self, path: str | os.PathLike, fit: str | os.PathLike | None = None) -> str:
+        """The cache key of a trace's facts: its SHA-256, or with a fit trace the SHA-256 of both hashes."""
+        sha = self.sha256(path)
+        return sha if fit is None else hashlib.sha256(f"{sha}+fit:{self.sha256(fit)}".encode()).hexdigest()
+
+    def trace_facts(self, traces: Mapping[str, Path], segment_tokens: int | None = None,
+                    fits: Mapping[str, Path] | None = None) -> dict[str, dict[str, Any]]:
         """``{domain: facts}`` for the traces of one run (computing what is missing).
 
         ``segment_tokens``: the run's evaluation window length, for the facts'
-        ``window_misses`` (None: not needed).
+        ``window_misses`` (None: not needed). ``fits``: ``{domain: training-split
+        trace}`` for the out-of-sample static pin (domains without one: in-sample only).
         """
-        self.prefetch([(traces, segment_tokens)])
-        return {domain: self._memo[self.sha256(path)] for domain, path in traces.items()}
+        fits = fits or {}
+        self.prefetch([(traces, segment_tokens, fits)])
+        return {domain: self._memo[self.key(path, fits.get(domain))] for domain, path in traces.items()}
 
     def reuse_by_lag(self, trace_path: Path) -> dict[str, float]:
         """The trace's reuse-vs-lag curve, computed on first use and added to its cache entry.
@@ -287,27 +298,31 @@ class MetricsStore:
         facts = self.trace_facts({"": trace_path})[""]
         if not isinstance(facts.get("reuse_by_lag"), dict):
             facts = {**facts, "reuse_by_lag": compute_reuse_by_lag(trace_path)}
-            sha = self.sha256(trace_path)
+            sha = self.key(trace_path)
             self._memo[sha] = facts
             self._persist(sha, facts)
         return facts["reuse_by_lag"]
 
-    def prefetch(self, jobs: Sequence[tuple[Mapping[str, Path], int | None]]) -> None:
+    def prefetch(self, jobs: Sequence[tuple[Mapping[str, Path], int | None] |
+                                      tuple[Mapping[str, Path], int | None, Mapping[str, Path]]]) -> None:
         """Makes sure every listed trace's facts are memoised, computing the missing ones.
 
-        ``jobs``: (``{domain: trace path}``, evaluation window tokens or None) per
-        run. Each result is stored as soon as it is computed, so an interrupted
+        ``jobs``: (``{domain: trace path}``, evaluation window tokens or None[,
+        ``{domain: training-split trace}``]) per run. Each result is stored as soon as it is computed, so an interrupted
         cold run keeps what it finished. Identical trace contents (copied runs)
         are computed once.
         """
-        todo: dict[str, tuple[Path, int | None]] = {}  # sha -> (a trace path, window tokens) lacking facts
-        for traces, segment_tokens in jobs:
-            for path in traces.values():
-                sha = self.sha256(path)
+        todo: dict[str, tuple[Path, int | None, Path | None]] = {}  # key -> (trace, window tokens, fit) lacking facts
+        for traces, segment_tokens, *fits in jobs:
+            fits = fits[0] if fits else {}
+            for domain, path in traces.items():
+                fit = fits.get(domain)
+                sha = self.key(path, fit)
                 known = self._lookup(sha)
                 if known is None or not has_windows(known, segment_tokens):
-                    previous = todo.get(sha, (Path(path), None))[1]
-                    todo[sha] = (Path(path), segment_tokens if segment_tokens is not None else previous)
+                    previous = todo.get(sha, (Path(path), None, None))[1]
+                    todo[sha] = (Path(path), segment_tokens if segment_tokens is not None else previous,
+                                 None if fit is None else Path(fit))
         for sha, facts in self._compute(todo):
             # Keep what a figure added before (reuse_by_lag) when only the windows were missing.
             facts = {**(self._memo.get(sha) or {}), **facts}
@@ -315,22 +330,23 @@ class MetricsStore:
             self._persist(sha, facts)
 
     # -- compute and store ----------------------------------------------------------------
-    def _compute(self, todo: Mapping[str, tuple[Path, int | None]]) -> Iterator[tuple[str, dict[str, Any]]]:
+    def _compute(self, todo: Mapping[str, tuple[Path, int | None, Path | None]]
+                 ) -> Iterator[tuple[str, dict[str, Any]]]:
         """Yields (sha, facts) for each trace as it finishes (in worker processes if jobs > 1), with progress."""
         if not todo:
             return
         self.computed += len(todo)
         with progress("cache metrics (cachesim)", len(todo), unit="traces", console=self.console) as advance:
             if self.jobs == 1 or len(todo) <= 1:
-                for sha, (path, segment_tokens) in todo.items():
-                    yield sha, compute_trace_facts(path, segment_tokens)
+                for sha, (path, segment_tokens, fit) in todo.items():
+                    yield sha, compute_trace_facts(path, segment_tokens, fit)
                     advance()
                 return
             ctx = multiprocessing.get_context("spawn")
             pool = concurrent.futures.ProcessPoolExecutor(min(self.jobs, len(todo)), mp_context=ctx)
             try:
-                futures = {pool.submit(compute_trace_facts, path, segment_tokens): sha
-                           for sha, (path, segment_tokens) in todo.items()}
+                futures = {pool.submit(compute_trace_facts, path, segment_tokens, fit): sha
+                           for sha, (path, segment_tokens, fit) in todo.items()}
                 for future in concurrent.futures.as_completed(futures):
                     yield futures[future], future.result()
                     advance()

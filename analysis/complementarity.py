@@ -95,7 +95,7 @@ def reference_points(points: Sequence[Mapping[str, Any]], tau: float,
 def _mean_points(group: Sequence[Run], frontiers: Mapping[str, Sequence[Mapping[str, Any]]], tau: float,
                  fraction: float) -> dict[str, float | None]:
     found = [reference_points(frontiers[r.name], tau, str(r.path / FRONTIER_FILE)).get(fraction) for r in group]
-    return {key: summary.seed_mean([f[key] if f else None for f in found]) for key, _ in _FIELDS}
+    return {key: summary.complete_mean([f[key] if f else None for f in found]) for key, _ in _FIELDS}
 
 
 def _config_groups(runs: Sequence[Run], frontiers: Mapping[str, Any], arm: str) -> list[list[Run]]:

@@ -94,6 +94,25 @@ def seed_spread(values: Sequence[float]) -> Spread | None:
     return Spread(len(values), float(np.mean(values)), float(np.std(values, ddof=1)), min(values), max(values))
 
 
+def seed_interval(deltas: Sequence[float], confidence: float = CONFIDENCE) -> Interval:
+    """Student-t interval of the mean of per-seed (seed-paired) effects: it covers training noise.
+
+    Why t and not a bootstrap over seeds: with the 2-3 seeds a study affords, a
+    seed bootstrap has at most n^n distinct resamples and its percentile
+    interval cannot be wider than the seeds' range, so it understates the
+    spread; the t-interval widens honestly with few seeds (t(0.975, 1) = 12.7).
+    It does not add the evaluation windows' noise (the window interval does).
+    """
+    from scipy import stats
+
+    values = [float(v) for v in deltas if v is not None and math.isfinite(v)]
+    if len(values) < 2:
+        return Interval(None, None, f"{len(values)} seed: a seed-level interval needs 2 or more")
+    mean, sem = float(np.mean(values)), float(np.std(values, ddof=1)) / math.sqrt(len(values))
+    half = float(stats.t.ppf(0.5 + confidence / 2, len(values) - 1)) * sem
+    return Interval(mean - half, mean + half)
+
+
 # -- the bootstrap --------------------------------------------------------------------------------
 def resampled_means(values: np.ndarray, indices: np.ndarray) -> np.ndarray:
     """(C, R) means of C series over each of R resamples of their N windows.
@@ -157,6 +176,15 @@ def miss_reduction(means: Mapping[str, np.ndarray], targets: Sequence[int], base
     return 1.0 - mean_misses(means, targets) / mean_misses(means, baselines)
 
 
+def _paired(statistic: Statistic) -> Statistic:
+    """The mean over seed pairs (target i vs baseline i) of ``statistic``: the seed-paired effect."""
+    def paired(means: Mapping[str, np.ndarray], targets: Sequence[int], baselines: Sequence[int]) -> np.ndarray:
+        if len(targets) != len(baselines):
+            raise ValueError(f"a paired comparison needs one baseline per target ({len(targets)} vs {len(baselines)})")
+        return np.mean([statistic(means, [t], [b]) for t, b in zip(targets, baselines)], axis=0)
+    return paired
+
+
 # -- per-window series of runs --------------------------------------------------------------------
 def window_ce(run: Run) -> tuple[dict[str, np.ndarray] | None, str]:
     """({domain: (N,) mean CE per window}, "") or (None, why not)."""
@@ -214,24 +242,27 @@ def _shared_layout(runs: Sequence[Run], series: Mapping[Path, tuple[dict[str, np
     return layouts.pop(), None
 
 
-def comparison_intervals(comparisons: Sequence[tuple[Sequence[Run], Sequence[Run]]]) -> list[ComparisonIntervals]:
-    """ΔPPL and LRU miss-reduction intervals for each (target runs, baseline runs) comparison.
+def comparison_intervals(comparisons: Sequence[tuple[Sequence[Run], Sequence[Run]] |
+                                             tuple[Sequence[Run], Sequence[Run], bool]]) -> list[ComparisonIntervals]:
+    """ΔPPL and LRU miss-reduction intervals for each (target runs, baseline runs[, paired]) comparison.
 
     Targets are one run or a configuration's seeds; baselines the runs they
-    are compared with (arm A's seeds, or an arm-M run's base). Where per-window
+    are compared with (arm A's seeds, or an arm-M run's base). ``paired``:
+    target i is compared with baseline i (its own seed) and the statistic is
+    the mean over the pairs of each pair's statistic. Where per-window
     data is missing or the runs' windows differ, the interval has no bounds and
     its note says why. Comparisons whose runs share a window layout are
     bootstrapped in one call (see the module's docstring).
     """
     series = {kind: {} for kind in STATISTICS}  # kind -> {run path: (series or None, note)}
-    for targets, baselines in comparisons:
+    for targets, baselines, *_ in comparisons:
         for run in (*targets, *baselines):
             for kind, (series_of, _) in STATISTICS.items():
                 if run.path.resolve() not in series[kind]:
                     series[kind][run.path.resolve()] = series_of(run)
     found: dict[tuple[int, str], Interval] = {}
     groups: dict[tuple, list[tuple[int, str]]] = {}
-    for i, (targets, baselines) in enumerate(comparisons):
+    for i, (targets, baselines, *_) in enumerate(comparisons):
         for kind in STATISTICS:
             if not targets or not baselines:
                 found[i, kind] = Interval(None, None, "no baseline")
@@ -257,7 +288,8 @@ def _bootstrap_group(layout: tuple, members: Sequence[tuple[int, str]],
             rows.setdefault((kind, run.path.resolve()), len(rows))
     order = sorted(rows, key=rows.get)
     per_domain = {d: np.stack([series[kind][path][0][d] for kind, path in order]) for d, _ in layout}
-    tasks = [(STATISTICS[kind][1], [rows[kind, r.path.resolve()] for r in comparisons[i][0]],
+    tasks = [(_paired(STATISTICS[kind][1]) if len(comparisons[i]) > 2 and comparisons[i][2] else STATISTICS[kind][1],
+              [rows[kind, r.path.resolve()] for r in comparisons[i][0]],
               [rows[kind, r.path.resolve()] for r in comparisons[i][1]]) for i, kind in members]
 
     def statistics(means: Mapping[str, np.ndarray]) -> np.ndarray:

@@ -141,67 +141,78 @@ def sweep_wall_s(root: Path) -> float | None:
 
 
 # -- findings (pure) ------------------------------------------------------------------------------
-def _b_by_lambda(comp: pd.DataFrame) -> pd.DataFrame:
-    """Arm-B rows with a baseline, one per λ: seed means of both statistics and the first seed's CIs."""
-    b = comp[(comp["arm"] == "B") & comp["delta_ppl"].notna()].sort_values(["lam", "seed"])
-    rows = []
-    for lam, group in b.groupby("lam", sort=True):
-        first = group.iloc[0]
-        rows.append({"lam": lam, "seeds": len(group), "delta_ppl": group["delta_ppl"].mean(),
-                     "miss_reduction": group["miss_reduction_25"].mean(),
-                     "delta_ppl_ci": (first["delta_ppl_ci_low"], first["delta_ppl_ci_high"]),
-                     "miss_ci": (first["miss_reduction_25_ci_low"], first["miss_reduction_25_ci_high"]),
-                     "run": first["run"]})
-    return pd.DataFrame(rows)
+def _rq1_b(results: Sequence[verdict.CriterionResult]) -> list[verdict.CriterionResult]:
+    """The verdict's judged arm-B RQ1 configurations of the budget with most λ values, ordered by λ."""
+    judged = [r for r in results if r.criterion == "RQ1" and r.verdict != "NO BASELINE" and r.config.startswith("B ")]
+    budgets: dict[str, list[verdict.CriterionResult]] = {}
+    for r in judged:
+        budgets.setdefault(" ".join(r.config.split(" ")[-2:]), []).append(r)  # "<tokens> <size>"
+    if not budgets:
+        return []
+    chosen = max(budgets.values(), key=len)
+    return sorted(chosen, key=lambda r: float(r.config.split(" ")[1].removeprefix("λ=")))
 
 
-def dose_response_finding(comp: pd.DataFrame) -> Finding:
+def _lam(r: verdict.CriterionResult) -> str:
+    return r.config.split(" ")[1]
+
+
+def _judged_ci(g: verdict.Gate, digits: int = 1) -> str:
+    """The interval the verdict judged the gate at, labelled (it always contains the point it is printed beside)."""
+    if g.interval is None:
+        return "no interval"
+    kind = "seed-level t" if g.seed_ci is not None else "window bootstrap"
+    return f"95% CI [{_pct(g.interval[0], digits)}, {_pct(g.interval[1], digits)}], {kind}"
+
+
+def dose_response_finding(results: Sequence[verdict.CriterionResult]) -> Finding:
     claim = "The dose-response is monotone: a larger λ gives fewer misses and a higher PPL."
-    b = _b_by_lambda(comp)
+    b = _rq1_b(results)
     if len(b) < 2:
         return Finding(claim, "not tested", "fewer than two λ values of arm B with an arm-A baseline")
-    misses_up = bool((b["miss_reduction"].diff().dropna() > 0).all())
-    ppl_up = bool((b["delta_ppl"].diff().dropna() > 0).all())
-    steps = " → ".join(f"λ={r.lam:g}: miss red. {_pct(r.miss_reduction)} ({_ci(*r.miss_ci)}), "
-                       f"ΔPPL {_pct(r.delta_ppl, 2)} ({_ci(*r.delta_ppl_ci, 2)})" for r in b.itertuples())
-    # Adjacent λ steps whose intervals do not overlap: the increase is resolved at 95%.
-    separated = sum(1 for lo, hi in zip(b.itertuples(), list(b.itertuples())[1:])
-                    if not math.isnan(hi.miss_ci[0]) and not math.isnan(lo.miss_ci[1]) and hi.miss_ci[0] > lo.miss_ci[1])
+    miss = [r.metric_gate for r in b]
+    ppl = [r.quality_gate for r in b]
+    misses_up = all(hi.point > lo.point for lo, hi in zip(miss, miss[1:]))
+    ppl_up = all(hi.point > lo.point for lo, hi in zip(ppl, ppl[1:]))
+    steps = " → ".join(f"{_lam(r)} ({len(r.runs)} seed{'s' if len(r.runs) > 1 else ''}, {r.pairing}-paired): "
+                       f"miss red. {_pct(r.metric_gate.point)} ({_judged_ci(r.metric_gate)}), "
+                       f"ΔPPL {_pct(r.quality_gate.point, 2)} ({_judged_ci(r.quality_gate, 2)})" for r in b)
+    # A step is separated when every seed of the larger λ lies above every seed of the smaller one
+    # and the intervals the verdict judges at do not overlap.
+    separated = sum(1 for lo, hi in zip(miss, miss[1:])
+                    if min(hi.per_seed) > max(lo.per_seed) and hi.interval is not None and lo.interval is not None
+                    and hi.interval[0] > lo.interval[1])
     status = ("replicates" if misses_up and ppl_up else "partly replicates" if misses_up or ppl_up
               else "does not replicate")
     words = (f"misses fall monotonically with λ: {'yes' if misses_up else 'no'}; PPL rises monotonically: "
              f"{'yes' if ppl_up else 'no'}; {separated} of {len(b) - 1} adjacent λ steps in miss reduction are "
-             f"separated at 95% (seed-mean points, first-seed CIs). {steps}.")
+             f"separated at 95% (every seed above every seed of the smaller λ, and the intervals apart). "
+             f"Seed means of the seed-paired effects, each beside the interval it was judged at. {steps}.")
     return Finding(claim, status, words)
 
 
-def gates_finding(comp: pd.DataFrame) -> Finding:
+def gates_finding(results: Sequence[verdict.CriterionResult]) -> Finding:
     claim = (f"The gates are coupled: no λ meets both the miss gate (≥ {verdict.RQ1_MIN_MISS_REDUCTION:.0%} fewer "
              f"LRU misses @25%) and the quality gate (ΔPPL ≤ +{verdict.RQ1_MAX_PPL_COST:.0%}).")
-    b = _b_by_lambda(comp)
-    if b.empty:
+    b = _rq1_b(results)
+    if not b:
         return Finding(claim, "not tested", "no arm-B run with an arm-A baseline")
-    parts, both, both_at_bound = [], [], []
-    for r in b.itertuples():
-        miss = r.miss_reduction >= verdict.RQ1_MIN_MISS_REDUCTION
-        ppl = r.delta_ppl <= verdict.RQ1_MAX_PPL_COST
-        miss_b = not math.isnan(r.miss_ci[0]) and r.miss_ci[0] >= verdict.RQ1_MIN_MISS_REDUCTION
-        ppl_b = not math.isnan(r.delta_ppl_ci[1]) and r.delta_ppl_ci[1] <= verdict.RQ1_MAX_PPL_COST
-        parts.append(f"λ={r.lam:g}: miss gate {'met' if miss else 'missed'}, quality gate {'met' if ppl else 'missed'}")
-        if miss and ppl:
-            both.append(r.lam)
-        if miss_b and ppl_b:
-            both_at_bound.append(r.lam)
-    if not both:
+    # The verdict's gates (its slack, its intervals): this finding never re-judges them.
+    at_point = [r for r in b if r.metric_gate.met_at_point and r.quality_gate.met_at_point]
+    at_interval = [r for r in b if r.metric_gate.state == r.quality_gate.state == "met"]
+    parts = [f"{_lam(r)}: miss gate {r.metric_gate.state}, quality gate {r.quality_gate.state} "
+             f"({r.quality_gate.interval_label if r.quality_gate.interval is not None else 'at the point'}); "
+             f"verdict {r.verdict} ({r.reason})" for r in b]
+    if not at_point:
         status, lead = "replicates", "No λ meets both gates at the point estimate."
-    elif not both_at_bound:
+    elif not at_interval:
         status = "not resolved"
-        lead = (f"λ = {', '.join(f'{x:g}' for x in both)} meets both at the point estimate but not at the "
-                "bounds of its 95% CIs.")
+        lead = (f"{', '.join(_lam(r) for r in at_point)} meets both gates at the point but not over the whole "
+                "interval the verdict judges at.")
     else:
         status = "does not replicate"
-        lead = f"λ = {', '.join(f'{x:g}' for x in both_at_bound)} meets both gates even at its CI bounds."
-    return Finding(claim, status, f"{lead} {'; '.join(parts)}.")
+        lead = f"{', '.join(_lam(r) for r in at_interval)} meets both gates over the whole interval judged at."
+    return Finding(claim, status, f"{lead} " + "; ".join(parts) + ".")
 
 
 def _frontier_points(points: Sequence[Mapping[str, Any]], *, epsilon: float = 0.0, prime: bool = False,
@@ -300,12 +311,77 @@ def collapse_finding(rows: Sequence[Mapping[str, Any]]) -> Finding:
     return Finding(claim, status, f"collapsed experts (summed over layers): {', '.join(parts)}.")
 
 
-def findings(rows: Sequence[Mapping[str, Any]], comp: pd.DataFrame,
+def findings(rows: Sequence[Mapping[str, Any]], results: Sequence[verdict.CriterionResult],
              frontiers: Mapping[str, Sequence[Mapping[str, Any]]], frontier_runs: Sequence[str]) -> list[Finding]:
     """Every claim the page checks, in the issue's order. ``frontier_runs``: [arm-A run, arm-B run]."""
     a_run, b_run = (list(frontier_runs) + ["", ""])[:2]
-    return [dose_response_finding(comp), gates_finding(comp), rerouting_finding(frontiers, a_run, b_run),
+    return [dose_response_finding(results), gates_finding(results), rerouting_finding(frontiers, a_run, b_run),
             elision_finding(frontiers, b_run), priming_finding(frontiers, [a_run, b_run]), collapse_finding(rows)]
+
+
+# -- deviations from the paper's protocol ---------------------------------------------------------
+# The paper's protocol (SPEC §2, §4, §5, §9), the column the run records are set against.
+PAPER_PROTOCOL = {
+    "model": "137m: 137,319,168 parameters, d_model 384, 8 layers, E = 16, k = 2",
+    "training tokens": "200M (main arms), 50M (triage)",
+    "corpus": "WikiText-103 (prose), codeparrot-clean (code), OpenWebMath (math)",
+    "λ grid (arm B)": "0.01, 0.02, 0.03, 0.05, 0.2",
+    "seeds": "1 and 2 for arm A and the chosen arm B",
+    "precision": "bfloat16 compute, float32 parameters",
+    "context": "1024 tokens",
+    "evaluation": "500k tokens per domain: 488 windows of 1024 tokens",
+    "frontier (τ/ε)": "not stated in the spec",
+    "collapse": "any expert under 1% usage",
+}
+
+
+def _model_line(run: Run) -> str:
+    model = (run.config.get("config") or {}).get("model") or {}
+    parts = [run.size]
+    if run.params:
+        parts.append(f"{run.params:,} parameters")
+    for key, label in (("d_model", "d_model"), ("n_layers", "layers"), ("num_experts", "E"), ("top_k", "k")):
+        if key in model:
+            parts.append(f"{label} {model[key]}" if label in ("d_model", "layers") else f"{label} = {model[key]}")
+    return ", ".join(parts)
+
+
+def deviations(runs: Sequence[Run], frontier_runs: Sequence[str]) -> list[tuple[str, str, str]]:
+    """(aspect, the paper's protocol, this study's runs) rows, read from the run records."""
+    complete = [r for r in runs if r.complete]
+
+    def distinct(values) -> str:
+        return "; ".join(dict.fromkeys(str(v) for v in values if v not in (None, ""))) or "unrecorded"
+
+    models = distinct(_model_line(r) for r in complete)
+    corpus = distinct(r.config.get("corpus") or ((r.config.get("config") or {}).get("data") or {}).get("corpus")
+                      for r in complete)
+    lams = sorted({r.lam for r in complete if r.arm == "B"})
+    seeds = "; ".join(f"arm {arm}: {', '.join(str(s) for s in sorted({r.seed for r in complete if r.arm == arm and r.seed is not None}))}"
+                      for arm in sorted({r.arm for r in complete}))
+    dtype = distinct(((r.config.get("config") or {}).get("model") or {}).get("compute_dtype") for r in complete)
+    windows = distinct(
+        f"{r.window_tokens}-token windows, " + ", ".join(f"{d} {ev.tokens // r.window_tokens}" for d, ev in r.domains.items())
+        if r.window_tokens else f"{', '.join(f'{d} {ev.tokens:,} tokens' for d, ev in r.domains.items())}"
+        for r in complete)
+    with_frontier = [r.name for r in complete if (r.path / rundir.FRONTIER).is_file()]
+    return [
+        ("model", PAPER_PROTOCOL["model"], models),
+        ("training tokens", PAPER_PROTOCOL["training tokens"],
+         distinct(summary.format_tokens(t) for t in sorted({r.tokens for r in complete}))),
+        ("corpus", PAPER_PROTOCOL["corpus"], corpus),
+        ("λ grid (arm B)", PAPER_PROTOCOL["λ grid (arm B)"], ", ".join(f"{x:g}" for x in lams) or "no arm-B run"),
+        ("seeds", PAPER_PROTOCOL["seeds"], seeds or "none"),
+        ("precision", PAPER_PROTOCOL["precision"], f"{dtype} compute"),
+        ("context", PAPER_PROTOCOL["context"], distinct(f"{r.config.get('seq')} tokens" for r in complete
+                                                         if r.config.get("seq"))),
+        ("evaluation", PAPER_PROTOCOL["evaluation"], windows),
+        ("frontier (τ/ε)", PAPER_PROTOCOL["frontier (τ/ε)"],
+         (f"frontier.json of {', '.join(with_frontier)}; the findings compare {', '.join(frontier_runs) or 'none'}"
+          if with_frontier else "no frontier.json")),
+        ("collapse", PAPER_PROTOCOL["collapse"], "experts under 1% of the run's evaluation tokens pooled over "
+                                                 "domains, judged against arm A's count at the same size and budget"),
+    ]
 
 
 # -- figures --------------------------------------------------------------------------------------
@@ -376,7 +452,8 @@ def _training_lines(runs: Sequence[Run], rows: Sequence[Mapping[str, Any]]) -> l
     return lines
 
 
-def render_page(*, name: str, root_label: str, command: str, rows, comp, found: Sequence[Finding],
+def render_page(*, name: str, root_label: str, command: str, rows, found: Sequence[Finding],
+                testability: Sequence[str], deviation_rows: Sequence[tuple[str, str, str]],
                 table_md: Sequence[str], verdict_txt: str, figure_paths: Mapping[str, str],
                 manifests: Sequence[Mapping[str, Any]], commits: Sequence[str], machine_line: str,
                 training: Sequence[str], timings: pd.DataFrame, wall_s: float | None) -> str:
@@ -385,8 +462,10 @@ def render_page(*, name: str, root_label: str, command: str, rows, comp, found: 
     out = [f"# Results: {name}", "",
            f"Our own study, from configs to verdict: {len(rows)} runs, {replicated} of {len(found)} of the paper's "
            "qualitative findings replicate at this scale (table below). Every number is regenerated by the command "
-           "below; confidence intervals are 95% paired-bootstrap intervals over evaluation windows "
-           "(`analysis.intervals`), which measure evaluation noise, not training noise.", ""]
+           "below. Effects are seed-paired (each run against arm A of its own seed). Each interval is labelled "
+           "with the noise it covers: window-bootstrap 95% CIs cover the choice of evaluation windows only; "
+           "seed-level 95% t-intervals (2 or more seeds) cover training noise; the verdict states which one it "
+           "judged at.", ""]
     if figure_paths:
         caption, path = next(iter(figure_paths.items()))
         out += [f"![{caption}]({path})", ""]
@@ -404,12 +483,30 @@ def render_page(*, name: str, root_label: str, command: str, rows, comp, found: 
     out += ["", "## Training", "", *training, ""]
     out += ["## Findings", "", "| claim | here | evidence |", "|---|---|---|"]
     out += [f"| {f.claim} | **{f.status}** | {f.evidence} |" for f in found]
+    out += ["", "## Can this scale answer the questions?", "", *testability, ""]
+    out += ["## Deviations from the paper's protocol", "", "| | the paper | this study |", "|---|---|---|"]
+    out += [f"| {aspect} | {paper} | {here} |" for aspect, paper, here in deviation_rows]
     out += ["", "## ΔPPL and miss reduction vs arm A, per run", "",
-            "| run | λ | μ | seed | ΔPPL vs A | 95% CI | LRU miss red. @25% | 95% CI |", "|---|---|---|---|---|---|---|---|"]
-    for r in comp[comp["arm"] != "A"].itertuples():
-        out.append(f"| {r.run} | {r.lam:g} | {r.mu:g} | {r.seed} | {_pct(r.delta_ppl, 2)} | "
-                   f"{_ci(r.delta_ppl_ci_low, r.delta_ppl_ci_high, 2)} | {_pct(r.miss_reduction_25)} | "
-                   f"{_ci(r.miss_reduction_25_ci_low, r.miss_reduction_25_ci_high)} |")
+            "Seed-paired first: each run against the arm-A run of its own seed (same batches), an arm-M run against "
+            "its base; the pooled columns compare with arm A's mean over its seeds. Every interval is a 95% "
+            "window-bootstrap CI of the number beside it: it covers the choice of evaluation windows, not training "
+            "noise (the verdict below gives seed-level intervals where a configuration has 2 or more seeds).", "",
+            "| run | λ | μ | seed | paired with | ΔPPL (paired) | 95% CI (windows) | miss red. @25% (paired) | "
+            "95% CI (windows) | ΔPPL vs pooled A | 95% CI (windows) | miss red. vs pooled A | 95% CI (windows) |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if r["arm"] == "A":
+            continue
+        paired = r["paired_baseline"] if r["pairing"] == "seed" else "— (no same-seed A)"
+
+        def cell(key: str, digits: int) -> str:
+            ci = r.get(f"{key}_ci") or (None, None)
+            return f"{_pct(r[key], digits)} | {_ci(*ci, digits)}"
+
+        first = (f"{cell('delta_ppl', 2)} | {cell('miss_reduction_25', 1)}" if r["pairing"] == "seed"
+                 else f"— | — | — | —")
+        out.append(f"| {r['run']} | {r['lam']:g} | {r['mu']:g} | {r['seed']} | {paired} | {first} | "
+                   f"{cell('delta_ppl_pooled', 2)} | {cell('miss_reduction_25_pooled', 1)} |")
     out += ["", "## Tables", ""]
     for md in table_md:
         out += [md]
@@ -447,17 +544,19 @@ def build(root: Path, name: str, out: Path, *, command: str, frontier_runs: Sequ
     if not complete:
         raise AnalysisError(f"no complete runs under {root}; run the sweep first")
     rows = tables.main_rows(runs)
-    comp = study.comparisons(runs)
+    results = verdict.evaluate(runs)
     frontiers = complementarity.load_frontiers(complete)
-    found = findings(rows, comp, frontiers, frontier_runs)
+    found = findings(rows, results, frontiers, frontier_runs)
     built = tables.build_tables(runs, ["main", "per_domain", "complementarity"] if frontiers else
                                 ["main", "per_domain"], frontiers, {})
     figure_dir = out / name
     drawn = write_figures(runs, figure_dir, frontier_runs)
     figure_paths = {c: f"{name}/{p.name}" for c, p in drawn.items()}
     commits = sorted({str(r.config.get("git_commit")) for r in complete if r.config.get("git_commit")})
-    page = render_page(name=name, root_label=root.name, command=command, rows=rows, comp=comp, found=found,
-                       table_md=[_table_md(t) for t in built], verdict_txt=verdict.verdict_text(runs),
+    page = render_page(name=name, root_label=root.name, command=command, rows=rows, found=found,
+                       testability=verdict.testability(runs, results),
+                       deviation_rows=deviations(runs, frontier_runs),
+                       table_md=[_table_md(t) for t in built], verdict_txt=verdict.verdict_text(runs, results),
                        figure_paths=figure_paths, manifests=data_manifests(complete), commits=commits,
                        machine_line=machine(), training=_training_lines(complete, rows),
                        timings=run_timings(complete), wall_s=sweep_wall_s(root))

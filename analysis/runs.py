@@ -271,11 +271,17 @@ def _traces(run: Run) -> dict[str, Path]:
     return {d: ev.trace_path for d, ev in run.domains.items()}
 
 
+def _fits(run: Run) -> dict[str, Path]:
+    """The training-split traces of the run's domains (the out-of-sample static pin is fitted on them)."""
+    found = rundir.train_trace_files(run.path)
+    return {d: found[d] for d in run.domains if d in found}
+
+
 def with_facts(run: Run, store: cache.MetricsStore) -> Run:
     """The run with every domain's cache facts attached (an incomplete run is returned as is)."""
     if run.problems or not run.domains:
         return run
-    facts = store.trace_facts(_traces(run), run.window_tokens)
+    facts = store.trace_facts(_traces(run), run.window_tokens, _fits(run))
     return dataclasses.replace(
         run, domains={d: dataclasses.replace(ev, facts=facts[d]) for d, ev in run.domains.items()})
 
@@ -291,7 +297,7 @@ def load_runs(paths: Sequence[str | os.PathLike], *, store: cache.MetricsStore |
     runs = [load_run(d, with_metrics=False) for d in discover_run_dirs(paths)]
     if with_metrics:
         # One batch for every missing metric, so worker processes share the load.
-        store.prefetch([(_traces(r), r.window_tokens) for r in runs if not r.problems])
+        store.prefetch([(_traces(r), r.window_tokens, _fits(r)) for r in runs if not r.problems])
         runs = [with_facts(r, store) for r in runs]
     counts: dict[str, int] = {}
     for r in runs:

@@ -38,7 +38,8 @@ __all__ = ["load_study", "frame", "comparisons", "delta_ppl_vs_a", "miss_reducti
            "write_hit_vs_budget_a_vs_b", "write_usage_heatmaps", "write_dose_response", "write_trace_usage"]
 
 # main_rows key -> the column prefix of this module's frames.
-_STATISTICS = {"delta_ppl": "delta_ppl", "miss_reduction_25": "miss_reduction_25"}
+_STATISTICS = {"delta_ppl": "delta_ppl", "miss_reduction_25": "miss_reduction_25",
+               "delta_ppl_pooled": "delta_ppl_pooled", "miss_reduction_25_pooled": "miss_reduction_25_pooled"}
 
 
 def frame(runs: Sequence[Run]) -> pd.DataFrame:
@@ -49,19 +50,23 @@ def frame(runs: Sequence[Run]) -> pd.DataFrame:
 def comparisons(runs: Sequence[Run]) -> pd.DataFrame:
     """One row per complete run: its comparison with the baseline, both statistics with 95% CIs and seed spread.
 
-    Columns: ``run, arm, lam, mu, seed, tokens, size, baseline`` (the compared
-    runs, comma-separated; None without a baseline), then for ``delta_ppl`` and
-    ``miss_reduction_25`` each: the point estimate, ``_ci_low``, ``_ci_high``,
-    ``_ci_note``, ``_seeds_n``, ``_seeds_mean``, ``_seeds_sd``. Fractions, not
-    percent; NaN where there is no value.
+    Columns: ``run, arm, lam, mu, seed, tokens, size, baseline`` (the pooled
+    arm-A runs, comma-separated; None without a baseline), ``paired_baseline``
+    (arm A of the run's seed, or None), then for ``delta_ppl`` and
+    ``miss_reduction_25`` (seed-paired where a same-seed baseline exists, else
+    pooled) and ``delta_ppl_pooled``, ``miss_reduction_25_pooled`` each: the
+    point estimate, ``_ci_low``, ``_ci_high``, ``_ci_note`` (window-bootstrap
+    CIs), ``_seeds_n``, ``_seeds_mean``, ``_seeds_sd``. Fractions, not percent;
+    NaN where there is no value.
     """
     records = []
     for row in tables.main_rows(runs):
         record: dict[str, Any] = {k: row[k] for k in ID_KEYS}
         record["baseline"] = ", ".join(row["baseline"]) if row["baseline"] else None
+        record["paired_baseline"] = row["paired_baseline"]
         for key, name in _STATISTICS.items():
             ci = row[f"{key}_ci"] or (None, None)
-            spread = row[f"seeds_{key}"] or {}
+            spread = row.get(f"seeds_{key}") or {}
             record.update({name: row[key], f"{name}_ci_low": ci[0], f"{name}_ci_high": ci[1],
                            f"{name}_ci_note": row[f"{key}_ci_note"], f"{name}_seeds_n": spread.get("n", 1),
                            f"{name}_seeds_mean": spread.get("mean"), f"{name}_seeds_sd": spread.get("sd")})
@@ -73,7 +78,7 @@ def comparisons(runs: Sequence[Run]) -> pd.DataFrame:
 
 
 def _comparison_columns() -> list[str]:
-    columns = [*ID_KEYS, "baseline"]
+    columns = [*ID_KEYS, "baseline", "paired_baseline"]
     for name in _STATISTICS.values():
         columns += [name, f"{name}_ci_low", f"{name}_ci_high", f"{name}_ci_note", f"{name}_seeds_n",
                     f"{name}_seeds_mean", f"{name}_seeds_sd"]

@@ -47,8 +47,10 @@ _CACHE_FIELDS = {
     "belady_hit_25": ("belady", "0.25", "hit_rate"),
     "lru_miss_25": ("lru", "0.25", "misses_per_token"),
 }
+# The out-of-sample static pin (fitted on the training split; only runs that saved trace_<d>_train.npz).
+OUT_OF_SAMPLE_FIELD = ("static_hit_50_oos", ("static_train", "0.5", "hit_rate"))
 # The per-domain / per-run cache metric keys in table order.
-METRIC_KEYS = ("reuse", *_CACHE_FIELDS, "collapsed")
+METRIC_KEYS = ("reuse", *_CACHE_FIELDS, OUT_OF_SAMPLE_FIELD[0], "collapsed")
 # Usage below this fraction of tokens counts as a collapsed expert (SPEC §6): cachesim's one threshold.
 COLLAPSE_USAGE = COLLAPSE_THRESHOLD
 # Config keys that distinguish arm-M configurations beyond λ and μ.
@@ -62,6 +64,9 @@ def domain_values(paper_metrics: dict[str, Any]) -> dict[str, float | int]:
     out: dict[str, float | int] = {"reuse": float(paper_metrics["reuse_lag1"])}
     for key, (policy, frac, field) in _CACHE_FIELDS.items():
         out[key] = float(paper_metrics["cache"][policy][frac][field])
+    key, (policy, frac, field) = OUT_OF_SAMPLE_FIELD
+    found = paper_metrics["cache"].get(policy)
+    out[key] = float(found[frac][field]) if found else None  # None: no training-split trace
     out["collapsed"] = int(paper_metrics["collapsed"])
     return out
 
@@ -94,7 +99,7 @@ def run_values(run: Run) -> dict[str, float | int]:
     out: dict[str, float | int] = {"ppl": mean_ppl(run), "ppl_token_weighted": token_weighted_ppl(run)}
     for key in METRIC_KEYS:
         if key != "collapsed":
-            out[key] = float(np.mean([v[key] for v in per_domain]))
+            out[key] = complete_mean([v[key] for v in per_domain])  # None when a domain lacks it
     out["collapsed"] = pooled_collapsed(run)[0]
     return out
 
@@ -133,8 +138,8 @@ def paired_baseline_run(run: Run, runs: Sequence[Run]) -> Run | None:
     return baselines.same_seed(matching_baseline_runs(run, runs), run.seed, lambda r: r.seed)
 
 
-def seed_mean(values: Sequence[float | None]) -> float | None:
-    """Mean over seeds; None when any seed lacks the value (a partial mean would mislead)."""
+def complete_mean(values: Sequence[float | None]) -> float | None:
+    """Mean (over seeds, or domains); None when any lacks the value (a partial mean would mislead)."""
     if not values or any(v is None for v in values):
         return None
     return float(np.mean(values))
@@ -156,9 +161,9 @@ def make_baseline(baseline_runs: Sequence[Run]) -> Baseline | None:
         ppl=float(np.mean([v["ppl"] for v in vals])),
         ppl_token_weighted=float(np.mean([v["ppl_token_weighted"] for v in vals])),
         domain_ppl={d: float(np.mean([r.domains[d].val_ppl for r in baseline_runs])) for d in domains},
-        values={k: float(np.mean([v[k] for v in vals])) for k in METRIC_KEYS},
+        values={k: complete_mean([v[k] for v in vals]) for k in METRIC_KEYS},
         domain_values={
-            d: {k: float(np.mean([domain_values(r.domains[d].metrics)[k] for r in baseline_runs]))
+            d: {k: complete_mean([domain_values(r.domains[d].metrics)[k] for r in baseline_runs])
                 for k in METRIC_KEYS}
             for d in domains
         },
@@ -252,37 +257,56 @@ def relative_change(value: float, reference: float) -> float:
 
 
 # -- rows -------------------------------------------------------------------------------------
+def effects(values: dict[str, Any], reference: dict[str, Any]) -> tuple[float, float | None]:
+    """(ΔPPL, LRU miss reduction @25%) of run values against a reference's (run_values or Baseline.values)."""
+    miss = reference["lru_miss_25"]
+    return (relative_change(values["ppl"], reference["ppl"]),
+            1.0 - values["lru_miss_25"] / miss if miss else None)
+
+
 def run_row(run: Run, runs: Sequence[Run]) -> dict[str, Any]:
     """The JSON object of one complete run (the keys the issue fixes, plus extras).
 
     Extras beyond the issue's list: ``size``, ``static_hit_50_w02`` (the w=0.2
-    static-pin variant the main table shows), ``baseline`` (the arm-A runs
-    compared against, or None), ``delta_ppl`` (relative change of mean PPL vs
-    that baseline) and ``miss_reduction_25`` (1 − LRU miss/token@25% / baseline's).
+    static-pin variant the main table shows), ``static_hit_50_oos`` (the pin
+    fitted on the training split, None without a training-split trace),
+    ``paired_baseline`` (arm A of the run's own seed, or an arm-M run's base;
+    None when there is none), ``pairing`` ("seed" or "pooled"), ``delta_ppl``
+    and ``miss_reduction_25`` (relative change of mean PPL, and 1 − LRU
+    miss/token@25% / the baseline's, against the paired baseline, else the
+    pooled one), ``baseline`` (the pooled arm-A runs, or None) with
+    ``delta_ppl_pooled`` and ``miss_reduction_25_pooled`` against their mean.
     Values are never rounded here.
     """
     if not run.complete:
         raise ValueError(f"{run.name} is incomplete ({'; '.join(run.problems)})")
     base = baseline_for(run, runs)  # arm M: the base run it was fine-tuned from
+    paired = paired_baseline_run(run, runs)
     vals = run_values(run)
+    pooled = effects(vals, {"ppl": base.ppl, **base.values}) if base else (None, None)
+    first = effects(vals, run_values(paired)) if paired is not None else pooled
     row: dict[str, Any] = {
         "run": run.name, "arm": run.arm, "lam": run.lam, "mu": run.mu, "seed": run.seed,
         "tokens": run.tokens, "size": run.size,
         "ppl": vals["ppl"], "ppl_token_weighted": vals["ppl_token_weighted"],
         **{k: vals[k] for k in METRIC_KEYS},
+        "paired_baseline": paired.name if paired is not None else None,
+        "pairing": "seed" if paired is not None else "pooled",
+        "delta_ppl": first[0], "miss_reduction_25": first[1],
         "baseline": list(base.runs) if base else None,
-        "delta_ppl": relative_change(vals["ppl"], base.ppl) if base else None,
-        "miss_reduction_25": (1.0 - vals["lru_miss_25"] / base.values["lru_miss_25"]
-                              if base and base.values["lru_miss_25"] > 0 else None),
+        "delta_ppl_pooled": pooled[0], "miss_reduction_25_pooled": pooled[1],
     }
     domains = {}
     for name, ev in run.domains.items():
         dv = domain_values(ev.metrics)
-        base_ppl = base.domain_ppl.get(name) if base else None
+        pooled_ppl = base.domain_ppl.get(name) if base else None
+        paired_ppl = paired.domains[name].val_ppl if paired is not None and name in paired.domains else None
+        first_ppl = paired_ppl if paired is not None else pooled_ppl
         domains[name] = {
             # One domain's token-weighted PPL is exp of its own mean CE.
             "ppl": ev.val_ppl, "ppl_token_weighted": math.exp(ev.val_loss), "eval_tokens": ev.tokens, **dv,
-            "delta_ppl": relative_change(ev.val_ppl, base_ppl) if base_ppl is not None else None,
+            "delta_ppl": relative_change(ev.val_ppl, first_ppl) if first_ppl is not None else None,
+            "delta_ppl_pooled": relative_change(ev.val_ppl, pooled_ppl) if pooled_ppl is not None else None,
         }
     row["domains"] = domains
     return row

@@ -113,7 +113,11 @@ def _main_rows(runs: Sequence[Run]) -> tuple[list[dict[str, Any]], list[interval
     """main_rows, and the intervals they came from (whose notes say which runs lack per-window data)."""
     ordered = [r for r in sorted(runs, key=summary.sort_key) if r.complete]
     rows = [summary.run_row(r, runs) for r in ordered]
-    found = intervals.comparison_intervals([([r], summary.baseline_runs_for(r, runs)) for r in ordered])
+    paired = [summary.paired_baseline_run(r, runs) for r in ordered]
+    pooled = [([r], summary.baseline_runs_for(r, runs)) for r in ordered]
+    both = intervals.comparison_intervals(
+        [([r], [p]) if p is not None else c for r, p, c in zip(ordered, paired, pooled)] + pooled)
+    found, found_pooled = both[:len(ordered)], both[len(ordered):]
     by_name = {row["run"]: row for row in rows}
     spreads: dict[str, dict[str, Any]] = {}
     for group in summary.group_by_config(runs):
@@ -121,8 +125,10 @@ def _main_rows(runs: Sequence[Run]) -> tuple[list[dict[str, Any]], list[interval
         spread = {"seeds_delta_ppl": _spread([m["delta_ppl"] for m in members]),
                   "seeds_miss_reduction_25": _spread([m["miss_reduction_25"] for m in members])}
         spreads.update({r.name: spread for r in group})
-    for row, ci in zip(rows, found):
-        for key, interval in (("delta_ppl", ci.delta_ppl), ("miss_reduction_25", ci.miss_reduction)):
+    for row, ci, ci_pooled in zip(rows, found, found_pooled):
+        for key, interval in (("delta_ppl", ci.delta_ppl), ("miss_reduction_25", ci.miss_reduction),
+                              ("delta_ppl_pooled", ci_pooled.delta_ppl),
+                              ("miss_reduction_25_pooled", ci_pooled.miss_reduction)):
             row[f"{key}_ci"] = [interval.low, interval.high] if interval.available else None
             row[f"{key}_ci_note"] = interval.note
         row.update(spreads[row["run"]])
@@ -136,7 +142,7 @@ def _interval_notes(found: Sequence[intervals.ComparisonIntervals]) -> str:
             "every run together), of ΔPPL = mean PPL / the baseline's − 1 and of the LRU miss reduction @25% = "
             "1 − miss/token / the baseline's (the cache persisting across windows); they cover the choice of "
             "evaluation windows, not training noise: the seeds columns give the mean ± SD over a configuration's "
-            "seeds.")
+            "seeds (the verdict adds a seed-level t-interval where a configuration has 2 or more seeds).")
     for label, pick in (("ΔPPL", lambda c: c.delta_ppl), ("miss-reduction", lambda c: c.miss_reduction)):
         missing = [pair for c in found for pair in pick(c).missing]
         if missing:
@@ -150,19 +156,26 @@ def main_table(runs: Sequence[Run]) -> Table:
     columns = (*_ID_COLUMNS,
                Column("ppl", "mean PPL", fixed(2)),
                Column("ppl_token_weighted", "tok-weighted PPL", fixed(2)),
+               Column("paired_baseline", "paired with", general, align="l"),
                Column("delta_ppl", "ΔPPL vs A", signed_percent()),
-               Column("delta_ppl_ci", "ΔPPL 95% CI", percent_interval(2)),
+               Column("delta_ppl_ci", "ΔPPL 95% CI (windows)", percent_interval(2)),
+               Column("delta_ppl_pooled", "ΔPPL vs pooled A", signed_percent()),
                Column("seeds_delta_ppl", "ΔPPL over seeds", percent_spread(2)),
                Column("miss_reduction_25", "LRU miss red.@25%", signed_percent(1)),
-               Column("miss_reduction_25_ci", "miss red. 95% CI", percent_interval(1)),
+               Column("miss_reduction_25_ci", "miss red. 95% CI (windows)", percent_interval(1)),
+               Column("miss_reduction_25_pooled", "miss red. vs pooled A", signed_percent(1)),
                Column("seeds_miss_reduction_25", "miss red. over seeds", percent_spread(1)),
                *_METRIC_COLUMNS,
+               Column("static_hit_50_oos", "static hit@50% (fit on train)", percent()),
                Column("collapsed", "collapsed", general))
     notes = ["Mean PPL = arithmetic mean of the domain PPLs; cache metrics = mean over domains, capacity = "
-             "ceil(fraction × E) per layer; static w=1 pins by frequency over the whole trace, w=0.2 over its "
-             "first 20%; collapsed = experts used by < 1% of all the run's evaluation tokens (pooled over "
-             "domains), summed over layers. ΔPPL and miss reduction are against arm A of the same token budget "
-             "and size (mean over its seeds), an arm-M run against its base run.",
+             "ceil(fraction × E) per layer; static w=1 pins by frequency over the whole evaluation trace "
+             "(in-sample), w=0.2 over its first 20%, 'fit on train' over the training-split trace "
+             "(out-of-sample; — without trace_<d>_train.npz); collapsed = experts used by < 1% of all the run's "
+             "evaluation tokens (pooled over domains), summed over layers. ΔPPL and miss reduction are seed-paired: "
+             "against the arm-A run of the same seed, token budget and size ('paired with'; seed s of every arm "
+             "reads the same batches), an arm-M run against its base run; where no such run exists, against the "
+             "pooled baseline (arm A's mean over its seeds), which the 'vs pooled A' columns give for every run.",
              _interval_notes(found)]
     incomplete = [r for r in runs if not r.complete]
     if incomplete:

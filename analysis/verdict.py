@@ -1,35 +1,49 @@
-"""The pre-registered verdict (SPEC §9) from run directories.
+"""The pre-registered verdict (SPEC §9) from run directories: the one module that judges.
 
 Usage::
 
     python -m analysis.verdict RUN_DIR [RUN_DIR ...] [--format text|json]
 
+Everything that decides a verdict lives here, and the report, tables and
+figures call it: the gates and their slack (:func:`passes`), the state of a
+gate at an interval (:func:`gate_state`), the collapse clause
+(:func:`collapse_fires`, the threshold is ``cachesim.metrics.COLLAPSE_THRESHOLD``)
+and the baseline (``summary``'s seed pairing over ``moe.baselines``' match).
+
 * RQ1 (locality; arms B, D, M): LRU miss/token at 25% capacity at least 30%
   lower (relative) than arm A, with mean PPL within +1% of arm A.
-* RQ2 (domain; arms C, D): static-pin hit rate at 50% capacity (w = 1.0, the
-  reference convention) of at least 90%, with mean PPL within +2% of arm A.
-* Arm A is the matching baseline: same train-token budget and model size,
-  averaged over seeds. Arm M is fine-tuned from a finished run and is judged
-  against that base run (``init_from``; seeds' bases averaged) instead. A configuration's seeds are averaged too (the per-seed
-  numbers are printed alongside).
-* A configuration that meets the metric but not the quality bar FAILS.
-* Collapse clause: any expert under 1% (pooled, marginal) usage is reported as
-  expert collapse, and a configuration with collapse FAILS as a failure mode.
-* Uncertainty: under each verdict line, every gate is stated at the point
-  estimate (the pre-registered verdict) and at the bound of its 95% CI that
-  the gate is about (the lower bound of the miss reduction, the upper bound of
-  ΔPPL), from a paired bootstrap over evaluation windows (analysis.intervals),
-  with the spread across the configuration's seeds where it has several. The
-  static hit rate has no CI: its w = 1.0 pin is chosen from the whole
-  evaluation trace, so resampling windows does not apply.
+* RQ2 (domain; arms C, D): static-pin hit rate at 50% capacity of at least
+  90%, with mean PPL within +2% of arm A; judged on the pin fitted on the
+  training split (out-of-sample, ``static_train``) where the runs saved their
+  training-split traces, the in-sample pin (the paper's number) printed beside.
+* Baseline: each seed of a configuration is compared with arm A of its own
+  seed at the same size and budget (seed s of every arm reads the same
+  batches); a configuration's effect is the mean of its seed-paired effects.
+  Where a seed has no same-seed arm-A run, every seed is compared with the
+  pooled baseline (arm A's mean over its seeds), and the line says so. Arm M
+  is compared with the run it was fine-tuned from.
+* Intervals: with 2 or more seeds a gate is judged at the seed-level 95%
+  t-interval over the seed-paired effects (training noise); with one seed at
+  the window-bootstrap 95% CI (evaluation noise only; analysis.intervals);
+  without either at the point. A gate is "met" when its whole interval lies on
+  the passing side, "missed" when it lies on the failing side, else "not
+  resolved". Every line names the interval it judged at.
+* Collapse clause: SPEC §9 reports any expert under 1% (pooled, marginal)
+  usage as expert collapse. Read literally it fails arm A itself wherever a
+  small model leaves an expert idle, so it cannot tell arms apart; this
+  verdict fails a configuration whose collapse exceeds arm A's at the same
+  size and budget (the most collapsed experts among A's runs), and prints the
+  verdict without the clause and with the literal clause beside it.
+* Each verdict line ends with its binding reason: the gate that failed (or is
+  not resolved), or "meets both gates; fails the collapse clause: ...".
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -45,152 +59,356 @@ RQ2_MAX_PPL_COST = 0.02
 CRITERIA_BY_ARM = {"B": ("RQ1",), "C": ("RQ2",), "D": ("RQ1", "RQ2"), "M": ("RQ1",)}
 # A value exactly on a gate passes; the slack absorbs float rounding of e.g. 101/100 - 1.
 GATE_SLACK = 1e-12
+# What each interval covers (every printed interval carries one of these labels).
+SEED_LABEL = "seed-level 95% t-interval over {n} seed-paired effects (training noise: init and data order)"
+WINDOW_LABEL = "window-bootstrap 95% CI (evaluation windows only, not training noise)"
+COLLAPSE_CHOICE = ("SPEC §9 reports any expert under 1% usage as expert collapse and names no baseline; read "
+                   "literally, the clause fails arm A itself wherever a small model leaves an expert idle, so it "
+                   "cannot tell the arms apart. The verdict therefore fails a configuration on collapse only "
+                   "beyond arm A's at the same size and budget, and prints the verdict without the clause and with "
+                   "the literal clause beside it.")
+
+
+# -- the rules ------------------------------------------------------------------------------------
+def passes(value: float, gate: float, at_least: bool) -> bool:
+    """Whether ``value`` is on the passing side of ``gate`` (a value on the gate passes, within GATE_SLACK)."""
+    return bool(value >= gate - GATE_SLACK) if at_least else bool(value <= gate + GATE_SLACK)
+
+
+def gate_state(point: float, interval: tuple[float, float] | None, gate: float, at_least: bool) -> str:
+    """'met', 'missed' or 'not resolved': at the interval when there is one (all of it on one side), else the point."""
+    if interval is None:
+        return "met" if passes(point, gate, at_least) else "missed"
+    low, high = interval
+    worst, best = (low, high) if at_least else (high, low)
+    if passes(worst, gate, at_least):
+        return "met"
+    if not passes(best, gate, at_least):
+        return "missed"
+    return "not resolved"
+
+
+def collapse_fires(collapsed: int, baseline_collapsed: Sequence[int]) -> bool:
+    """The collapse clause: more collapsed experts than any of the baseline's runs (arm A, same size and budget)."""
+    return collapsed > max(baseline_collapsed, default=0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Gate:
+    """One gate of one criterion: the point, the interval it was judged at (labelled) and its state."""
+
+    name: str          # e.g. "miss reduction", "ΔPPL"
+    point: float
+    gate: float
+    at_least: bool
+    per_seed: tuple[float, ...]
+    interval: tuple[float, float] | None  # the one judged at (None: judged at the point)
+    interval_label: str                    # what that interval covers, or why there is none
+    window_ci: tuple[float, float] | None = None
+    window_ci_note: str = ""
+    seed_ci: tuple[float, float] | None = None
+    state: str = ""
+
+    @property
+    def met_at_point(self) -> bool:
+        return passes(self.point, self.gate, self.at_least)
+
+
+def make_gate(name: str, per_seed: Sequence[float], gate: float, at_least: bool,
+              window: intervals.Interval | None, window_note: str = "") -> Gate:
+    """The gate judged at the seed-level interval (2+ seeds), else the window interval, else the point."""
+    per_seed = tuple(float(v) for v in per_seed)
+    point = float(np.mean(per_seed))
+    seed = intervals.seed_interval(per_seed)
+    seed_ci = (seed.low, seed.high) if seed.available else None
+    window_ci = (window.low, window.high) if window is not None and window.available else None
+    note = window.note if window is not None and not window.available else window_note
+    if seed_ci is not None:
+        judged, label = seed_ci, SEED_LABEL.format(n=len(per_seed))
+    elif window_ci is not None:
+        judged, label = window_ci, f"{WINDOW_LABEL}, 1 seed"
+    else:
+        judged, label = None, f"no interval ({note or '1 seed'}); judged at the point"
+    return Gate(name, point, gate, at_least, per_seed, judged, label, window_ci, note, seed_ci,
+                gate_state(point, judged, gate, at_least))
+
+
+def judge(metric: Gate, quality: Gate, collapsed: int, baseline_collapsed: Sequence[int],
+          clause: str = "baseline") -> tuple[str, str]:
+    """(PASS / FAIL / NOT RESOLVED, the binding reason) of one criterion.
+
+    ``clause``: "baseline" (collapse beyond the baseline's fails), "literal"
+    (SPEC §9 read literally: any collapsed expert fails) or "none".
+    """
+    bad = [g for g in (metric, quality) if g.state == "missed"]
+    open_ = [g for g in (metric, quality) if g.state == "not resolved"]
+    low, high = (min(baseline_collapsed), max(baseline_collapsed)) if baseline_collapsed else (0, 0)
+    seen = f"{low}" if low == high else f"{low}–{high}"
+    fires = {"baseline": collapse_fires(collapsed, baseline_collapsed), "literal": collapsed > 0, "none": False}[clause]
+    collapse = f"{collapsed} collapsed vs {seen} in the baseline" if clause != "literal" else \
+        f"{collapsed} collapsed (any counts)"
+    if bad:
+        reason = "; ".join(f"fails the {g.name} gate: {_gate_value(g)}" for g in bad)
+        return "FAIL", reason + (f"; also fails the collapse clause: {collapse}" if fires else "")
+    if fires:
+        lead = "meets both gates" if not open_ else "; ".join(f"{g.name} not resolved: {_gate_value(g)}" for g in open_)
+        return "FAIL", f"{lead}; fails the collapse clause: {collapse}"
+    if open_:
+        return "NOT RESOLVED", "; ".join(f"{g.name} not resolved: {_gate_value(g)}" for g in open_)
+    tail = {"baseline": f"; no collapse beyond the baseline's ({collapse})",
+            "literal": "; no collapsed expert", "none": ""}[clause]
+    return "PASS", "meets both gates" + tail
+
+
+def _gate_value(g: Gate) -> str:
+    """'9.3% (95% CI [9.2%, 9.5%], window bootstrap, 1 seed) vs ≥ 30.0%' for a reason."""
+    signed = g.name == "ΔPPL"
+    op = "≥" if g.at_least else "≤"
+    where = "" if g.interval is None else f" (95% CI {_interval(g.interval, signed)}, {_kind(g)})"
+    return f"{_pct(g.point, signed)}{where} vs {op} {_pct(g.gate, signed)}"
+
+
+def _kind(g: Gate) -> str:
+    """The short name of the interval a gate was judged at."""
+    return "seed-level t" if g.seed_ci is not None else "window bootstrap, 1 seed"
 
 
 @dataclasses.dataclass(frozen=True)
 class CriterionResult:
-    """One criterion applied to one configuration (seed means), with every number shown."""
+    """One criterion applied to one configuration (seed-paired effects), with every number shown."""
 
     criterion: str  # "RQ1" or "RQ2"
     config: str
     runs: tuple[str, ...]
-    baseline_runs: tuple[str, ...] | None
-    metric: str  # what the metric gate is on
-    value: float  # the configuration's metric (RQ1: miss/token; RQ2: static hit)
+    baseline_runs: tuple[str, ...] | None  # arm A at the size and budget (or arm M's bases)
+    paired_runs: tuple[str, ...] | None    # the baseline run of each seed (None: pooled)
+    metric: str
+    value: float  # the configuration's metric, mean over seeds (RQ1: miss/token; RQ2: static hit)
     baseline_value: float | None
-    effect: float | None  # RQ1: relative miss reduction; RQ2: static hit (same as value)
-    effect_per_seed: tuple[float, ...]
-    metric_gate: float
-    metric_met: bool | None
     ppl: float
     baseline_ppl: float | None
-    ppl_cost: float | None
-    ppl_cost_per_seed: tuple[float, ...]
-    ppl_gate: float
-    quality_met: bool | None
     collapsed: int  # most collapsed experts among the configuration's seeds
-    verdict: str  # "PASS", "FAIL" or "NO BASELINE"
-    reason: str
-    baseline_kind: str = "A"  # "A" (arm A, same budget and size) or "base" (arm M's base run)
-    # 95% CIs ([low, high] or None, with why not) and the gates judged at their bound (None: no CI).
-    effect_ci: tuple[float, float] | None = None
-    effect_ci_note: str = ""
-    ppl_cost_ci: tuple[float, float] | None = None
-    ppl_cost_ci_note: str = ""
-    metric_met_at_bound: bool | None = None
-    quality_met_at_bound: bool | None = None
+    baseline_collapsed: tuple[int, ...]  # the baseline runs' counts
+    verdict: str  # "PASS", "FAIL", "NOT RESOLVED" or "NO BASELINE"
+    reason: str   # the binding reason
+    baseline_kind: str = "A"  # "A" or "base" (arm M's base run)
+    metric_gate: Gate | None = None
+    quality_gate: Gate | None = None
+    verdict_without_collapse: str = ""
+    verdict_literal_collapse: str = ""
+    in_sample_value: float | None = None  # RQ2: the paper's in-sample pin, printed beside
+    note: str = ""
+
+    # Shorthands the tables and tests read.
+    @property
+    def effect(self) -> float | None:
+        return None if self.metric_gate is None else self.metric_gate.point
+
+    @property
+    def ppl_cost(self) -> float | None:
+        return None if self.quality_gate is None else self.quality_gate.point
+
+    @property
+    def pairing(self) -> str:
+        return "seed" if self.paired_runs else "pooled"
 
 
-def judge(metric_met: bool, quality_met: bool, collapsed: int) -> tuple[str, str]:
-    """PASS only when the metric gate, the quality gate and the collapse clause all hold."""
-    if metric_met and quality_met and collapsed == 0:
-        return "PASS", "metric and quality met"
-    if metric_met and not quality_met:
-        problems = ["metric met, quality missed"]
-    else:
-        problems = [p for p, bad in (("metric missed", not metric_met), ("quality missed", not quality_met)) if bad]
-    if collapsed > 0:
-        problems.append(f"expert collapse: {collapsed} experts < 1% usage")
-    return "FAIL", "; ".join(problems)
+def _refs(group: Sequence[Run], runs: Sequence[Run]) -> tuple[list[Run], list[Run] | None]:
+    """(the pooled baseline runs, each seed's paired baseline run or None when any seed lacks one)."""
+    pooled = summary.group_baseline_runs(group, runs)
+    paired = [summary.paired_baseline_run(r, runs) for r in group]
+    return pooled, (paired if pooled and all(p is not None for p in paired) else None)
 
 
-def _rq(criterion: str, group: Sequence[Run], runs: Sequence[Run]) -> CriterionResult:
+def _rq(criterion: str, group: Sequence[Run], runs: Sequence[Run], window: intervals.ComparisonIntervals
+        ) -> CriterionResult:
     head = group[0]
     vals = [summary.run_values(r) for r in group]
-    ppl = float(np.mean([v["ppl"] for v in vals]))
-    collapsed = max(int(v["collapsed"]) for v in vals)
-    if criterion == "RQ1":
-        metric, per_seed_value, gate, max_cost = "LRU miss/token@25%", [v["lru_miss_25"] for v in vals], \
-            RQ1_MIN_MISS_REDUCTION, RQ1_MAX_PPL_COST
-    else:
-        metric, per_seed_value, gate, max_cost = "static hit@50% (w=1.0)", [v["static_hit_50"] for v in vals], \
-            RQ2_MIN_STATIC_HIT, RQ2_MAX_PPL_COST
-    value = float(np.mean(per_seed_value))
-    base = summary.group_baseline(group, runs)
+    pooled, paired = _refs(group, runs)
     common = dict(criterion=criterion, config=summary.config_label(head), runs=tuple(r.name for r in group),
-                  metric=metric, value=value, metric_gate=gate, ppl=ppl, ppl_gate=max_cost, collapsed=collapsed,
-                  baseline_kind="base" if head.finetuned else "A")
-    if base is None:
-        return CriterionResult(**common, baseline_runs=None, baseline_value=None, effect=None, effect_per_seed=(),
-                               metric_met=None, baseline_ppl=None, ppl_cost=None, ppl_cost_per_seed=(),
-                               quality_met=None, verdict="NO BASELINE", reason=summary.no_baseline_reason(head, runs))
-    if criterion == "RQ1":
-        base_value = base.values["lru_miss_25"]
-        effect = 1.0 - value / base_value
-        effect_per_seed = tuple(1.0 - v / base_value for v in per_seed_value)
+                  ppl=float(np.mean([v["ppl"] for v in vals])),
+                  collapsed=max(int(v["collapsed"]) for v in vals), baseline_kind="base" if head.finetuned else "A")
+    if not pooled:
+        return CriterionResult(**common, baseline_runs=None, paired_runs=None, metric="", value=float("nan"),
+                               baseline_value=None, baseline_ppl=None, baseline_collapsed=(), verdict="NO BASELINE",
+                               reason=summary.no_baseline_reason(head, runs))
+    if paired is not None:
+        refs = [summary.run_values(p) for p in paired]
     else:
-        base_value = base.values["static_hit_50"]
-        effect, effect_per_seed = value, tuple(per_seed_value)
-    ppl_cost = summary.relative_change(ppl, base.ppl)
-    metric_met = bool(effect >= gate - GATE_SLACK)
-    quality_met = bool(ppl_cost <= max_cost + GATE_SLACK)
-    verdict, reason = judge(metric_met, quality_met, collapsed)
-    return CriterionResult(**common, baseline_runs=base.runs, baseline_value=base_value, effect=effect,
-                           effect_per_seed=effect_per_seed, metric_met=metric_met, baseline_ppl=base.ppl,
-                           ppl_cost=ppl_cost,
-                           ppl_cost_per_seed=tuple(summary.relative_change(v["ppl"], base.ppl) for v in vals),
-                           quality_met=quality_met, verdict=verdict, reason=reason)
+        base = summary.make_baseline(pooled)
+        refs = [{"ppl": base.ppl, **base.values}] * len(group)
+    costs = [summary.relative_change(v["ppl"], ref["ppl"]) for v, ref in zip(vals, refs)]
+    max_cost = RQ1_MAX_PPL_COST if criterion == "RQ1" else RQ2_MAX_PPL_COST
+    quality = make_gate("ΔPPL", costs, max_cost, False, window.delta_ppl)
+    in_sample = None
+    if criterion == "RQ1":
+        metric = "LRU miss/token@25%"
+        values = [v["lru_miss_25"] for v in vals]
+        base_value = float(np.mean([ref["lru_miss_25"] for ref in refs]))
+        effects = [1.0 - v / ref["lru_miss_25"] for v, ref in zip(values, refs)]
+        metric_gate = make_gate("miss reduction", effects, RQ1_MIN_MISS_REDUCTION, True, window.miss_reduction)
+    else:
+        oos = all(v["static_hit_50_oos"] is not None for v in vals)
+        key = "static_hit_50_oos" if oos else "static_hit_50"
+        metric = "static hit@50% (pin fitted on the training split)" if oos else \
+            "static hit@50% (w=1.0, in-sample: no training-split trace)"
+        values = [v[key] for v in vals]
+        ref_values = [ref[key] for ref in refs]
+        base_value = float(np.mean(ref_values)) if all(x is not None for x in ref_values) else None
+        in_sample = float(np.mean([v["static_hit_50"] for v in vals]))
+        metric_gate = make_gate(metric.split(" (")[0], values, RQ2_MIN_STATIC_HIT, True, None,
+                                STATIC_NO_CI if not oos else STATIC_OOS_NO_CI)
+    baseline_collapsed = tuple(summary.pooled_collapsed(r)[0] for r in pooled)
+    verdicts = {c: judge(metric_gate, quality, common["collapsed"], baseline_collapsed, c)
+                for c in ("baseline", "none", "literal")}
+    return CriterionResult(
+        **common, baseline_runs=tuple(r.name for r in pooled),
+        paired_runs=tuple(p.name for p in paired) if paired is not None else None, metric=metric,
+        value=float(np.mean(values)), baseline_value=base_value,
+        baseline_ppl=float(np.mean([ref["ppl"] for ref in refs])), baseline_collapsed=baseline_collapsed,
+        verdict=verdicts["baseline"][0], reason=verdicts["baseline"][1], metric_gate=metric_gate,
+        quality_gate=quality, verdict_without_collapse=verdicts["none"][0],
+        verdict_literal_collapse=verdicts["literal"][0], in_sample_value=in_sample,
+        note="" if paired is not None else "pooled baseline: not every seed has a same-seed baseline run")
 
 
 STATIC_NO_CI = ("the w = 1.0 pin is chosen from the whole evaluation trace (in-sample), so resampling "
                 "windows does not apply")
-
-
-def with_intervals(result: CriterionResult, ci: intervals.ComparisonIntervals) -> CriterionResult:
-    """The result with its CIs, and each gate judged at the CI bound it is about."""
-    if result.verdict == "NO BASELINE":
-        return result
-
-    def bounds(interval: intervals.Interval) -> tuple[float, float] | None:
-        return (interval.low, interval.high) if interval.available else None
-
-    ppl_ci = bounds(ci.delta_ppl)
-    if result.criterion == "RQ1":
-        effect_ci, effect_note = bounds(ci.miss_reduction), ci.miss_reduction.note
-    else:
-        effect_ci, effect_note = None, STATIC_NO_CI
-    return dataclasses.replace(
-        result, effect_ci=effect_ci, effect_ci_note=effect_note, ppl_cost_ci=ppl_ci, ppl_cost_ci_note=ci.delta_ppl.note,
-        metric_met_at_bound=None if effect_ci is None else bool(effect_ci[0] >= result.metric_gate - GATE_SLACK),
-        quality_met_at_bound=None if ppl_ci is None else bool(ppl_ci[1] <= result.ppl_gate + GATE_SLACK))
+STATIC_OOS_NO_CI = "per-window static hits are not computed"
 
 
 def evaluate(runs: Sequence[Run]) -> list[CriterionResult]:
-    """Every applicable criterion for every non-A configuration among the complete runs, with CIs."""
+    """Every applicable criterion for every non-A configuration among the complete runs."""
     groups = sorted(summary.group_by_config(runs), key=lambda g: (g[0].size, g[0].tokens, g[0].arm, g[0].lam, g[0].mu))
-    judged = [(group, _rq(criterion, group, runs)) for group in groups
-              for criterion in CRITERIA_BY_ARM.get(group[0].arm, ())]
-    found = intervals.comparison_intervals([(group, summary.group_baseline_runs(group, runs)) for group, _ in judged])
-    results = [with_intervals(result, ci) for (_, result), ci in zip(judged, found)]
+    todo = [(group, criterion) for group in groups for criterion in CRITERIA_BY_ARM.get(group[0].arm, ())]
+    comparisons = []
+    for group, _ in todo:
+        pooled, paired = _refs(group, runs)
+        comparisons.append((group, paired, True) if paired is not None else (group, pooled))
+    found = intervals.comparison_intervals(comparisons)
+    results = [_rq(criterion, group, runs, ci) for (group, criterion), ci in zip(todo, found)]
     return sorted(results, key=lambda r: r.criterion)  # stable: keeps the group order within a criterion
 
 
-def overall(results: Sequence[CriterionResult], criterion: str) -> tuple[str, str]:
-    """Study-level answer: PASS if any configuration passes, else refuted or untested."""
+def overall(results: Sequence[CriterionResult], criterion: str, clause: str = "baseline") -> tuple[str, str]:
+    """Study-level answer: PASS if any configuration passes; NOT RESOLVED if none passes but one is open;
+    else REFUTED, with each configuration's binding reason."""
     mine = [r for r in results if r.criterion == criterion]
     judged = [r for r in mine if r.verdict != "NO BASELINE"]
-    passed = [r.config for r in judged if r.verdict == "PASS"]
+    if not judged:
+        return "NOT TESTED", ("no configuration with a matching arm-A baseline" if mine
+                              else "no run of an arm this criterion tests")
+
+    def verdict_of(r: CriterionResult) -> tuple[str, str]:
+        if clause == "baseline":
+            return r.verdict, r.reason
+        return judge(r.metric_gate, r.quality_gate, r.collapsed, r.baseline_collapsed, clause)
+
+    found = [(r.config, *verdict_of(r)) for r in judged]
+    passed = [c for c, v, _ in found if v == "PASS"]
     if passed:
         return "PASS", f"passed by {', '.join(passed)}"
-    if judged:
-        return "REFUTED", f"no tested configuration meets both gates ({len(judged)} tested)"
-    return "NOT TESTED", ("no configuration with a matching arm-A baseline" if mine
-                          else "no run of an arm this criterion tests")
+    why = "; ".join(f"{c}: {reason}" for c, _, reason in found)
+    if any(v == "NOT RESOLVED" for _, v, _ in found):
+        return "NOT RESOLVED", f"no configuration passes, some are not resolved ({len(judged)} tested): {why}"
+    return "REFUTED", f"no tested configuration passes ({len(judged)} tested): {why}"
 
 
 def collapse_report(runs: Sequence[Run]) -> list[dict[str, Any]]:
-    """Per complete run: experts under 1% pooled usage, total and per layer."""
+    """Per complete run: experts under 1% pooled usage, total and per layer, and the excess over arm A's."""
     out = []
     for r in runs:
         if r.complete:
             total, per_layer = summary.pooled_collapsed(r)
-            out.append({"run": r.name, "arm": r.arm, "collapsed": total, "per_layer": per_layer})
+            base = [summary.pooled_collapsed(b)[0] for b in summary.baseline_runs_for(r, runs)] if r.arm != "A" else []
+            out.append({"run": r.name, "arm": r.arm, "collapsed": total, "per_layer": per_layer,
+                        "baseline_collapsed": base, "excess": total - max(base) if base else None})
     return out
 
 
+# -- can this scale answer it? --------------------------------------------------------------------
+# The paper's main protocol (SPEC §2, §4): the 137m model and 200M training tokens.
+PAPER_PARAMS = 137_319_168
+PAPER_TOKENS = 200e6
+
+
+def detectable_ppl_cost(sd: float, n: int, confidence: float = intervals.CONFIDENCE) -> float:
+    """The smallest mean ΔPPL whose seed-level t-interval over n seed pairs excludes 0.
+
+    Assumes each seed-paired ΔPPL varies like the difference of two runs that
+    differ only in their seed, i.e. with SD √2·sd (sd: arm A's SD across seeds
+    of its relative PPL); the same batches per seed can only make pairs tighter.
+    """
+    from scipy import stats
+
+    return float(stats.t.ppf(0.5 + confidence / 2, n - 1)) * np.sqrt(2.0) * sd / np.sqrt(n)
+
+
+def testability(runs: Sequence[Run], results: Sequence[CriterionResult]) -> list[str]:
+    """Per arm-A budget that a judged configuration uses: A against each gate, A's seed spread against the
+    quality gate, tokens per parameter against the paper's, and whether each RQ can be tested here."""
+    lines = []
+    used = {r.baseline_runs for r in results if r.baseline_runs and r.baseline_kind == "A"}
+    for names in sorted(used, key=lambda t: (len(t), t), reverse=True):
+        a_runs = [r for r in runs if r.name in names]
+        vals = [summary.run_values(r) for r in a_runs]
+        ppls = np.array([v["ppl"] for v in vals])
+        head = a_runs[0]
+        lines.append(f"Arm A at {summary.format_tokens(head.tokens)} tokens, size {head.size} "
+                     f"({', '.join(names)}):")
+        miss = float(np.mean([v["lru_miss_25"] for v in vals]))
+        lines.append(f"* RQ1's miss gate is relative to arm A (A's own reduction is 0 by definition): A's LRU "
+                     f"miss/token@25% is {miss:.3f}, so the gate asks for ≤ {(1 - RQ1_MIN_MISS_REDUCTION) * miss:.3f}.")
+        oos = [v["static_hit_50_oos"] for v in vals]
+        ins = float(np.mean([v["static_hit_50"] for v in vals]))
+        rq2_value = float(np.mean(oos)) if all(x is not None for x in oos) else None
+        judged = rq2_value if rq2_value is not None else ins
+        rq2_open = not passes(judged, RQ2_MIN_STATIC_HIT, True)
+        lines.append(f"* RQ2's metric gate (static hit@50% ≥ {_pct(RQ2_MIN_STATIC_HIT)}): arm A itself has "
+                     f"{_pct(rq2_value) + ' out-of-sample (pin fitted on the training split), ' if rq2_value is not None else ''}"
+                     f"{_pct(ins)} in-sample; "
+                     + ("below the gate, so a confinement loss has room to show an effect."
+                        if rq2_open else "already at or above the gate before any confinement loss."))
+        rq1_open = None
+        if len(a_runs) >= 2:
+            rel = ppls / ppls.mean() - 1.0
+            sd = float(np.std(rel, ddof=1))
+            spread = float((ppls.max() - ppls.min()) / ppls.mean())
+            n = len(a_runs)
+            detect = {k: detectable_ppl_cost(sd, k) for k in sorted({2, 3, 5, n})}
+            rq1_open = detect[n] <= RQ1_MAX_PPL_COST
+            lines.append(f"* Arm A's seed spread: mean PPL {', '.join(f'{p:.2f}' for p in ppls)} over {n} seeds, "
+                         f"range {_pct(spread)} and SD {_pct(sd)} of the mean, against the quality gate of "
+                         f"{_pct(RQ1_MAX_PPL_COST, True)}. The smallest ΔPPL a seed-level 95% interval can tell from "
+                         f"0: " + ", ".join(f"{_pct(v, True)} with {k} seed pairs" for k, v in detect.items())
+                         + " (√2 × A's SD, t-interval).")
+        else:
+            lines.append("* Arm A's seed spread: unknown (one arm-A seed), so no seed-level interval can be formed.")
+        if head.params:
+            ratio, paper = head.tokens / head.params, PAPER_TOKENS / PAPER_PARAMS
+            lines.append(f"* Tokens per parameter: {ratio:.3g} ({summary.format_tokens(head.tokens)} tokens, "
+                         f"{summary.format_tokens(head.params)} parameters) against the paper's {paper:.3g} "
+                         f"({summary.format_tokens(PAPER_TOKENS)} on {summary.format_tokens(PAPER_PARAMS)}).")
+        rq1_words = ("cannot be decided at the quality gate: with one arm-A seed the seed noise is unknown"
+                     if rq1_open is None else
+                     f"{'can' if rq1_open else 'cannot'} be decided at the quality gate with the {len(a_runs)} seeds "
+                     "run (smallest detectable ΔPPL against the gate)")
+        lines.append(f"* Can this study test them? RQ1: {rq1_words}. RQ2: "
+                     + ("yes: arm A is below the static-hit gate." if rq2_open else
+                        "no: arm A already meets the static-hit gate, so passing it says nothing about the "
+                        "confinement loss."))
+    return lines
+
+
 # -- text -------------------------------------------------------------------------------------
-def _pct(x: float, signed: bool = False) -> str:
+def _pct(x: float | None, signed: bool = False) -> str:
+    if x is None:
+        return "—"
     return f"{100 * x:+.2f}%" if signed else f"{100 * x:.1f}%"
+
+
+def _interval(ci: tuple[float, float], signed: bool) -> str:
+    return f"[{_pct(ci[0], signed)}, {_pct(ci[1], signed)}]"
 
 
 def _seeds(values: Sequence[float], signed: bool) -> str:
@@ -198,89 +416,96 @@ def _seeds(values: Sequence[float], signed: bool) -> str:
 
 
 def format_result(r: CriterionResult) -> str:
-    """One line with the numbers, the gates and the verdict."""
+    """One line with the numbers, the verdict and its binding reason."""
     head = f"{r.criterion} [{r.config}] {', '.join(r.runs)}"
     if r.verdict == "NO BASELINE":
         return f"{head}: {r.reason} -> NO VERDICT"
-    met = {True: "met", False: "missed"}
     ref = r.baseline_kind  # "A" or "base"
-    if r.criterion == "RQ1":
-        metric = (f"{r.metric} {r.value:.3f} vs {ref} {r.baseline_value:.3f} = {_pct(r.effect)} reduction"
-                  f"{_seeds(r.effect_per_seed, False)} (gate >= {_pct(r.metric_gate)}: {met[r.metric_met]})")
+    if r.paired_runs is not None:
+        against = f"vs {ref} of the same seed ({', '.join(r.paired_runs)})"
     else:
-        metric = (f"{r.metric} {_pct(r.value)}{_seeds(r.effect_per_seed, False)} ({ref} {_pct(r.baseline_value)}; "
-                  f"gate >= {_pct(r.metric_gate)}: {met[r.metric_met]})")
-    quality = (f"mean PPL {r.ppl:.3f} vs {ref} {r.baseline_ppl:.3f} = {_pct(r.ppl_cost, True)}"
-               f"{_seeds(r.ppl_cost_per_seed, True)} (gate <= {_pct(r.ppl_gate, True)}: {met[r.quality_met]})")
-    against = f"vs A ({', '.join(r.baseline_runs)})" if ref == "A" else f"vs base {', '.join(r.baseline_runs)}"
-    return f"{head} {against}: {metric}; {quality}; collapsed {r.collapsed} -> {r.verdict} ({r.reason})"
-
-
-def _judged(at_point: bool, at_bound: bool | None, bound: str) -> str:
-    """'holds at the point and at the 95% CI's lower bound', 'holds at the point, fails at ...', ..."""
-    word = {True: "holds", False: "fails"}
-    if at_bound is None:
-        return f"{word[at_point]} at the point"
-    if at_bound == at_point:
-        return f"{word[at_point]} at the point and at the 95% CI's {bound} bound"
-    return f"{word[at_point]} at the point, {word[at_bound]} at the 95% CI's {bound} bound"
-
-
-def _interval_text(ci: tuple[float, float] | None, note: str, signed: bool) -> str:
-    if ci is None:
-        return f"no 95% CI: {note}"
-    digits = "+.2f" if signed else ".1f"
-    return f"95% CI [{100 * ci[0]:{digits}}, {100 * ci[1]:{digits}}]%"
-
-
-def _spread_text(values: Sequence[float], signed: bool) -> str:
-    spread = intervals.seed_spread(values)
-    if spread is None:
-        return ""
-    value = _pct(spread.mean, signed)
-    sd = f"{100 * spread.sd:.2f}" if signed else f"{100 * spread.sd:.1f}"
-    return f"; over {spread.n} seeds {value} ± {sd} (SD), {_pct(spread.low, signed)} to {_pct(spread.high, signed)}"
+        against = f"vs pooled A ({', '.join(r.baseline_runs)}; no same-seed pair)" if ref == "A" else \
+            f"vs base {', '.join(r.baseline_runs)}"
+    m, q = r.metric_gate, r.quality_gate
+    if r.criterion == "RQ1":
+        metric = (f"{r.metric} {r.value:.3f} vs {r.baseline_value:.3f} = {_pct(m.point)} reduction"
+                  f"{_seeds(m.per_seed, False)}")
+    else:
+        metric = (f"{r.metric} {_pct(r.value)}{_seeds(m.per_seed, False)} ({ref} {_pct(r.baseline_value)}; "
+                  f"in-sample w=1.0 pin {_pct(r.in_sample_value)})")
+    quality = f"mean PPL {r.ppl:.3f} vs {r.baseline_ppl:.3f} = {_pct(q.point, True)}{_seeds(q.per_seed, True)}"
+    lo, hi = min(r.baseline_collapsed), max(r.baseline_collapsed)
+    collapse = f"collapsed {r.collapsed} (baseline {lo if lo == hi else f'{lo}–{hi}'})"
+    return (f"{head} {against}: {metric}; {quality}; {collapse} -> {r.verdict} ({r.reason}); "
+            f"without the collapse clause: {r.verdict_without_collapse}; "
+            f"with SPEC §9's clause read literally: {r.verdict_literal_collapse}")
 
 
 def gate_lines(r: CriterionResult) -> list[str]:
-    """Each gate of a judged criterion at the point estimate and at its CI bound, with the seed spread."""
+    """Each gate: its state, the interval it was judged at (labelled with the noise it covers), and the others."""
     if r.verdict == "NO BASELINE":
         return []
-    name = "miss reduction" if r.criterion == "RQ1" else r.metric  # RQ1's effect is relative to the baseline
-    metric = (f"{name} ≥ {_pct(r.metric_gate)}: {_judged(r.metric_met, r.metric_met_at_bound, 'lower')} "
-              f"(point {_pct(r.effect)}, {_interval_text(r.effect_ci, r.effect_ci_note, False)})")
-    quality = (f"ΔPPL ≤ {_pct(r.ppl_gate, True)}: {_judged(r.quality_met, r.quality_met_at_bound, 'upper')} "
-               f"(point {_pct(r.ppl_cost, True)}, {_interval_text(r.ppl_cost_ci, r.ppl_cost_ci_note, True)})")
-    return [f"  {r.criterion} {metric}{_spread_text(r.effect_per_seed, False)}",
-            f"  {r.criterion} {quality}{_spread_text(r.ppl_cost_per_seed, True)}"]
+    lines = []
+    for g in (r.metric_gate, r.quality_gate):
+        signed = g.name == "ΔPPL"
+        op = "≥" if g.at_least else "≤"
+        judged = (f"judged at {_interval(g.interval, signed)}, the {g.interval_label}" if g.interval is not None
+                  else g.interval_label)
+        extra = []
+        if g.window_ci is not None and g.interval != g.window_ci:
+            extra.append(f"{WINDOW_LABEL} {_interval(g.window_ci, signed)}")
+        elif g.window_ci is None and g.seed_ci is not None:
+            extra.append(f"no window interval: {g.window_ci_note}")
+        lines.append(f"  {r.criterion} {g.name} {op} {_pct(g.gate, signed)}: {g.state} (point {_pct(g.point, signed)}"
+                     f"{_seeds(g.per_seed, signed)}; {judged}" + "".join(f"; {e}" for e in extra) + ")")
+    return lines
 
 
 def format_collapse(entry: dict[str, Any]) -> str:
+    against = ""
+    if entry.get("excess") is not None:
+        base = entry["baseline_collapsed"]
+        against = f"; baseline {min(base)}–{max(base)}, excess {entry['excess']:+d}" if min(base) != max(base) \
+            else f"; baseline {base[0]}, excess {entry['excess']:+d}"
     if entry["collapsed"] == 0:
-        return f"COLLAPSE {entry['run']}: none (every expert >= 1% usage in every layer)"
+        return f"COLLAPSE {entry['run']}: none (every expert >= 1% usage in every layer){against}"
     layers = ", ".join(f"L{i}: {n}" for i, n in enumerate(entry["per_layer"]) if n)
-    return f"COLLAPSE {entry['run']}: {entry['collapsed']} experts < 1% usage ({layers}) -> expert collapse " \
-           f"(failure mode)"
+    return f"COLLAPSE {entry['run']}: {entry['collapsed']} experts < 1% usage ({layers}){against}"
 
 
-def verdict_text(runs: Sequence[Run]) -> str:
-    results = evaluate(runs)
+def verdict_text(runs: Sequence[Run], results: Sequence[CriterionResult] | None = None) -> str:
+    results = evaluate(runs) if results is None else results
     lines = [line for r in results for line in (format_result(r), *gate_lines(r))]
     for criterion in ("RQ1", "RQ2"):
         state, why = overall(results, criterion)
         lines.append(f"{criterion} overall: {state} ({why})")
+        for clause, words in (("none", "without the collapse clause"),
+                              ("literal", "with SPEC §9's collapse clause read literally")):
+            other = overall(results, criterion, clause)
+            lines.append(f"{criterion} overall {words}: {other[0]}")
+    lines.append(f"Collapse clause: {COLLAPSE_CHOICE}")
     lines += [format_collapse(e) for e in collapse_report(runs)]
     return "\n".join(lines) + "\n"
+
+
+def _result_json(r: CriterionResult) -> dict[str, Any]:
+    out = dataclasses.asdict(r)
+    out.update(effect=r.effect, ppl_cost=r.ppl_cost, pairing=r.pairing)
+    return out
 
 
 def verdict_json(runs: Sequence[Run]) -> dict[str, Any]:
     results = evaluate(runs)
     return {
-        "criteria": [dataclasses.asdict(r) for r in results],
+        "criteria": [_result_json(r) for r in results],
         "overall": {c: dict(zip(("verdict", "reason"), overall(results, c))) for c in ("RQ1", "RQ2")},
+        "overall_without_collapse": {c: overall(results, c, "none")[0] for c in ("RQ1", "RQ2")},
+        "overall_literal_collapse": {c: overall(results, c, "literal")[0] for c in ("RQ1", "RQ2")},
+        "collapse_choice": COLLAPSE_CHOICE,
         "collapse": collapse_report(runs),
         "gates": {"rq1_min_miss_reduction": RQ1_MIN_MISS_REDUCTION, "rq1_max_ppl_cost": RQ1_MAX_PPL_COST,
-                  "rq2_min_static_hit": RQ2_MIN_STATIC_HIT, "rq2_max_ppl_cost": RQ2_MAX_PPL_COST},
+                  "rq2_min_static_hit": RQ2_MIN_STATIC_HIT, "rq2_max_ppl_cost": RQ2_MAX_PPL_COST,
+                  "slack": GATE_SLACK},
     }
 
 

@@ -88,7 +88,7 @@ def write_run(root: Path, name: str, *, arm: str = "A", lam: float = 0.0, mu: fl
 def fake_paper_metrics(*, reuse: float = 0.3, lru_miss_25: float = 2.0, static_hit_50: float = 0.7,
                        static_hit_50_w02: float = 0.65, lru_hit_12: float = 0.25, belady_hit_25: float = 0.6,
                        collapsed: int = 0, num_tokens: int = 100, num_layers: int = 2, k: int = K,
-                       num_experts: int = E) -> dict:
+                       num_experts: int = E, static_hit_50_oos: float | None = None) -> dict:
     """A paper_metrics dict whose table values are the given numbers (others filler)."""
     loads = num_layers * k
 
@@ -104,6 +104,9 @@ def fake_paper_metrics(*, reuse: float = 0.3, lru_miss_25: float = 2.0, static_h
     cache["static_w1.0"]["0.5"] = entry(hit=static_hit_50)
     cache["static_w0.2"]["0.5"] = entry(hit=static_hit_50_w02)
     cache["belady"]["0.25"] = entry(hit=belady_hit_25)
+    if static_hit_50_oos is not None:  # the pin fitted on the training split (runs with trace_<d>_train.npz)
+        cache["static_train"] = {f: entry(hit=0.5) for f in ("0.125", "0.25", "0.5")}
+        cache["static_train"]["0.5"] = entry(hit=static_hit_50_oos)
     return {"num_tokens": num_tokens, "num_layers": num_layers, "num_experts": num_experts, "k": k,
             "reuse_lag1": reuse, "chance_uniform": k / num_experts, "chance_marginal": 0.2,
             "working_set_95": 0.8, "collapsed": collapsed, "collapsed_per_layer": [collapsed] + [0] * (num_layers - 1),
@@ -165,3 +168,54 @@ def block_experts(layers: int = 2, tokens: int = 64, block: int = 8) -> np.ndarr
     b = np.arange(tokens) // block
     pair = np.stack([(2 * b) % E, (2 * b + 1) % E], axis=-1)
     return np.broadcast_to(pair, (layers, tokens, K)).astype(np.int16).copy()
+
+
+# -- a synthetic study with per-window data (intervals computable), built in memory ----------------
+STUDY_WINDOWS, STUDY_WINDOW_TOKENS = 8, 16
+STUDY_DOMAINS = {"prose": 3.0, "code": 1.0, "math": 2.0}  # base CE per domain
+
+
+def windowed_run(name: str, *, arm: str = "A", lam: float = 0.0, mu: float = 0.0, seed: int = 1,
+                 ppl_cost: float = 0.0, miss_level: float = 2.0, seed_shift: float = 0.0, collapsed: int = 0,
+                 static: float = 0.7, static_oos: float | None = None, tokens: float = 1e6):
+    """A fake run whose windows give ΔPPL ≈ ``ppl_cost`` and ``miss_level`` LRU misses/token (±5% per window).
+
+    ``seed_shift`` moves every window's CE by that much (a seed's training noise); ``collapsed``
+    experts of layer 0 are never used (pooled collapse count).
+    """
+    i = np.arange(STUDY_WINDOWS)
+    window_ce = {d: ce + math.log1p(ppl_cost) + seed_shift + 0.05 * np.sin(i + seed)
+                 for d, ce in STUDY_DOMAINS.items()}
+    window_misses = {d: np.rint(miss_level * STUDY_WINDOW_TOKENS * (1 + 0.05 * np.cos(i * seed + j))).astype(int)
+                     for j, d in enumerate(STUDY_DOMAINS)}
+    num_tokens = STUDY_WINDOWS * STUDY_WINDOW_TOKENS
+    metrics, counts = {}, {}
+    for d in STUDY_DOMAINS:
+        metrics[d] = fake_paper_metrics(lru_miss_25=float(window_misses[d].sum()) / num_tokens, static_hit_50=static,
+                                        static_hit_50_oos=static_oos, num_tokens=num_tokens)
+        layer0 = [num_tokens * K // E] * E
+        for e in range(collapsed):
+            layer0[e] = 0
+        counts[d] = [layer0, [num_tokens * K // E] * E]
+    return fake_run(name, arm=arm, lam=lam, mu=mu, seed=seed, tokens=tokens, metrics=metrics, counts=counts,
+                    window_ce={d: v.tolist() for d, v in window_ce.items()},
+                    window_misses={d: v.tolist() for d, v in window_misses.items()},
+                    window_tokens=STUDY_WINDOW_TOKENS)
+
+
+def synthetic_study() -> list:
+    """Arm A (2 seeds, 1 and 2 collapsed experts, seeds 1.6% apart in PPL) and arm B at three λ.
+
+    λ = 0.01 (2 seeds): 5% fewer misses, about free; λ = 0.03 (2 seeds): seed 1 at 12%, seed 2 at 4%
+    (below λ = 0.01's seed 1); λ = 0.1 (1 seed): 42% fewer misses at −0.4% PPL, meets both gates, but
+    14 collapsed experts against arm A's 1–2.
+    """
+    return [
+        windowed_run("a-s1", seed=1, collapsed=1, static=0.94, static_oos=0.91),
+        windowed_run("a-s2", seed=2, collapsed=2, seed_shift=0.016, static=0.94, static_oos=0.92),
+        windowed_run("b-l0.01-s1", arm="B", lam=0.01, seed=1, miss_level=1.9, ppl_cost=0.001),
+        windowed_run("b-l0.01-s2", arm="B", lam=0.01, seed=2, miss_level=1.9, ppl_cost=0.0, seed_shift=0.016),
+        windowed_run("b-l0.03-s1", arm="B", lam=0.03, seed=1, miss_level=1.76, ppl_cost=0.004),
+        windowed_run("b-l0.03-s2", arm="B", lam=0.03, seed=2, miss_level=1.92, ppl_cost=0.003, seed_shift=0.016),
+        windowed_run("b-l0.1-s1", arm="B", lam=0.1, seed=1, miss_level=1.16, ppl_cost=-0.004, collapsed=14),
+    ]
