@@ -4,66 +4,65 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import numpy as np
-import pandas as pd
 import pytest
 
-from analysis import report
+from analysis import report, verdict
 from moe import rundir
-from tests.analysis_fixtures import block_experts, spread_experts, write_run
-
-NAN = float("nan")
+from tests.analysis_fixtures import block_experts, fake_paper_metrics, fake_run, spread_experts, write_run
 
 
-def comp_rows(*entries):
-    """comparisons() rows from (run, arm, λ, seed, ΔPPL, ΔPPL CI, miss red., miss CI)."""
-    rows = []
-    for run, arm, lam, seed, dppl, dci, miss, mci in entries:
-        rows.append({"run": run, "arm": arm, "lam": lam, "mu": 0.0, "seed": seed, "delta_ppl": dppl,
-                     "delta_ppl_ci_low": dci[0], "delta_ppl_ci_high": dci[1], "miss_reduction_25": miss,
-                     "miss_reduction_25_ci_low": mci[0], "miss_reduction_25_ci_high": mci[1]})
-    return pd.DataFrame(rows)
+DOMAINS = ("prose", "code", "math")
 
 
-MONOTONE = comp_rows(("a-s1", "A", 0.0, 1, 0.0, (0, 0), 0.0, (0, 0)),
-                     ("b-lam0.01-s1", "B", 0.01, 1, 0.002, (0.001, 0.003), 0.10, (0.05, 0.15)),
-                     ("b-lam0.1-s1", "B", 0.1, 1, 0.020, (0.015, 0.025), 0.40, (0.35, 0.45)),
-                     ("b-lam0.3-s1", "B", 0.3, 1, 0.050, (0.040, 0.060), 0.45, (0.38, 0.52)))
+def _run(name, arm="B", lam=0.0, seed=1, ppl=10.0, miss=2.0):
+    return fake_run(name, arm=arm, lam=lam, seed=seed, losses={d: math.log(ppl) for d in DOMAINS},
+                    metrics={d: fake_paper_metrics(lru_miss_25=miss) for d in DOMAINS})
 
 
-def test_dose_response_monotone_in_both_replicates_and_counts_the_separated_steps():
-    f = report.dose_response_finding(MONOTONE)
+# ΔPPL +0.2%, +2%, +5% and miss reduction 10%, 40%, 45% at λ = 0.01, 0.1, 0.3 (no per-window data: points only).
+MONOTONE = [_run("a-s1", "A"), _run("b-lam0.01-s1", lam=0.01, ppl=10.02, miss=1.8),
+            _run("b-lam0.1-s1", lam=0.1, ppl=10.2, miss=1.2), _run("b-lam0.3-s1", lam=0.3, ppl=10.5, miss=1.1)]
+
+
+def _findings(runs, finding):
+    return finding(verdict.evaluate(runs))
+
+
+def test_dose_response_monotone_in_both_replicates_and_states_its_intervals():
+    f = _findings(MONOTONE, report.dose_response_finding)
     assert f.status == "replicates"
-    # 0.01 -> 0.1: [0.05, 0.15] vs [0.35, 0.45] separated; 0.1 -> 0.3: [0.35, 0.45] vs [0.38, 0.52] overlap.
-    assert "1 of 2 adjacent λ steps" in f.evidence
-    assert "λ=0.1: miss red. +40.0% (95% CI [+35.0%, +45.0%])" in f.evidence
+    assert "0 of 2 adjacent λ steps" in f.evidence  # no interval: nothing is separated at 95%
+    assert "λ=0.1 (1 seed, seed-paired): miss red. +40.0% (no interval)" in f.evidence
 
 
 def test_dose_response_with_misses_rising_at_one_step_only_partly_replicates():
-    broken = MONOTONE.copy()
-    broken.loc[broken["run"] == "b-lam0.3-s1", "miss_reduction_25"] = 0.30  # falls from 0.40
-    assert report.dose_response_finding(broken).status == "partly replicates"
-    both = broken.copy()
-    both.loc[both["run"] == "b-lam0.3-s1", "delta_ppl"] = 0.01  # PPL falls too
-    assert report.dose_response_finding(both).status == "does not replicate"
+    broken = MONOTONE[:3] + [_run("b-lam0.3-s1", lam=0.3, ppl=10.5, miss=1.4)]  # falls from 0.40 to 0.30
+    assert _findings(broken, report.dose_response_finding).status == "partly replicates"
+    both = MONOTONE[:3] + [_run("b-lam0.3-s1", lam=0.3, ppl=10.1, miss=1.4)]  # PPL falls too
+    assert _findings(both, report.dose_response_finding).status == "does not replicate"
 
 
 def test_seeds_of_a_lambda_are_averaged_before_the_monotonicity_check():
-    seeds = pd.concat([MONOTONE, comp_rows(("b-lam0.1-s2", "B", 0.1, 2, 0.030, (NAN, NAN), 0.60, (NAN, NAN)))])
-    # λ=0.1: mean miss reduction (0.40 + 0.60) / 2 = 0.50 > λ=0.3's 0.45: no longer monotone.
-    assert report.dose_response_finding(seeds).status == "partly replicates"
+    seeds = MONOTONE + [_run("a-s2", "A", seed=2), _run("b-lam0.1-s2", lam=0.1, seed=2, ppl=10.3, miss=0.8)]
+    # λ=0.1: mean seed-paired miss reduction (0.40 + 0.60) / 2 = 0.50 > λ=0.3's 0.45: no longer monotone.
+    assert _findings(seeds, report.dose_response_finding).status == "partly replicates"
 
 
 def test_gates_coupled_when_no_lambda_meets_both_and_unresolved_when_only_the_point_does():
-    assert report.gates_finding(MONOTONE).status == "replicates"  # the miss gate needs λ ≥ 0.1, whose ΔPPL > 1%
-    point_only = MONOTONE.copy()
-    row = point_only["run"] == "b-lam0.1-s1"
-    point_only.loc[row, ["delta_ppl", "delta_ppl_ci_low", "delta_ppl_ci_high"]] = [0.008, 0.004, 0.012]
-    f = report.gates_finding(point_only)
-    assert f.status == "not resolved" and "λ = 0.1 meets both at the point estimate" in f.evidence
-    point_only.loc[row, "delta_ppl_ci_high"] = 0.009
-    assert report.gates_finding(point_only).status == "does not replicate"
+    assert _findings(MONOTONE, report.gates_finding).status == "replicates"  # miss gate needs λ ≥ 0.1: ΔPPL > 1%
+    a2 = _run("a-s2", "A", seed=2)
+    # λ = 0.1 over two seeds: ΔPPL +0.4% and +1.2%, mean +0.8%; the seed-level interval straddles +1%.
+    wide = MONOTONE + [a2, _run("b-lam0.1-s1", lam=0.1, ppl=10.04, miss=1.2),
+                       _run("b-lam0.1-s2", lam=0.1, seed=2, ppl=10.12, miss=1.2)]
+    wide = [r for i, r in enumerate(wide) if i != 2]  # the new λ = 0.1 seeds replace the one above
+    f = _findings(wide, report.gates_finding)
+    assert f.status == "not resolved" and "λ=0.1 meets both gates at the point but not over the whole" in f.evidence
+    tight = [r for r in wide if not r.name.startswith("b-lam0.1")] + [
+        _run("b-lam0.1-s1", lam=0.1, ppl=10.08, miss=1.2), _run("b-lam0.1-s2", lam=0.1, seed=2, ppl=10.08, miss=1.2)]
+    assert _findings(tight, report.gates_finding).status == "does not replicate"
 
 
 def point(tau=0.0, eps=0.0, prime=False, stream="domains", misses=2.0, prefetch=0.0, ppl_cost=0.0,
@@ -156,7 +155,18 @@ def test_the_page_states_every_finding_and_is_regenerated_byte_for_byte(tmp_path
             "usage.png"} <= set(figures)
     assert all(b.startswith(b"\x89PNG") for b in figures.values())
     # B's block routing misses far less than A's spread routing: the dose-response row shows it with a CI.
-    assert "| b-lam0.3-s1 | 0.3 | 0 | 1 |" in page and "95% CI [" in page
+    assert "| b-lam0.3-s1 | 0.3 | 0 | 1 | — (no same-seed A)" not in page and "| b-lam0.3-s1 | 0.3 | 0 | 1 | a-s1 |" in page
+    assert "95% CI [" in page
+    # Every interval printed on the page contains the number printed beside it (table cells and findings).
+    cells = re.findall(r"([+-]?[\d.]+)% \| 95% CI \[([+-]?[\d.]+)%, ([+-]?[\d.]+)%\]", page)
+    inline = re.findall(r"([+-]?[\d.]+)% \(95% CI \[([+-]?[\d.]+)%, ([+-]?[\d.]+)%\]", page)
+    assert len(cells) >= 4 and inline
+    assert all(float(lo) - 0.01 <= float(x) <= float(hi) + 0.01 for x, lo, hi in cells + inline)
+    # The verdict lines name their binding reason; the testability block and the deviations table are there.
+    assert re.search(r"-> (PASS|FAIL|NOT RESOLVED) \((meets both gates|fails the|.* not resolved)", page)
+    assert "## Can this scale answer the questions?" in page and "Can this study test them? RQ1:" in page
+    assert "| λ grid (arm B) | 0.01, 0.02, 0.03, 0.05, 0.2 | 0.1, 0.3 |" in page
+    assert "Collapse clause: SPEC §9" in page
     assert report.main(args) == 0
     assert report.strip_timings((out / "tiny-study.md").read_text()) == report.strip_timings(page)
     assert {p.name: p.read_bytes() for p in (out / "tiny-study").iterdir()} == figures

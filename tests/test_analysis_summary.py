@@ -59,8 +59,11 @@ def test_baseline_matches_tokens_and_size_and_averages_seeds():
     assert base.runs == ("a1", "a2")
     assert base.ppl == pytest.approx(15.0)
     row = summary.run_row(b, runs)
-    assert row["delta_ppl"] == pytest.approx(0.1)
-    assert row["domains"]["prose"]["delta_ppl"] == pytest.approx(0.1)
+    # Seed-paired first (b is seed 1: against a1), the pooled baseline (A's seed mean) beside it.
+    assert (row["paired_baseline"], row["pairing"]) == ("a1", "seed")
+    assert row["delta_ppl"] == pytest.approx(0.65) and row["delta_ppl_pooled"] == pytest.approx(0.1)
+    assert row["domains"]["prose"]["delta_ppl"] == pytest.approx(0.65)
+    assert row["domains"]["prose"]["delta_ppl_pooled"] == pytest.approx(0.1)
     assert row["baseline"] == ["a1", "a2"]
 
 
