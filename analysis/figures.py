@@ -53,19 +53,42 @@ def _slug(name: str) -> str:
 
 # -- data for the figures ---------------------------------------------------------------------
 def dose_response_points(runs: Sequence[Run]) -> list[dict[str, Any]]:
-    """Per arm-B run with a matching baseline: λ, miss reduction and PPL cost vs arm A."""
+    """Per arm-B configuration the verdict judged (RQ1): λ, the seed-paired effects (seed mean and each seed's)
+    and the interval the verdict judged each at; the figure draws the verdict's numbers, never its own."""
     points = []
-    for r in runs:
-        if r.arm != "B" or not r.complete or r.lam <= 0:
-            continue
-        base = summary.baseline_for(r, runs)
-        if base is None:
-            continue
-        vals = summary.run_values(r)
-        points.append({"run": r.name, "lam": r.lam, "series": f"{summary.format_tokens(r.tokens)} tokens, {r.size}",
-                       "miss_reduction": 1.0 - vals["lru_miss_25"] / base.values["lru_miss_25"],
-                       "ppl_cost": summary.relative_change(vals["ppl"], base.ppl)})
+    for r, head in _rq1_b(runs):
+        m, q = r.metric_gate, r.quality_gate
+        kind = "seed-level t" if m.seed_ci is not None else "window bootstrap" if m.interval is not None else ""
+        points.append({"config": r.config, "runs": list(r.runs), "lam": head.lam,
+                       "series": f"{summary.format_tokens(head.tokens)} tokens, {head.size}",
+                       "miss_reduction": m.point, "ppl_cost": q.point, "miss_seeds": list(m.per_seed),
+                       "ppl_seeds": list(q.per_seed), "miss_interval": m.interval, "ppl_interval": q.interval,
+                       "interval": kind})
     return points
+
+
+def _rq1_b(runs: Sequence[Run]) -> list[tuple[Any, Run]]:
+    """(the verdict's RQ1 result, its first run) of each arm-B configuration with λ > 0 and a baseline."""
+    by_name = {r.name: r for r in runs}
+    return [(r, by_name[r.runs[0]]) for r in verdict.evaluate(runs)
+            if r.criterion == "RQ1" and r.verdict != "NO BASELINE" and by_name[r.runs[0]].arm == "B"
+            and by_name[r.runs[0]].lam > 0]
+
+
+def a_seed_bands(runs: Sequence[Run]) -> dict[str, dict[str, tuple[float, float]]]:
+    """{series: {"miss_reduction"|"ppl_cost": (low, high)}}: arm A's seeds against their own mean (2+ seeds)."""
+    bands = {}
+    for group in summary.group_by_config(runs):
+        if group[0].arm != "A" or len(group) < 2:
+            continue
+        vals = [summary.run_values(r) for r in group]
+        ppl = np.mean([v["ppl"] for v in vals])
+        miss = np.mean([v["lru_miss_25"] for v in vals])
+        costs = [v["ppl"] / ppl - 1 for v in vals]
+        reductions = [1 - v["lru_miss_25"] / miss for v in vals]
+        bands[f"{summary.format_tokens(group[0].tokens)} tokens, {group[0].size}"] = {
+            "ppl_cost": (min(costs), max(costs)), "miss_reduction": (min(reductions), max(reductions))}
+    return bands
 
 
 def cached_budget_curves(run: Run) -> dict[str, dict[str, tuple[list[float], list[float]]]]:
@@ -135,14 +158,15 @@ def _method(setting: Mapping[str, Any]) -> str:
     return " + ".join(parts) or "plain"
 
 
-def read_frontier(run: Run) -> tuple[dict[str, tuple[list[float], list[float]]], str] | None:
+def read_frontier(run: Run, *, with_tau: bool = False) -> tuple[dict[str, tuple[list[float], ...]], str] | None:
     """The run's frontier.json (moe.cache_aware.frontier, schema 1) as plot series; None when absent.
 
     Returns ({series label: (miss reductions, PPL costs)}, reference): costs and
     reductions against the arm-A baseline when the file has one for every
     point (the paper's stacking plot), else against the run's own τ = 0 point.
     Each series is one stream × capacity × combination of interventions, and
-    starts at that stream's plain (all-off) point.
+    starts at that stream's plain (all-off) point. ``with_tau``: each series
+    carries a third list, the τ of each point (None at the plain point), for labels.
     """
     path = run.path / FRONTIER_FILE
     if not path.is_file():
@@ -176,15 +200,18 @@ def read_frontier(run: Run) -> tuple[dict[str, tuple[list[float], list[float]]],
             label += f", cap {100 * float(where[1]):g}%"
         if len(streams) > 1:
             label += f" ({where[0]})"
-        xs, ys = series.setdefault(label, ([], []))
+        xs, ys, taus = series.setdefault(label, ([], [], []))
         xs.append(xy[0])
         ys.append(xy[1])
+        taus.append(p["setting"].get("tau") if isinstance(p.get("setting"), dict) else None)
         where_of[label] = where
-    for label, (xs, ys) in series.items():
+    for label, (xs, ys, taus) in series.items():
         start = plain.get(where_of[label])
         if start is not None:
             xs.insert(0, start[0])
             ys.insert(0, start[1])
+            taus.insert(0, None)
+    series = {label: value if with_tau else value[:2] for label, value in series.items()}
     return series, ("arm A (same size and tokens)" if vs_a else "the same run at τ = 0")
 
 
@@ -255,9 +282,11 @@ def training_curve_data(runs: Sequence[Run]) -> list[dict[str, Any]]:
     for r in runs:
         train, val = train_curve(r), val_curves(r)
         final = {d: ([r.tokens], [ev.val_ppl]) for d, ev in r.domains.items()}
+        windows = ((r.config.get("config") or {}).get("train") or {}).get("eval_windows")
         if train[0] or val or final:
             out.append({"label": r.name, "arm": r.arm, "strength": r.mu if r.arm == "C" else r.lam,
-                        "train": train, "val": val, "final": final})
+                        "train": train, "val": val, "final": final,
+                        "val_windows": windows if isinstance(windows, int) and windows > 0 else None})
     return out
 
 
@@ -317,10 +346,11 @@ def run_usage(runs: Sequence[Run]) -> tuple[dict[str, dict[str, np.ndarray]], fl
     return usage, vmax
 
 
-def draw_dose_response(points: Sequence[Mapping[str, Any]], stem: Path) -> list[Path]:
-    """dose_response_points drawn with the RQ1 gates."""
+def draw_dose_response(points: Sequence[Mapping[str, Any]], stem: Path,
+                       bands: Mapping[str, Mapping[str, tuple[float, float]]] | None = None) -> list[Path]:
+    """dose_response_points drawn with the RQ1 gates (and arm A's seed range, a_seed_bands)."""
     return plots.dose_response(points, stem, miss_gate=verdict.RQ1_MIN_MISS_REDUCTION,
-                               ppl_gate=verdict.RQ1_MAX_PPL_COST)
+                               ppl_gate=verdict.RQ1_MAX_PPL_COST, bands=bands)
 
 
 # -- the CLI ----------------------------------------------------------------------------------
@@ -350,7 +380,7 @@ def _figure_tasks(runs: Sequence[Run], complete: Sequence[Run], trace_dirs: Sequ
     tasks: list[Callable[[], list[Path]]] = []
     points = dose_response_points(complete)
     if points:
-        tasks.append(lambda: draw_dose_response(points, out / "dose_response"))
+        tasks.append(lambda: draw_dose_response(points, out / "dose_response", a_seed_bands(complete)))
     if runs:
         tasks.append(lambda: plots.training_curves(training_curve_data(runs), out / "training_curves",
                                                    title=TRAINING_CURVES_TITLE))
@@ -363,7 +393,7 @@ def _figure_tasks(runs: Sequence[Run], complete: Sequence[Run], trace_dirs: Sequ
                                     f"rate vs cache budget (per layer, {summary.format_tokens(r.tokens)} tokens)")
         paths += plots.expert_usage({r.name: usage[r.name]}, out / f"usage_{_slug(r.name)}",
                                     title=f"{r.name}: expert usage", vmax=vmax)
-        frontier = read_frontier(r)
+        frontier = read_frontier(r, with_tau=True)
         if frontier is not None:
             series, reference = frontier
             paths += plots.frontier(series, out / f"frontier_{_slug(r.name)}",

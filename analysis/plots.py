@@ -19,6 +19,7 @@ matplotlib.use("Agg")  # Headless: figures are files, never windows.
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from cachesim.metrics import COLLAPSE_THRESHOLD  # noqa: E402
 from moe import rundir  # noqa: E402
 
 FORMATS = ("png", "pdf")
@@ -52,21 +53,39 @@ def _metadata(fmt: str) -> dict:
     return {"Software": "cacheable-moe analysis"}
 
 
-def dose_response(points: Sequence[Mapping], stem: Path, *, miss_gate: float, ppl_gate: float) -> list[Path]:
+def dose_response(points: Sequence[Mapping], stem: Path, *, miss_gate: float, ppl_gate: float,
+                  bands: Mapping[str, Mapping[str, tuple[float, float]]] | None = None) -> list[Path]:
     """Miss reduction and PPL cost against λ, one series per (size, tokens), RQ1 gates drawn.
 
-    ``points``: dicts with ``lam``, ``series`` (label), ``miss_reduction`` and
-    ``ppl_cost`` (fractions vs the matching arm A). Seeds are dots; the line
-    joins the seed means.
+    ``points``: one per configuration: ``lam``, ``series`` (label), ``miss_reduction``
+    and ``ppl_cost`` (seed means of the seed-paired effects), ``miss_seeds`` and
+    ``ppl_seeds`` (each seed's, drawn as dots), ``miss_interval`` and
+    ``ppl_interval`` (the interval the verdict judged at, drawn as error bars;
+    None: none) and ``interval`` (what that interval covers, for the legend).
+    ``bands``: {series: {"miss_reduction"|"ppl_cost": (low, high)}}: arm A's
+    own seeds against their mean, shaded (the noise an effect must exceed).
     """
-    fig, (ax_miss, ax_ppl) = plt.subplots(1, 2, figsize=(10, 4), layout="constrained")
+    fig, (ax_miss, ax_ppl) = plt.subplots(1, 2, figsize=(11, 4.4), layout="constrained")
+    kinds = sorted({p["interval"] for p in points if p.get("interval")})
     for series in sorted({p["series"] for p in points}):
-        mine = [p for p in points if p["series"] == series]
-        lams = sorted({p["lam"] for p in mine})
+        mine = sorted((p for p in points if p["series"] == series), key=lambda p: p["lam"])
+        lams = [p["lam"] for p in mine]
         for ax, key in ((ax_miss, "miss_reduction"), (ax_ppl, "ppl_cost")):
-            means = [100 * np.mean([p[key] for p in mine if p["lam"] == lam]) for lam in lams]
+            means = np.array([100 * p[key] for p in mine])
             (line,) = ax.plot(lams, means, "-", label=series)
-            ax.scatter([p["lam"] for p in mine], [100 * p[key] for p in mine], color=line.get_color(), s=18)
+            color = line.get_color()
+            for p, mean in zip(mine, means):
+                ax.scatter([p["lam"]] * len(p[f"{key.split('_')[0]}_seeds"]),
+                           [100 * v for v in p[f"{key.split('_')[0]}_seeds"]], color=color, s=14, alpha=0.6,
+                           marker="o", zorder=3)
+                interval = p.get(f"{key.split('_')[0]}_interval")
+                if interval is not None:
+                    ax.errorbar([p["lam"]], [mean], yerr=[[mean - 100 * interval[0]], [100 * interval[1] - mean]],
+                                color=color, capsize=3, lw=1)
+            band = (bands or {}).get(series, {}).get(key)
+            if band is not None:
+                ax.axhspan(100 * band[0], 100 * band[1], color=color, alpha=0.12,
+                           label=f"arm A's seed range ({series})")
     ax_miss.axhline(100 * miss_gate, color="k", ls="--", lw=1, label=f"RQ1 gate (≥ {100 * miss_gate:g}%)")
     ax_ppl.axhline(100 * ppl_gate, color="k", ls="--", lw=1, label=f"RQ1 gate (≤ +{100 * ppl_gate:g}%)")
     ax_ppl.axhline(0, color="0.6", lw=0.8)
@@ -76,7 +95,9 @@ def dose_response(points: Sequence[Mapping], stem: Path, *, miss_gate: float, pp
                title="Quality cost")
     for ax in (ax_miss, ax_ppl):
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=7)
+    fig.suptitle("Seed-paired effects vs arm A: dots = seeds, line = seed mean, bars = 95% intervals ("
+                 + "; ".join(kinds) + ")" if kinds else "Seed-paired effects vs arm A (dots: seeds)", fontsize=8)
     return save_figure(fig, stem)
 
 
@@ -143,8 +164,7 @@ def reuse_vs_lag(curves: Mapping[str, tuple[Sequence[int], Sequence[float]]], st
     return save_figure(fig, stem)
 
 
-# From this many experts on, usage maps use a log colour scale with experts sorted by usage: with E = 128
-# (Qwen3) most experts get a small share each, invisible on a linear scale, and ids carry no order.
+# From this many experts on, usage maps sort each layer's experts by usage (with E = 128 a map in id order is noise).
 LOG_USAGE_MIN_EXPERTS = 64
 # The log scale's floor, relative to the largest share (zero usage is drawn at the floor).
 _LOG_FLOOR = 1e-4
@@ -157,29 +177,29 @@ def usage_order(usage: Mapping[str, np.ndarray]) -> np.ndarray:
 
 
 def expert_usage(usage: Mapping[str, Mapping[str, np.ndarray]], stem: Path, *, title: str,
-                 vmax: float | None = None) -> list[Path]:
+                 vmax: float | None = None, threshold: float = COLLAPSE_THRESHOLD) -> list[Path]:
     """Heat-maps of per-layer expert usage (fraction of tokens): a row per model, a panel per domain.
 
     ``usage``: {row label (a run): {domain: (L, E) fractions}}. One colour scale
     serves every panel (``vmax``, default the largest share shown), so maps of
-    different runs compare by colour. With E >= LOG_USAGE_MIN_EXPERTS the scale
-    is logarithmic and each row's experts are sorted by their usage in the layer
-    (pooled over its domains, the same order in each domain's panel).
+    different runs compare by colour. The scale is logarithmic, the collapse
+    ``threshold`` marked on the colour bar and every expert under it crossed
+    (x). With E >= LOG_USAGE_MIN_EXPERTS each row's experts are sorted by their
+    usage in the layer (pooled over its domains, the same order in each panel).
     """
-    from matplotlib.colors import LogNorm, Normalize
+    from matplotlib.colors import LogNorm
 
     rows = list(usage)
     domains = list(dict.fromkeys(d for row in usage.values() for d in row))
     shares = [np.asarray(u, dtype=np.float64) for row in usage.values() for u in row.values()]
     num_layers, num_experts = shares[0].shape
     top = vmax if vmax is not None else (max(float(np.max(u)) for u in shares) or 1.0)
-    log = num_experts >= LOG_USAGE_MIN_EXPERTS
-    if log:
-        positive = [float(u[u > 0].min()) for u in shares if np.any(u > 0)]
-        floor = max(min(positive, default=top * _LOG_FLOOR), top * _LOG_FLOOR)
-        norm = LogNorm(vmin=floor, vmax=top)
-    else:
-        norm = Normalize(vmin=0.0, vmax=top)
+    sort = num_experts >= LOG_USAGE_MIN_EXPERTS  # wide models: each layer's experts by usage
+    # A log scale for every model, so the collapse threshold (1%) sits mid-scale, not in the bottom shade;
+    # unused experts are drawn at the floor.
+    positive = [float(u[u > 0].min()) for u in shares if np.any(u > 0)]
+    floor = min(max(min(positive, default=top * _LOG_FLOOR), top * _LOG_FLOOR), threshold / 4)
+    norm = LogNorm(vmin=floor, vmax=max(top, threshold * 2))
     # Panels grow with E and L up to a size that still fits a page.
     width = float(np.clip(0.05 * num_experts + 2.5, 3.0, 5.0))
     height = float(np.clip(0.12 * num_layers + 1.8, 2.5, 7.0))
@@ -187,7 +207,7 @@ def expert_usage(usage: Mapping[str, Mapping[str, np.ndarray]], stem: Path, *, t
                              squeeze=False, layout="constrained")
     image = None
     for r, row in enumerate(rows):
-        order = usage_order(usage[row]) if log else None
+        order = usage_order(usage[row]) if sort else None
         for c, domain in enumerate(domains):
             ax = axes[r][c]
             if domain not in usage[row]:
@@ -195,14 +215,19 @@ def expert_usage(usage: Mapping[str, Mapping[str, np.ndarray]], stem: Path, *, t
                 continue
             shown = np.asarray(usage[row][domain], dtype=np.float64)
             if order is not None:
-                shown = np.maximum(np.take_along_axis(shown, order, axis=1), norm.vmin)
+                shown = np.take_along_axis(shown, order, axis=1)
+            shown = np.maximum(shown, norm.vmin)
             image = ax.imshow(shown, aspect="auto", cmap="viridis", norm=norm, interpolation="nearest")
+            layers, experts = np.nonzero(shown < threshold)
+            if len(layers) and num_experts < LOG_USAGE_MIN_EXPERTS:  # wide models: too many cells to mark
+                ax.scatter(experts, layers, marker="x", s=12, color="red", linewidths=0.8)
             ax.set(title=f"{row}: {domain}" if len(rows) > 1 and row else domain,
-                   xlabel="expert (each layer's, by usage over the domains)" if log else "expert", ylabel="layer")
+                   xlabel="expert (each layer's, by usage over the domains)" if sort else "expert", ylabel="layer")
             ax.yaxis.get_major_locator().set_params(integer=True)
             ax.xaxis.get_major_locator().set_params(integer=True)
-    fig.colorbar(image, ax=axes.ravel().tolist(), label="fraction of tokens" + (" (log scale)" if log else ""),
-                 shrink=0.9)
+    bar = fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.9,
+                       label=f"fraction of tokens (log scale; red line and x: under {threshold:.0%}, collapsed)")
+    bar.ax.axhline(threshold, color="red", lw=1.5)
     fig.suptitle(title)
     return save_figure(fig, stem)
 
@@ -218,7 +243,7 @@ def config_colors(configs: Sequence[tuple[str, float]]) -> dict[tuple[str, float
         strengths = sorted({s for a, s in configs if a == arm})
         cmap = plt.get_cmap(_ARM_COLORMAPS.get(arm, "Reds"))
         for i, strength in enumerate(strengths):
-            out[arm, strength] = cmap(0.45 + 0.5 * (i + 1) / len(strengths))
+            out[arm, strength] = cmap(0.3 + 0.7 * (i + 1) / len(strengths))  # light to dark: told apart
     return out
 
 
@@ -227,8 +252,10 @@ def training_curves(curves: Sequence[Mapping], stem: Path, *, title: str) -> lis
 
     ``curves``: per run, a dict with ``label``, ``arm``, ``strength`` (its λ, or
     μ for arm C), ``train`` ((tokens, LM loss)), ``val`` ({domain: (tokens,
-    PPL)}, validation during training; may be empty) and ``final`` ({domain:
-    (tokens, PPL)}, the final evaluation, drawn as a marker).
+    PPL)}, validation during training; may be empty), ``final`` ({domain:
+    (tokens, PPL)}, the final evaluation, drawn as a marker) and optionally
+    ``val_windows`` (how many evaluation windows the lines use; 0 or None: all),
+    which the panel titles state. One colour family per arm, one line style per seed.
     """
     domains = list(dict.fromkeys(d for c in curves for d in (*c["val"], *c["final"])))
     fig, axes = plt.subplots(1, 1 + len(domains), figsize=(4 * (1 + len(domains)), 3.8), squeeze=False,
@@ -256,9 +283,15 @@ def training_curves(curves: Sequence[Mapping], stem: Path, *, title: str) -> lis
     from matplotlib.ticker import FuncFormatter
 
     plain = FuncFormatter(lambda value, _: f"{value:g}")  # 60, not 6×10¹
+    subsets = {c.get("val_windows") for c in curves if c["val"]}
+    if subsets and all(subsets):  # the lines use a subset of the windows the ★ uses
+        shown = ", ".join(str(n) for n in sorted(subsets))
+        line = f"line: first {shown} eval windows during training; ★: final, all windows"
+    else:
+        line = "line: during training; ★: final"
     for ax, domain in zip(ppl_axes, domains):
-        ax.set(xlabel="training tokens", ylabel="validation PPL", yscale="log",
-               title=f"{domain} (line: during training, ★: final)")
+        ax.set(xlabel="training tokens", ylabel="validation PPL", yscale="log")
+        ax.set_title(f"{domain}\n({line})", fontsize=8)
         ax.yaxis.set_major_formatter(plain)
         ax.yaxis.set_minor_formatter(plain)
     for ax in axes[0]:
@@ -270,17 +303,27 @@ def training_curves(curves: Sequence[Mapping], stem: Path, *, title: str) -> lis
 
 def frontier(series: Mapping[str, tuple[Sequence[float], Sequence[float]]], stem: Path, *,
              title: str, miss_gate: float | None = None, ppl_gate: float | None = None) -> list[Path]:
-    """PPL cost against miss reduction (both fractions), one line per method/model."""
-    fig, ax = plt.subplots(figsize=(6, 4), layout="constrained")
-    for label, (miss_reduction, ppl_cost) in series.items():
+    """PPL cost against miss reduction (both fractions), one line per method/model.
+
+    ``series``: {label: (miss reductions, PPL costs[, τ of each point or None])}; points with a τ are
+    labelled with it.
+    """
+    fig, ax = plt.subplots(figsize=(8, 4.6), layout="constrained")
+    for label, (miss_reduction, ppl_cost, *taus) in series.items():
         order = np.argsort(miss_reduction)
-        ax.plot(100 * np.asarray(miss_reduction)[order], 100 * np.asarray(ppl_cost)[order], "-o", ms=3,
-                label=label)
+        xs, ys = 100 * np.asarray(miss_reduction)[order], 100 * np.asarray(ppl_cost)[order]
+        (line,) = ax.plot(xs, ys, "-o", ms=3, label=label)
+        if taus:  # each point labelled by its τ
+            for x, y, tau in zip(xs, ys, np.asarray(taus[0], dtype=object)[order]):
+                if tau is not None:
+                    ax.annotate(f"τ={tau:g}", (x, y), textcoords="offset points", xytext=(3, 3), fontsize=6,
+                                color=line.get_color())
     if miss_gate is not None:
         ax.axvline(100 * miss_gate, color="k", ls="--", lw=1)
     if ppl_gate is not None:
         ax.axhline(100 * ppl_gate, color="k", ls="--", lw=1)
-    ax.set(xlabel="LRU miss reduction (%)", ylabel="PPL cost (%)", title=title)
+    ax.set(xlabel="LRU miss reduction (%)", ylabel="PPL cost (%)")
+    ax.set_title(title.replace(" (vs", "\n(vs", 1), fontsize=9)  # two lines: never clipped
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     return save_figure(fig, stem)

@@ -385,7 +385,8 @@ def deviations(runs: Sequence[Run], frontier_runs: Sequence[str]) -> list[tuple[
 
 
 # -- figures --------------------------------------------------------------------------------------
-def write_figures(runs: Sequence[Run], out: Path, frontier_runs: Sequence[str]) -> dict[str, Path]:
+def write_figures(runs: Sequence[Run], out: Path, frontier_runs: Sequence[str],
+                  results: Sequence[verdict.CriterionResult] = ()) -> dict[str, Path]:
     """{caption: PNG path} of the page's figures, drawn into ``out``."""
     drawn: dict[str, Path] = {}
     complete = [r for r in runs if r.complete]
@@ -397,32 +398,33 @@ def write_figures(runs: Sequence[Run], out: Path, frontier_runs: Sequence[str]) 
         except AnalysisError:
             pass  # the figure's inputs are absent (e.g. no arm-B run); the page lists what it has
 
-    attempt("Dose-response: LRU miss reduction @25% and PPL cost vs λ (arm B vs arm A), RQ1 gates dashed",
+    attempt("Dose-response: seed-paired LRU miss reduction @25% and PPL cost vs λ (arm B vs arm A), with the "
+            "intervals the verdict judged at, each seed, arm A's seed range (shaded) and the RQ1 gates (dashed)",
             lambda: study.write_dose_response(complete, out / "dose_response.png"))
-    attempt("Training curves: training LM loss and validation PPL per domain vs tokens",
+    attempt("Training curves: training LM loss and validation PPL per domain vs tokens (lines: validation during "
+            "training on the windows the panel titles name; stars: the final evaluation on every window)",
             lambda: study.write_training_curves(runs, out / "training_curves.png"))
     for name in frontier_runs:
         run = by_name.get(name)
-        frontier = figures.read_frontier(run) if run is not None else None
+        frontier = figures.read_frontier(run, with_tau=True) if run is not None else None
         if frontier is not None:
             series, reference = frontier
             drawn[f"τ frontier of {name}: PPL cost vs miss reduction (vs {reference})"] = plots.frontier(
                 series, out / f"frontier_{name}.png", title=f"{name}: PPL cost vs miss reduction (vs {reference})",
                 miss_gate=verdict.RQ1_MIN_MISS_REDUCTION, ppl_gate=verdict.RQ1_MAX_PPL_COST)[0]
-    attempt("Hit rate vs cache budget, arm B (middle λ) over arm A",
-            lambda: study.write_hit_vs_budget_a_vs_b(complete, out / "hit_vs_budget.png",
-                                                     config=_middle_b_label(complete, frontier_runs)))
-    attempt("Expert usage per layer (one colour scale for every run)",
+    largest = _largest_effect(results)
+    attempt(f"Hit rate vs cache budget: arm B at the λ with the largest miss reduction ({largest or 'none'}) "
+            "over arm A",
+            lambda: study.write_hit_vs_budget_a_vs_b(complete, out / "hit_vs_budget.png", config=largest))
+    attempt("Expert usage per layer (one log colour scale for every run; red: under the 1% collapse threshold)",
             lambda: study.write_usage_heatmaps(complete, out / "usage.png"))
     return drawn
 
 
-def _middle_b_label(runs: Sequence[Run], frontier_runs: Sequence[str]) -> str | None:
-    """The configuration label of the frontier's arm-B run (the study's middle λ), if present."""
-    for run in runs:
-        if run.name in frontier_runs and run.arm == "B":
-            return summary.config_label(run)
-    return None
+def _largest_effect(results: Sequence[verdict.CriterionResult]) -> str | None:
+    """The arm-B configuration with the largest seed-paired miss reduction (where A and B differ most)."""
+    b = _rq1_b(results)
+    return max(b, key=lambda r: r.metric_gate.point).config if b else None
 
 
 # -- the page -------------------------------------------------------------------------------------
@@ -550,7 +552,7 @@ def build(root: Path, name: str, out: Path, *, command: str, frontier_runs: Sequ
     built = tables.build_tables(runs, ["main", "per_domain", "complementarity"] if frontiers else
                                 ["main", "per_domain"], frontiers, {})
     figure_dir = out / name
-    drawn = write_figures(runs, figure_dir, frontier_runs)
+    drawn = write_figures(runs, figure_dir, frontier_runs, results)
     figure_paths = {c: f"{name}/{p.name}" for c, p in drawn.items()}
     commits = sorted({str(r.config.get("git_commit")) for r in complete if r.config.get("git_commit")})
     page = render_page(name=name, root_label=root.name, command=command, rows=rows, found=found,

@@ -87,11 +87,12 @@ def _comparison_columns() -> list[str]:
 
 def _one_statistic(runs: Sequence[Run], name: str) -> pd.DataFrame:
     found = comparisons(runs)
-    return found[[*ID_KEYS, "baseline", *[c for c in found.columns if c.startswith(name)]]]
+    return found[[*ID_KEYS, "baseline", "paired_baseline", *[c for c in found.columns if c.startswith(name)]]]
 
 
 def delta_ppl_vs_a(runs: Sequence[Run]) -> pd.DataFrame:
-    """Per complete run: ``delta_ppl`` vs arm A with ``delta_ppl_ci_low/_high/_note`` and the seed spread."""
+    """Per complete run: ``delta_ppl`` vs arm A (seed-paired, else pooled) with ``delta_ppl_ci_low/_high/_note``
+    and the seed spread, then the same vs the pooled baseline (``delta_ppl_pooled...``)."""
     return _one_statistic(runs, "delta_ppl")
 
 
@@ -152,11 +153,13 @@ def write_usage_heatmaps(runs: Sequence[Run], png: str | os.PathLike) -> Path:
 
 
 def write_dose_response(runs: Sequence[Run], png: str | os.PathLike) -> Path:
-    """LRU miss reduction and PPL cost against λ for arm-B runs with an arm-A baseline, RQ1 gates drawn."""
-    points = figures.dose_response_points(_complete(runs))
+    """The verdict's seed-paired LRU miss reduction and PPL cost against λ (arm B), with the intervals it judged
+    at, each seed, arm A's seed range and the RQ1 gates."""
+    complete = _complete(runs)
+    points = figures.dose_response_points(complete)
     if not points:
         raise AnalysisError("no arm-B run with λ > 0 and a matching arm-A baseline: no dose-response figure")
-    return figures.draw_dose_response(points, _png(png))[0]
+    return figures.draw_dose_response(points, _png(png), figures.a_seed_bands(complete))[0]
 
 
 def write_trace_usage(trace_dir: str | os.PathLike, png: str | os.PathLike) -> Path:

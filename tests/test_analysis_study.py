@@ -47,10 +47,12 @@ def test_load_study_orders_the_runs_as_the_tables(runs):
 
 def test_delta_ppl_vs_a_per_run_with_ci_and_seed_spread(runs):
     df = study.delta_ppl_vs_a(runs).set_index("run")
-    assert list(df.columns) == ["arm", "lam", "mu", "seed", "tokens", "size", "baseline", "delta_ppl",
-                                "delta_ppl_ci_low", "delta_ppl_ci_high", "delta_ppl_ci_note", "delta_ppl_seeds_n",
-                                "delta_ppl_seeds_mean", "delta_ppl_seeds_sd"]
-    assert df.loc["b-s1", "baseline"] == "a-s1"
+    stats = ["", "_ci_low", "_ci_high", "_ci_note", "_seeds_n", "_seeds_mean", "_seeds_sd"]
+    assert list(df.columns) == ["arm", "lam", "mu", "seed", "tokens", "size", "baseline", "paired_baseline",
+                                *(f"delta_ppl{s}" for s in stats), *(f"delta_ppl_pooled{s}" for s in stats)]
+    assert df.loc["b-s1", "baseline"] == "a-s1" and df.loc["b-s1", "paired_baseline"] == "a-s1"
+    assert not isinstance(df.loc["b-s2", "paired_baseline"], str)  # no seed-2 A: pooled
+    assert df.loc["b-s2", "delta_ppl"] == pytest.approx(df.loc["b-s2", "delta_ppl_pooled"])
     # Every window's CE is shifted by ln 1.01: every resample gives ΔPPL = 1% (pairing).
     assert df.loc["b-s1", ["delta_ppl", "delta_ppl_ci_low", "delta_ppl_ci_high"]].tolist() == pytest.approx(
         [0.01] * 3, rel=1e-9)
@@ -137,8 +139,15 @@ def test_usage_heatmaps_share_one_colour_scale(runs, tmp_path, monkeypatch):
     images = [image for ax in figs[-1].axes for image in ax.get_images()]
     assert len(images) == 4 * 3  # a row per run, a panel per domain
     # spread and block give each expert 1/8 of the tokens, sticky experts 0 and 1 all of them: every panel,
-    # of every run, on the 0..1 scale of the largest share.
-    assert {(im.norm.vmin, im.norm.vmax) for im in images} == {(0.0, 1.0)}
+    # of every run, on one log scale up to the largest share, its floor below the 1% collapse threshold,
+    # which the colour bar marks; b-ref's code panel (sticky: 14 unused experts per layer) crosses them.
+    assert {type(im.norm).__name__ for im in images} == {"LogNorm"}
+    assert len({(im.norm.vmin, im.norm.vmax) for im in images}) == 1 and images[0].norm.vmax == 1.0
+    assert images[0].norm.vmin < 0.01
+    bar = figs[-1].axes[-1]
+    assert any(line.get_ydata()[0] == 0.01 for line in bar.get_lines())
+    crossed = [ax for ax in figs[-1].axes[:-1] if ax.collections]
+    assert [ax.get_title() for ax in crossed] == ["b-ref: code"] and len(crossed[0].collections[0].get_offsets()) == 28
 
 
 def test_trace_usage_of_a_wide_model_is_log_scaled_with_sorted_experts(tmp_path, monkeypatch):
