@@ -421,11 +421,12 @@ def format_result(r: CriterionResult) -> str:
     if r.verdict == "NO BASELINE":
         return f"{head}: {r.reason} -> NO VERDICT"
     ref = r.baseline_kind  # "A" or "base"
-    if r.paired_runs is not None:
-        against = f"vs {ref} of the same seed ({', '.join(r.paired_runs)})"
+    if ref == "base":  # each seed against the run it was fine-tuned from
+        against = f"vs base {', '.join(dict.fromkeys(r.paired_runs or r.baseline_runs))}"
+    elif r.paired_runs is not None:
+        against = f"vs A of the same seed ({', '.join(r.paired_runs)})"
     else:
-        against = f"vs pooled A ({', '.join(r.baseline_runs)}; no same-seed pair)" if ref == "A" else \
-            f"vs base {', '.join(r.baseline_runs)}"
+        against = f"vs pooled A ({', '.join(r.baseline_runs)}; no same-seed pair)"
     m, q = r.metric_gate, r.quality_gate
     if r.criterion == "RQ1":
         metric = (f"{r.metric} {r.value:.3f} vs {r.baseline_value:.3f} = {_pct(m.point)} reduction"
