@@ -20,9 +20,9 @@ def count_calls(monkeypatch):
     calls = []
     original = cachesim.metrics.paper_metrics
 
-    def counted(trace):
+    def counted(trace, fit=None):
         calls.append(trace.name)
-        return original(trace)
+        return original(trace, fit=fit)
 
     monkeypatch.setattr(cachesim.metrics, "paper_metrics", counted)
     return calls
@@ -36,12 +36,12 @@ def test_known_metrics_of_hand_built_traces(tmp_path):
     # {0, 1} every token, 2 layers x 40 tokens: only each layer's first two requests miss.
     assert sticky == {"reuse": 1.0, "lru_hit_12": 1 - 1 / 40, "lru_hit_25": 1 - 1 / 40, "static_hit_50": 1.0,
                       "static_hit_50_w02": 1.0, "belady_hit_25": 1 - 1 / 40, "lru_miss_25": 4 / 40,
-                      "collapsed": 28}
+                      "static_hit_50_oos": None, "collapsed": 28}
     alt = summary.domain_values(run.domains["code"].metrics)
     # {0,1},{2,3},... : LRU with 2 slots misses everything, with 4 only the first four requests per layer.
     assert alt == {"reuse": 0.0, "lru_hit_12": 0.0, "lru_hit_25": 1 - (8 / 40) / 4, "static_hit_50": 1.0,
                    "static_hit_50_w02": 1.0, "belady_hit_25": 1 - (8 / 40) / 4, "lru_miss_25": 8 / 40,
-                   "collapsed": 24}
+                   "static_hit_50_oos": None, "collapsed": 24}
     values = summary.run_values(run)
     assert values["reuse"] == pytest.approx(2 / 3)
     assert values["lru_miss_25"] == pytest.approx((0.1 + 0.2 + 0.1) / 3)
@@ -226,3 +226,30 @@ def test_a_new_window_length_recomputes_and_keeps_the_reuse_curve(tmp_path, coun
     odd = fresh.trace_facts({"code": path / "trace_code.npz"}, 48)["code"]["window_misses"]
     assert odd["misses"] is None and odd["reason"] == ("the trace has 64 tokens, not a multiple of the 48-token "
                                                        "evaluation window")
+
+
+def test_the_out_of_sample_pin_comes_from_the_training_split_trace(tmp_path):
+    """RQ2's pin fitted on trace_<d>_train.npz, scored by the run's own paper_metrics path (metrics.json's)."""
+    from analysis_fixtures import K
+    from cachesim.metrics import paper_metrics
+    from cachesim.trace import load_trace, make_trace, save_trace
+    from moe import rundir
+
+    run = write_run(tmp_path / "runs", "a", losses={"code": 1.0}, traces={"code": alternating_experts()})
+    # The training split routes to experts 8..15 only: a pin fitted there serves none of the evaluation's
+    # requests ({0, 1}, {2, 3}), which the in-sample pin serves all of.
+    import numpy as np
+
+    t = np.arange(40)
+    train = 8 + 2 * (t % 4)[None, :, None] + np.arange(K)[None, None, :]
+    save_trace(run / rundir.train_trace_file("code"),
+               make_trace(np.broadcast_to(train, (2, 40, K)).astype(np.int16), 16, model="synthetic", name="code"))
+    (loaded,) = load_runs([tmp_path / "runs"], store=cache.MetricsStore(cache_dir=tmp_path / "user"))
+    values = summary.run_values(loaded)
+    assert (values["static_hit_50"], values["static_hit_50_oos"]) == (1.0, 0.0)
+    want = paper_metrics(load_trace(run / "trace_code.npz"), fit=load_trace(run / rundir.train_trace_file("code")))
+    assert loaded.domains["code"].metrics["cache"] == want["cache"]
+    # Without the training-split trace: no out-of-sample value, and a separate cache entry.
+    (run / rundir.train_trace_file("code")).unlink()
+    (plain,) = load_runs([tmp_path / "runs"], store=cache.MetricsStore(cache_dir=tmp_path / "user"))
+    assert summary.run_values(plain)["static_hit_50_oos"] is None

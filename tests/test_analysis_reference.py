@@ -91,7 +91,12 @@ def test_reference_verdict_is_refuted_with_collapse_at_high_lambda(reference_run
     assert verdict.overall(results, "RQ1")[0] == "REFUTED"
     assert verdict.overall(results, "RQ2")[0] == "REFUTED"
     rq2 = [r for r in results if r.criterion == "RQ2"]
-    assert [(r.config, r.metric_met, r.quality_met) for r in rq2] == [("C λ=0 μ=0.1 200M 137m", True, False)]
+    assert [(r.config, r.metric_gate.state, r.quality_gate.state) for r in rq2] == [
+        ("C λ=0 μ=0.1 200M 137m", "met", "missed")]
+    # λ = 0.05 at 50M meets both gates and fails only on collapse beyond arm A's (none): the reason says so.
+    (b05,) = [r for r in results if r.config == "B λ=0.05 μ=0 50M 137m"]
+    assert (b05.verdict, b05.verdict_without_collapse) == ("FAIL", "PASS")
+    assert b05.reason == "meets both gates; fails the collapse clause: 43 collapsed vs 0 in the baseline"
     collapse = {e["run"]: e["collapsed"] for e in verdict.collapse_report(reference_runs)}
     assert collapse["b-l20"] > 0 and collapse["a-main-s1"] == 0
     assert summary.pooled_collapsed(next(r for r in reference_runs if r.name == "b-l20"))[0] == collapse["b-l20"]
