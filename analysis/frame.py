@@ -8,11 +8,12 @@ One row per (complete run, evaluation domain). Columns, in order:
   ``eval_tokens``, the cache metrics ``reuse, lru_hit_12, lru_hit_25,
   static_hit_50, static_hit_50_w02, belady_hit_25, lru_miss_25`` and
   ``collapsed`` (this domain's experts under 1% usage), ``delta_ppl`` (vs the
-  baseline's PPL of the domain);
+  domain's PPL of arm A of the same seed, else of the pooled baseline);
 * the run's numbers, repeated on each of its rows and prefixed ``run_``:
   ``run_ppl`` (mean over domains), ``run_ppl_token_weighted``, the domain means
   of the cache metrics, ``run_collapsed`` (pooled over domains),
-  ``run_delta_ppl``, ``run_miss_reduction_25`` and their 95% CIs
+  ``run_delta_ppl``, ``run_miss_reduction_25`` (seed-paired where a same-seed
+  arm-A run exists, else against the pooled baseline) and their 95% window CIs
   ``run_delta_ppl_ci_low/_high``, ``run_miss_reduction_25_ci_low/_high`` (NaN
   where there is none), ``baseline`` (the compared runs, comma-separated);
 * the configuration: ``config.<key>`` for every scalar of config.json, and

@@ -21,7 +21,13 @@ window's misses are its share of the trace's replay):
 The interval is the percentile interval of :data:`N_RESAMPLES` resamples drawn
 from a generator seeded with :data:`SEED`: every rebuild prints the same
 numbers. It measures the evaluation sample's noise (which windows were
-drawn), not training noise; the tables print the spread across seeds beside it.
+drawn), not training noise. A seed-paired comparison (target i against
+baseline i, its own seed) resamples the mean over the pairs of each pair's
+statistic, so the interval is of exactly the number printed beside it.
+
+Training noise is covered by :func:`seed_interval`: a Student-t interval over a
+configuration's seed-paired effects (2 or more seeds); its docstring says why
+not a bootstrap over seeds.
 
 Several comparisons over runs evaluated on the same windows are computed in
 one bootstrap call: the resampled window indices depend only on the seed and
