@@ -199,8 +199,8 @@ def per_domain_table(runs: Sequence[Run]) -> Table:
                Column("delta_ppl", "ΔPPL vs A", signed_percent()),
                *_METRIC_COLUMNS,
                Column("collapsed", "collapsed", general))
-    notes = ["ΔPPL = PPL / (matching arm-A PPL of the domain, mean over seeds; for arm M, its base run's) − 1. "
-             + _baseline_note(runs),
+    notes = ["ΔPPL = PPL / (the domain's PPL of arm A of the same seed, budget and size where that run exists, "
+             "else of arm A's mean over its seeds; for arm M, its base run's) − 1. " + _baseline_note(runs),
              "collapsed = experts used by < 1% of this domain's tokens, summed over layers."]
     return Table("per_domain", "Per-domain results", columns, tuple(rows), tuple(notes))
 
