@@ -226,7 +226,7 @@ def expert_usage(usage: Mapping[str, Mapping[str, np.ndarray]], stem: Path, *, t
             ax.yaxis.get_major_locator().set_params(integer=True)
             ax.xaxis.get_major_locator().set_params(integer=True)
     bar = fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.9,
-                       label=f"fraction of tokens (log scale; red line and x: under {threshold:.0%}, collapsed)")
+                       label=f"fraction of the domain's tokens (log scale; red line and x: under {threshold:.0%})")
     bar.ax.axhline(threshold, color="red", lw=1.5)
     fig.suptitle(title)
     return save_figure(fig, stem)

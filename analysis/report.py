@@ -301,10 +301,11 @@ def collapse_finding(rows: Sequence[Mapping[str, Any]]) -> Finding:
     below = max((r["collapsed"] for r in b if r["lam"] < top), default=0)
     baseline = max((r["collapsed"] for r in a), default=0)
     parts = [f"{r['run']}: {r['collapsed']}" for r in a + b]
-    # Collapse "appears" at high λ only where it exceeds arm A's and the lower λ's (a tiny model can collapse anyway).
-    if at_top > max(below, baseline):
+    # Collapse "appears" at high λ only where it exceeds arm A's and the lower λ's (a tiny model can collapse
+    # anyway): the verdict's collapse rule, against arm A and against the lower λ.
+    if verdict.collapse_fires(at_top, [below, baseline]):
         status = "replicates"
-    elif at_top > baseline:
+    elif verdict.collapse_fires(at_top, [baseline]):
         status = "partly replicates"
     else:
         status = "does not replicate"
