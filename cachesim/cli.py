@@ -27,9 +27,10 @@ from cachesim.trace import Trace, TraceError, load_trace
 
 COMMAND = CLI("python -m cachesim", "Replay router traces through per-layer or global expert caches (SPEC §7).",
            positional="TRACE.npz [TRACE.npz ...]", positional_help="trace .npz files (reference format)")
-COMMAND.define("list", "policies", ["lru", "lfu", "static", "belady"],
-               "comma-separated subset of " + ",".join(ALL_POLICIES)
+COMMAND.define("list", "cache_policy", ["lru", "lfu", "static", "belady"],
+               "cache policies, comma-separated subset of " + ",".join(ALL_POLICIES)
                + " (all but lru,lfu,static,belady run through libCacheSim)")
+COMMAND.deprecated("policies", "cache_policy")
 COMMAND.define("string", "capacity", "0.125,0.25,0.5",
             "capacities, comma-separated: fractions of E (of L·E for --scope global) with a decimal point "
             "(0.25) or expert counts (4); or all: every capacity 0..E (0..L·E), the miss-ratio curve")
@@ -45,7 +46,7 @@ COMMAND.define("list", "scope", ["layer"], "cache scopes: layer (a cache per lay
                "global-uniform, global-demand (a global budget split per layer)")
 COMMAND.define("list", "static_fit", ["self"], "traces the static pin is fitted on: self (the scored trace, "
                "in-sample) or a trace .npz of the same model (out-of-sample)")
-COMMAND.define("enum", "format", "table", "output format", enum_values=["table", "json"])
+COMMAND.define_format("text", ["text", "json"])
 COMMAND.define("string", "out", None, "write the output to this file instead of stdout")
 
 
@@ -66,13 +67,13 @@ def _layer_selection(text: str, trace: Trace) -> list[int]:
 
 def _specs(args) -> list[CacheSpec]:
     """Specs ordered by capacity, then scope, then policy (and its option values)."""
-    unknown = [p for p in args.policies if p not in ALL_POLICIES]
+    unknown = [p for p in args.cache_policy if p not in ALL_POLICIES]
     bad_recency = [r for r in args.lru_recency if r not in RECENCY_MODES]
     if unknown:
-        raise CacheSpecError(f"unknown policy {unknown[0]!r}; use a subset of "
+        raise CacheSpecError(f"--cache_policy: unknown policy {unknown[0]!r}; use a subset of "
                              f"{','.join(ALL_POLICIES)}")
     if bad_recency:
-        raise CacheSpecError(f"unknown LRU recency {bad_recency[0]!r}; use request or token")
+        raise CacheSpecError(f"--lru_recency: unknown LRU recency {bad_recency[0]!r}; use request or token")
     warmups = comma_list(",".join(args.static_warmup), float, "--static_warmup")
     scopes = parse_scopes(",".join(args.scope))
     fits = parse_static_fits(",".join(args.static_fit))
@@ -82,7 +83,7 @@ def _specs(args) -> list[CacheSpec]:
     for capacity in capacities:
         for scope, quota in scopes:
             options = dict(rounding=args.rounding, scope=scope, quota=quota)
-            for policy in args.policies:
+            for policy in args.cache_policy:
                 if policy == "lru":
                     specs += [spec_for("lru", capacity, recency=r, **options) for r in args.lru_recency]
                 elif policy == "static":

@@ -20,7 +20,7 @@ from cachesim.trace import TraceError, load_trace
 COMMAND = CLI("python -m cachesim.profile", "Routing profile of router traces (SPEC §6).",
               positional="TRACE.npz [TRACE.npz ...]", positional_help="trace .npz files (reference format)")
 COMMAND.define("string", "lags", None, "reuse lags, comma-separated (default 1,2,4,... up to 1024, below T)")
-COMMAND.define("enum", "format", "table", "output format", enum_values=["table", "json"])
+COMMAND.define_format("text", ["text", "json"])
 COMMAND.define("string", "out", None, "write the output to this file instead of stdout")
 
 

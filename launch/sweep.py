@@ -139,13 +139,16 @@ def settle_changed(specs, root: pathlib.Path, rerun_changed: bool, echo=print) -
 
 
 def validate_runs(specs) -> None:
-    """Every run's config passes configs.base.validate, before any process starts."""
-    from moe.config import validate
+    """Every run's config passes main.py's checks (moe.config.validate, data section included; a fine-tuning
+    run's base run), before any process starts."""
+    from moe.config import check_base_run, validate
     from launch.plan import build_config
 
     for spec in specs:
         try:
-            validate(build_config(spec.config_file, spec.overrides))
+            config = build_config(spec.config_file, spec.overrides)
+            validate(config)
+            check_base_run(config)
         except ValueError as e:
             raise SweepError(f"run {spec.name}: {e}") from None
 
@@ -275,6 +278,8 @@ def sweep(argv_command: Sequence[str]) -> int:
     if _RETRIES.value < 0:
         raise SweepError(f"--retries must be >= 0, got {_RETRIES.value}")
     root = pathlib.Path(_ROOT.value).absolute()
+    if root.exists() and not root.is_dir():
+        raise SweepError(f"--root={_ROOT.value} is a file, not a sweep root; pass a new or existing directory")
     specs = plan.expand(config_file, root, cli_overrides, only=_ONLY.value)
 
     if _DRY_RUN.value:
@@ -394,5 +399,7 @@ def main(argv: Sequence[str]) -> int:
 
 if __name__ == "__main__":
     from cachesim.cli_util import parse_app_flags
-    from configs import locate_in_argv
-    app.run(main, flags_parser=lambda argv: parse_app_flags(locate_in_argv(argv)))
+    from configs import flag_error, help_notes, locate_in_argv
+    app.run(main, flags_parser=lambda argv: parse_app_flags(
+        argv, prog="python -m launch.sweep", description="\n\n".join(__doc__.split("\n\n")[:2]),
+        prepare=locate_in_argv, error_line=flag_error, notes=help_notes()))

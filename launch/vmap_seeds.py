@@ -52,6 +52,9 @@ def _main(argv: Sequence[str]) -> int:
         workdirs = [pathlib.Path(w) for w in flag_values.workdir or []]
         if not seeds or len(seeds) != len(workdirs):
             raise SeedGroupError(f"--seeds ({len(seeds)}) and --workdir ({len(workdirs)}) must pair up one to one")
+        from moe.main import check_workdir
+        for w in workdirs:
+            check_workdir(str(w))
         configs = []
         for seed, w in zip(seeds, workdirs):
             c = ml_collections.ConfigDict(flag_values.config.to_dict())
@@ -81,5 +84,7 @@ if __name__ == "__main__":
                       "How the seeds share the jit: vmap (batched ops), unrolled (the solo step per seed inside "
                       "one jit), auto (unrolled on CPU for 50+ steps, else vmap; see moe/seeds.py).")
     from cachesim.cli_util import parse_app_flags
-    from configs import locate_in_argv
-    app.run(_main, flags_parser=lambda argv: parse_app_flags(locate_in_argv(argv)))
+    from configs import flag_error, help_notes, locate_in_argv
+    app.run(_main, flags_parser=lambda argv: parse_app_flags(
+        argv, prog="python -m launch.vmap_seeds", description="\n\n".join(__doc__.split("\n\n")[:2]),
+        prepare=locate_in_argv, error_line=flag_error, notes=help_notes()))

@@ -2,7 +2,7 @@
 
     python -m moe.cache_aware.frontier --run RUN_DIR [--run ...] --tau 0,0.1,0.3,0.5,0.7 --capacity 0.25 \\
         [--epsilon 0,0.02] [--cache-prior 0,0.5] [--max-rank 1,4 ...] [--prime] [--reset-per-window] \\
-        [--windows N] [--batch B] [--policy lru] [--arm-a RUN_DIR]
+        [--windows N] [--batch B] [--cache_policy lru] [--arm_a RUN_DIR]
 
 Each run's checkpoint is restored and evaluated *with the cache in the loop*
 (`moe.cache_aware.coupled`): for every setting of the grid — the Cartesian product of
@@ -430,7 +430,8 @@ COMMAND.define("bool", "reset_per_window", False, "empty the caches at every win
 COMMAND.deprecated("reset-per-window", "reset_per_window")
 COMMAND.define("integer", "windows", None, "windows per domain (default: the run's eval)")
 COMMAND.define("integer", "batch", None, "windows per compiled call")
-COMMAND.define("enum", "policy", "lru", "cache policy", enum_values=sorted(CACHE_POLICIES))
+COMMAND.define("enum", "cache_policy", "lru", "cache policy", enum_values=sorted(CACHE_POLICIES))
+COMMAND.deprecated("policy", "cache_policy")
 COMMAND.define("enum", "rounding", "ceil", "capacity rounding", enum_values=list(ROUNDING_MODES))
 COMMAND.define("integer", "mixed_run_length", None, "tokens per domain run (mixed stream)")
 COMMAND.deprecated("mixed-run-length", "mixed_run_length")
@@ -450,7 +451,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.windows is not None and args.windows < 1 or args.batch is not None and args.batch < 1:
             raise FrontierError("--windows and --batch must be >= 1")
         points = build_grid(taus, capacities, epsilons=epsilons, cache_priors=priors, max_ranks=ranks)
-        options = EvalOptions(windows=args.windows, batch=args.batch, policy=args.policy,
+        options = EvalOptions(windows=args.windows, batch=args.batch, policy=args.cache_policy,
                               carry="reset" if args.reset_per_window else "persist", rounding=args.rounding,
                               mixed_run_length=args.mixed_run_length)
         streams = len(args.run) * (len(options.domains) + bool(args.prime))
