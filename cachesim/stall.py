@@ -35,6 +35,7 @@ from typing import Any
 import pandas as pd
 
 from cachesim.cli_util import CLI, progress, write_output
+from cachesim.policies import parse_capacities
 from cachesim.timed.compare import choose, compare_policies, prepare
 from cachesim.timed.engine import PrefetchConfig, run_timed
 from cachesim.timed.metrics import json_safe, run_header, summarize, write_jsonl
@@ -129,6 +130,12 @@ def _run_cli(args) -> list[dict[str, Any]]:
         raise StallConfigError("no trace given; pass one or more router trace .npz files")
     if not args.model:
         raise StallConfigError("--model is required: a model preset (e.g. qwen3-235b-a22b) or a JSON path")
+    if args.capacity is not None:  # the shared capacity syntax, checked before any trace is read
+        capacities = parse_capacities(args.capacity)
+        if len(capacities) != 1:
+            raise StallConfigError(f"--capacity takes one capacity (a count like 8 or a fraction of E like 0.25), "
+                                   f"got {args.capacity!r}")
+        args.capacity = capacities[0]
     hardware = load_hardware(args.hardware)
     base_model = load_model(args.model, args.quant)
     admissions = choose(args.prefetch_policy, ADMISSIONS, "--prefetch_policy")

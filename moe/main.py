@@ -80,8 +80,8 @@ def main(argv):
     try:
         if _FLAGS.dry_run.value:
             from moe.config import check_base_run
-            from moe.run import dry_run
             check_base_run(config)  # a fine-tuning run's base must exist before its step is worth compiling
+            from moe.run import dry_run
             print(json.dumps(dry_run(config)))
             return 0
         if not workdir:
