@@ -13,8 +13,6 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-import pandas as pd
-
 from cachesim.cli_util import CLI, comma_list, write_output
 from cachesim.timed.bandwidth import report
 from cachesim.timed.spec import StallConfigError, load_hardware, load_model
@@ -39,6 +37,8 @@ COMMAND.define("string", "out", None, "write the output to this file instead of 
 
 def _frame(rows: list[dict[str, Any]], columns: dict[str, Any]) -> str:
     """A table of ``rows`` with ``columns`` = {heading: function of a row}."""
+    import pandas as pd  # here, not at the top: `--help` starts without pandas (benchmarks/help_bench.py)
+
     return pd.DataFrame([{head: fn(r) for head, fn in columns.items()} for r in rows]).to_string(
         index=False, na_rep="-", float_format=lambda v: f"{v:.4f}")
 

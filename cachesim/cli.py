@@ -13,16 +13,18 @@ import json
 import pathlib
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-import numpy as np
-import pandas as pd
-
-from cachesim import metrics
 from cachesim.cli_util import CLI, UsageError, comma_list, progress, write_output
 from cachesim.policies import (ALL_CAPACITIES, ALL_POLICIES, RECENCY_MODES, ROUNDING_MODES, CacheSpec, CacheSpecError,
                                parse_capacities, parse_scopes, parse_static_fits, spec_for)
-from cachesim.simulate import SimulationError, miss_curves, simulate
-from cachesim.trace import Trace, TraceError, load_trace
+
+# numpy, pandas, the metrics and the simulator (jax) are imported where they are used: `--help`
+# starts without them, in under 0.3 s instead of over 1 s (benchmarks/help_bench.py).
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from cachesim.trace import Trace
 
 
 COMMAND = CLI("python -m cachesim", "Replay router traces through per-layer or global expert caches (SPEC §7).",
@@ -51,6 +53,8 @@ COMMAND.define("string", "out", None, "write the output to this file instead of 
 
 
 def _layer_selection(text: str, trace: Trace) -> list[int]:
+    from cachesim.simulate import SimulationError
+
     if text == "all":
         return list(range(trace.num_layers))
     try:
@@ -101,6 +105,10 @@ def _curves(args) -> bool:
 def _simulate(traces: Sequence[Trace], specs: Sequence[CacheSpec], layers, fits, curves: bool):
     """Per trace, (misses (layers, columns), [(spec, capacity)] per column): the
     specs at their capacities, or every capacity of each spec's curve."""
+    import numpy as np
+
+    from cachesim.simulate import miss_curves, simulate
+
     if not curves:
         return [(m, [(spec, spec.capacity_for(spec.keys(t.num_layers if layers is None else
                                                          len(layers), t.num_experts)))
@@ -120,6 +128,9 @@ def cache_records(paths: Sequence[str], traces: Sequence[Trace], specs: Sequence
                   curves: bool = False) -> list[dict]:
     """The CLI's records (see cachesim/README.md), all from one simulation
     (`curves`: every capacity of each spec, from one replay per cache)."""
+    from cachesim import metrics
+    from cachesim.simulate import SimulationError
+
     layer_lists = [[_layer_selection(text, trace) for text in selections] for trace in traces]
     needed = [sorted({layer for layers in lists for layer in layers}) for lists in layer_lists]
     shared = needed[0] if all(n == needed[0] for n in needed) else None
@@ -166,6 +177,8 @@ def _layers_label(layers: list[int], num_layers: int) -> str:
 
 def records_frame(records: Sequence[dict], num_layers: dict[str, int]) -> pd.DataFrame:
     """The records as a DataFrame, one row per record, the table's columns."""
+    import pandas as pd
+
     def policy(r: dict) -> str:
         name = r["policy"]
         if name == "lru" and r["lru_recency"] == "token":
@@ -188,6 +201,8 @@ def format_table(records: Sequence[dict], num_layers: dict[str, int]) -> str:
 
 def warn_collapse(path: str, trace: Trace) -> None:
     """Expert collapse is a pre-registered failure mode: say so loudly."""
+    from cachesim import metrics
+
     per_layer = metrics.collapse_counts(trace)
     if any(per_layer):
         print(f"WARNING: expert collapse in {path}: {sum(per_layer)} experts used by < 1% of "
@@ -197,6 +212,9 @@ def warn_collapse(path: str, trace: Trace) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = COMMAND.parse(argv)
+    from cachesim.simulate import SimulationError
+    from cachesim.trace import TraceError, load_trace
+
     paths = args.positional
     try:
         if not paths:

@@ -32,8 +32,6 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-import pandas as pd
-
 from cachesim.cli_util import CLI, progress, write_output
 from cachesim.policies import parse_capacities
 from cachesim.timed.compare import choose, compare_policies, prepare
@@ -63,6 +61,8 @@ def _format_table(run: dict[str, Any]) -> str:
 
 
 def _format_rows(run: dict[str, Any], results: list[dict[str, Any]], header: bool = True) -> str:
+    import pandas as pd  # here, not at the top: `--help` starts without pandas (benchmarks/help_bench.py)
+
     ms, gb = 1e3, 1e9
 
     def row(r: dict[str, Any]) -> dict[str, Any]:

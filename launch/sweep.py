@@ -34,6 +34,8 @@ from collections.abc import Sequence
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from launch.vmap_seeds import SEED_BATCHING
+
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Arm config file with a sweep(), e.g. "
                                           "configs/arm_b.py:smoke.", lock_config=True)
 _ROOT = flags.DEFINE_string("root", None, "Sweep root: one run directory per run, status.json, analysis/.")
@@ -47,7 +49,7 @@ _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print the planned runs and each 
                              "exit non-zero if any exceeds config.device_memory_gib. Trains nothing.")
 _VMAP_SEEDS = flags.DEFINE_integer("vmap_seeds", 0, "Train up to this many seeds of one config in one process and "
                                    "one vmapped jit (small configs: --dry_run checks S x memory). 0/1: off.")
-_SEED_BATCHING = flags.DEFINE_enum("seed_batching", "auto", ["auto", "vmap", "unrolled"],
+_SEED_BATCHING = flags.DEFINE_enum("seed_batching", "auto", list(SEED_BATCHING),
                                    "How a --vmap_seeds group shares its jit (launch.vmap_seeds): auto picks the "
                                    "mode measured fastest for the backend and run length.")
 _RERUN_CHANGED = flags.DEFINE_bool("rerun_changed", False, "Runs whose directory holds results of other settings "

@@ -41,12 +41,41 @@ def test_help_exits_0_and_lists_every_flag(module, capsys):
 
 @pytest.mark.parametrize("argv", APPS, ids=lambda a: a[-1])
 def test_absl_apps_help_is_the_projects_help_page(argv):
-    proc = subprocess.run([sys.executable, *argv, "--help"], capture_output=True, text=True, timeout=120, cwd=REPO)
+    proc = subprocess.run([sys.executable, "-X", "importtime", *argv, "--help"], capture_output=True, text=True,
+                          timeout=120, cwd=REPO)
     assert proc.returncode == 0 and "--config" in proc.stdout, proc.stderr[-500:]
+    assert not _imported(proc.stderr) & HEAVY, "help starts without jax, pandas, ... (benchmarks/help_bench.py)"
     prog = "python main.py" if argv == ["main.py"] else f"python -m {argv[-1]}"
     assert proc.stdout.startswith(f"usage: {prog} [flags]\n")
     assert str(REPO) not in proc.stdout and "--verbosity" not in proc.stdout  # no module paths, no absl flags
     assert "--config names one of arm_a, arm_b" in proc.stdout
+
+
+# What --help must not wait for, and the subcommands whose help is light (benchmarks/help_bench.py times them all).
+HEAVY = {"jax", "pandas", "flax", "matplotlib", "scipy", "optax", "orbax"}
+LIGHT_HELP = ["simulate", "profile", "stall", "bandwidth", "import-trace", "decode", "status", "prepare", "tokenize",
+              "fetch-tokenizer", "verdict"]
+
+
+def _imported(importtime_stderr: str) -> set[str]:
+    return {line.rsplit("|", 1)[-1].strip() for line in importtime_stderr.splitlines()
+            if line.startswith("import time:")}
+
+
+def test_help_starts_without_heavy_imports():
+    probe = ("import sys\nfrom launch.cli import main\nfor name in sys.argv[1:]:\n"
+             "    assert main([name, '--help']) == 0\n"
+             f"    heavy = sorted(set({sorted(HEAVY)!r}) & set(sys.modules))\n"
+             "    assert not heavy, (name, heavy)\n")
+    proc = subprocess.run([sys.executable, "-c", probe, *LIGHT_HELP], capture_output=True, text=True, timeout=120,
+                          cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-500:]
+
+
+def test_constants_spelled_out_for_a_light_help_equal_their_owners():
+    from launch.vmap_seeds import SEED_BATCHING
+    from moe.seeds import BATCHING_MODES
+    assert SEED_BATCHING == BATCHING_MODES
 
 
 def test_every_cacheable_moe_command_has_a_curated_help_page():
