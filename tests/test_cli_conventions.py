@@ -53,8 +53,8 @@ def test_absl_apps_help_is_the_projects_help_page(argv):
 
 # What --help must not wait for, and the subcommands whose help is light (benchmarks/help_bench.py times them all).
 HEAVY = {"jax", "pandas", "flax", "matplotlib", "scipy", "optax", "orbax"}
-LIGHT_HELP = ["simulate", "profile", "stall", "bandwidth", "import-trace", "decode", "status", "prepare", "tokenize",
-              "fetch-tokenizer", "verdict"]
+LIGHT_HELP = ["simulate", "profile", "stall", "bandwidth", "import-trace", "decode", "frontier", "status", "prepare",
+              "tokenize", "fetch-tokenizer", "verdict"]
 
 
 def _imported(importtime_stderr: str) -> set[str]:
@@ -74,8 +74,10 @@ def test_help_starts_without_heavy_imports():
 
 def test_constants_spelled_out_for_a_light_help_equal_their_owners():
     from launch.vmap_seeds import SEED_BATCHING
+    from moe.cache_aware.frontier import CACHE_POLICY_NAMES
+    from moe.cache_aware.reroute import CACHE_POLICIES
     from moe.seeds import BATCHING_MODES
-    assert SEED_BATCHING == BATCHING_MODES
+    assert SEED_BATCHING == BATCHING_MODES and CACHE_POLICY_NAMES == tuple(sorted(CACHE_POLICIES))
 
 
 def test_every_cacheable_moe_command_has_a_curated_help_page():
