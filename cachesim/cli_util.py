@@ -36,7 +36,7 @@ USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError)
 
 # The one --format vocabulary: every command's --format takes the subset of these words it can write.
 FORMATS: dict[str, str] = {
-    "text": "plain text for a terminal (aligned tables, prose)",
+    "text": "plain text for a terminal: aligned tables, prose",
     "markdown": "Markdown tables",
     "latex": "LaTeX tables",
     "csv": "comma-separated values",
@@ -121,8 +121,9 @@ class CLI:
         if unknown or default not in accepted:
             raise ValueError(f"formats {unknown} or default {default!r} outside {list(FORMATS)}")
         self._formats = tuple(accepted)
+        old = [f"{word} (deprecated: {new})" for word, new in FORMAT_ALIASES.items() if new in accepted]
         self.define("string", "format", default, "output format: "
-                    + ", ".join(f"{f} ({FORMATS[f]})" for f in accepted))
+                    + ", ".join([*(f"{f} ({FORMATS[f]})" for f in accepted), *old]))
 
     def deprecated(self, old: str, new: str) -> None:
         """``--old`` does what ``--new`` does, with one line saying so."""

@@ -48,6 +48,14 @@ def locate_in_argv(argv: list[str]) -> list[str]:
     return out
 
 
+def require_config(value) -> None:
+    """``--config`` was given; else a ConfigError naming the configs there are."""
+    if value is None:
+        from configs.base import ConfigError
+        raise ConfigError(f"--config is required: one of {', '.join(names())} (e.g. --config=arm_b:smoke) or the "
+                          "path of a config file")
+
+
 def flag_error(e: BaseException) -> str:
     """One line for an error of the ``--config`` flags (config_flags raises assorted types, chained).
 

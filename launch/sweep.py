@@ -271,6 +271,8 @@ def sweep(argv_command: Sequence[str]) -> int:
     from launch.execute import SweepInterrupted
 
     t0 = time.time()
+    from configs import require_config
+    require_config(flags.FLAGS["config"].value)
     config_file = config_flags.get_config_filename(flags.FLAGS["config"])
     cli_overrides = dict(config_flags.get_override_values(flags.FLAGS["config"]))
     if not _ROOT.value:

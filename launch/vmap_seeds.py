@@ -56,6 +56,8 @@ def _main(argv: Sequence[str]) -> int:
     logging.set_verbosity(logging.WARNING)
     flag_values = flags.FLAGS
     try:
+        from configs import require_config
+        require_config(flag_values.config)
         seeds = [int(s) for s in flag_values.seeds]
         workdirs = [pathlib.Path(w) for w in flag_values.workdir or []]
         if not seeds or len(seeds) != len(workdirs):

@@ -61,6 +61,7 @@ _FLAGS: _Flags | None = None
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    from configs import require_config
     from configs.base import ConfigError
     from moe import rundir
     from moe.checkpoint import CheckpointError
@@ -71,7 +72,11 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)
     try:
         config = _FLAGS.config.value
+        require_config(config)
         config.to_dict()  # forces the deferred load error, if any
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     except OSError as e:  # config_flags defers a missing/broken config file to first use
         detail = " ".join(str(e).split())
         print(f"error: cannot load the --config file: {detail}", file=sys.stderr)

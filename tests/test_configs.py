@@ -142,11 +142,12 @@ def test_main_command_line_errors_are_one_line_naming_the_key(argv, message, cap
     assert exc.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1 and message in err, err
 
 
-def test_main_refuses_a_file_as_workdir_and_a_dry_run_without_its_base(tmp_path, capsys):
+def test_main_refuses_no_config_a_file_as_workdir_and_a_dry_run_without_its_base(tmp_path, capsys):
     from moe import main
     file = tmp_path / "notes.txt"
     file.write_text("not a run")
-    for argv, message in [([f"--workdir={file}", "--config=arm_b:tiny"], f"--workdir={file} is a file, not a run "
+    for argv, message in [([f"--workdir={tmp_path / 'run'}"], "--config is required: one of arm_a, arm_b"),
+                          ([f"--workdir={file}", "--config=arm_b:tiny"], f"--workdir={file} is a file, not a run "
                            "directory; pass a new directory (or an existing run's) to --workdir"),
                           (["--config=arm_m:smoke", "--dry_run"], "pass --config.init_from=<its run directory>"),
                           (["--config=arm_m:smoke", "--dry_run", f"--config.init_from={tmp_path}"],
