@@ -2,8 +2,8 @@
 
 Usage::
 
-    python -m analysis.profile TRACE_DIR [--capacity 0.25] [--rounding ceil] [--recency request]
-                               [--layer all|N] [--format markdown|json] [--out FILE]
+    python -m analysis.profile TRACE_DIR [--capacity 0.25] [--rounding ceil] [--lru_recency request]
+                               [--layers all|N] [--format markdown|json] [--out FILE]
 
 TRACE_DIR holds one reference-format ``.npz`` per domain (``<domain>.npz`` as
 the Qwen3 traces, or a run directory's ``trace_<domain>.npz``). The report
@@ -12,7 +12,7 @@ chance baselines (k/E and the marginal Σq²/Σq), the 95% working set, the hit
 rates of LRU / LFU / static (w = 0.2) / Belady at one capacity, and the
 cross-domain similarity of expert usage. Reuse, chances and working set are
 means over all layers; the cache hit rates are over the layers chosen with
---layer (default: all, i.e. the mean over layers).
+--layers (default: all, i.e. the mean over layers).
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def profile(traces: Mapping[str, Any], *, capacity: int | float = 0.25, rounding
 
     first = next(iter(traces.values()))
     if layer is not None and not 0 <= layer < first.num_layers:
-        raise AnalysisError(f"--layer {layer} out of range: the traces have {first.num_layers} layers (0.."
+        raise AnalysisError(f"--layers {layer} out of range: the traces have {first.num_layers} layers (0.."
                             f"{first.num_layers - 1})")
     specs = _specs(capacity, rounding, recency)
     tables = cs.cache_table(list(traces.values()), specs, layers=None if layer is None else [layer])
@@ -138,9 +138,11 @@ COMMAND = CLI("python -m analysis.profile", __doc__.split("\n\n")[0], positional
 COMMAND.define("string", "capacity", "0.25", "cache capacity: a fraction of E with a decimal point (0.25) or a count (4)")
 COMMAND.define("enum", "rounding", "ceil", "rounding of a fractional capacity (the paper's: ceil)",
                enum_values=["ceil", "round", "floor"])
-COMMAND.define("enum", "recency", "request", "LRU recency granularity", enum_values=["request", "token"])
-COMMAND.define("string", "layer", "all", "layer index for the cache hit rates, or 'all' (mean)")
-COMMAND.define("enum", "format", "markdown", "output format", enum_values=["markdown", "json"])
+COMMAND.define("enum", "lru_recency", "request", "LRU recency granularity", enum_values=["request", "token"])
+COMMAND.deprecated("recency", "lru_recency")
+COMMAND.define("string", "layers", "all", "layer index for the cache hit rates, or 'all' (mean)")
+COMMAND.deprecated("layer", "layers")
+COMMAND.define_format("markdown", ["markdown", "json"])
 COMMAND.define("string", "out", None, "write the report to this file")
 
 
@@ -153,12 +155,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise ValueError(f"--capacity takes one capacity, got {args.capacity!r}")
     (capacity,) = capacities
     try:
-        layer = None if args.layer == "all" else int(args.layer)
+        layer = None if args.layers == "all" else int(args.layers)
     except ValueError:
-        raise ValueError(f"--layer must be 'all' or an integer, got {args.layer!r}") from None
+        raise ValueError(f"--layers must be 'all' or one layer index, got {args.layers!r}") from None
     args.out = Path(args.out) if args.out else None
     prof = profile(load_traces(args.positional[0]), capacity=capacity, rounding=args.rounding,
-                   recency=args.recency, layer=layer)
+                   recency=args.lru_recency, layer=layer)
     if args.format == "json":
         text = json.dumps(prof, indent=1) + "\n"
     else:

@@ -511,7 +511,7 @@ def verdict_json(runs: Sequence[Run]) -> dict[str, Any]:
 
 
 COMMAND = cli.run_command("python -m analysis.verdict", __doc__.split("\n\n")[0])
-COMMAND.define("enum", "format", "text", "output format", enum_values=["text", "json"])
+COMMAND.define_format("text", ["text", "json"])
 COMMAND.define("string", "out", None, "write the verdict to this file instead of stdout")
 
 

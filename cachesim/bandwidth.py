@@ -2,7 +2,7 @@
 
     python -m cachesim.bandwidth --model=qwen3-235b-a22b [--hardware=rtx3070-ddr4-nvme]
         [--quant=q4_k_m] [TRACE.npz] [--batch=1,2,4,...] [--hit_rate=0.5]
-        [--stream_tier=nvme] [--format=table|json] [--out=FILE]
+        [--stream_tier=nvme] [--format=text|json] [--out=FILE]
 """
 
 from __future__ import annotations
@@ -12,8 +12,6 @@ import math
 import sys
 from collections.abc import Sequence
 from typing import Any
-
-import pandas as pd
 
 from cachesim.cli_util import CLI, comma_list, write_output
 from cachesim.timed.bandwidth import report
@@ -33,12 +31,14 @@ COMMAND.define("float", "hit_rate", None, "path-mapped projection at this comput
 COMMAND.deprecated("hit-rate", "hit_rate")
 COMMAND.define("string", "stream_tier", None, "tier misses stream from (default: the slowest)")
 COMMAND.deprecated("stream-tier", "stream_tier")
-COMMAND.define("enum", "format", "table", "output format", enum_values=["table", "json"])
+COMMAND.define_format("text", ["text", "json"])
 COMMAND.define("string", "out", None, "write the output to this file instead of stdout")
 
 
 def _frame(rows: list[dict[str, Any]], columns: dict[str, Any]) -> str:
     """A table of ``rows`` with ``columns`` = {heading: function of a row}."""
+    import pandas as pd  # here, not at the top: `--help` starts without pandas (benchmarks/help_bench.py)
+
     return pd.DataFrame([{head: fn(r) for head, fn in columns.items()} for r in rows]).to_string(
         index=False, na_rep="-", float_format=lambda v: f"{v:.4f}")
 

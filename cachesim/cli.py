@@ -13,23 +13,26 @@ import json
 import pathlib
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-import numpy as np
-import pandas as pd
-
-from cachesim import metrics
 from cachesim.cli_util import CLI, UsageError, comma_list, progress, write_output
 from cachesim.policies import (ALL_CAPACITIES, ALL_POLICIES, RECENCY_MODES, ROUNDING_MODES, CacheSpec, CacheSpecError,
                                parse_capacities, parse_scopes, parse_static_fits, spec_for)
-from cachesim.simulate import SimulationError, miss_curves, simulate
-from cachesim.trace import Trace, TraceError, load_trace
+
+# numpy, pandas, the metrics and the simulator (jax) are imported where they are used: `--help`
+# starts without them, in under 0.3 s instead of over 1 s (benchmarks/help_bench.py).
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from cachesim.trace import Trace
 
 
 COMMAND = CLI("python -m cachesim", "Replay router traces through per-layer or global expert caches (SPEC §7).",
            positional="TRACE.npz [TRACE.npz ...]", positional_help="trace .npz files (reference format)")
-COMMAND.define("list", "policies", ["lru", "lfu", "static", "belady"],
-               "comma-separated subset of " + ",".join(ALL_POLICIES)
+COMMAND.define("list", "cache_policy", ["lru", "lfu", "static", "belady"],
+               "cache policies, comma-separated subset of " + ",".join(ALL_POLICIES)
                + " (all but lru,lfu,static,belady run through libCacheSim)")
+COMMAND.deprecated("policies", "cache_policy")
 COMMAND.define("string", "capacity", "0.125,0.25,0.5",
             "capacities, comma-separated: fractions of E (of L·E for --scope global) with a decimal point "
             "(0.25) or expert counts (4); or all: every capacity 0..E (0..L·E), the miss-ratio curve")
@@ -45,11 +48,13 @@ COMMAND.define("list", "scope", ["layer"], "cache scopes: layer (a cache per lay
                "global-uniform, global-demand (a global budget split per layer)")
 COMMAND.define("list", "static_fit", ["self"], "traces the static pin is fitted on: self (the scored trace, "
                "in-sample) or a trace .npz of the same model (out-of-sample)")
-COMMAND.define("enum", "format", "table", "output format", enum_values=["table", "json"])
+COMMAND.define_format("text", ["text", "json"])
 COMMAND.define("string", "out", None, "write the output to this file instead of stdout")
 
 
 def _layer_selection(text: str, trace: Trace) -> list[int]:
+    from cachesim.simulate import SimulationError
+
     if text == "all":
         return list(range(trace.num_layers))
     try:
@@ -66,13 +71,13 @@ def _layer_selection(text: str, trace: Trace) -> list[int]:
 
 def _specs(args) -> list[CacheSpec]:
     """Specs ordered by capacity, then scope, then policy (and its option values)."""
-    unknown = [p for p in args.policies if p not in ALL_POLICIES]
+    unknown = [p for p in args.cache_policy if p not in ALL_POLICIES]
     bad_recency = [r for r in args.lru_recency if r not in RECENCY_MODES]
     if unknown:
-        raise CacheSpecError(f"unknown policy {unknown[0]!r}; use a subset of "
+        raise CacheSpecError(f"--cache_policy: unknown policy {unknown[0]!r}; use a subset of "
                              f"{','.join(ALL_POLICIES)}")
     if bad_recency:
-        raise CacheSpecError(f"unknown LRU recency {bad_recency[0]!r}; use request or token")
+        raise CacheSpecError(f"--lru_recency: unknown LRU recency {bad_recency[0]!r}; use request or token")
     warmups = comma_list(",".join(args.static_warmup), float, "--static_warmup")
     scopes = parse_scopes(",".join(args.scope))
     fits = parse_static_fits(",".join(args.static_fit))
@@ -82,7 +87,7 @@ def _specs(args) -> list[CacheSpec]:
     for capacity in capacities:
         for scope, quota in scopes:
             options = dict(rounding=args.rounding, scope=scope, quota=quota)
-            for policy in args.policies:
+            for policy in args.cache_policy:
                 if policy == "lru":
                     specs += [spec_for("lru", capacity, recency=r, **options) for r in args.lru_recency]
                 elif policy == "static":
@@ -100,6 +105,10 @@ def _curves(args) -> bool:
 def _simulate(traces: Sequence[Trace], specs: Sequence[CacheSpec], layers, fits, curves: bool):
     """Per trace, (misses (layers, columns), [(spec, capacity)] per column): the
     specs at their capacities, or every capacity of each spec's curve."""
+    import numpy as np
+
+    from cachesim.simulate import miss_curves, simulate
+
     if not curves:
         return [(m, [(spec, spec.capacity_for(spec.keys(t.num_layers if layers is None else
                                                          len(layers), t.num_experts)))
@@ -119,6 +128,9 @@ def cache_records(paths: Sequence[str], traces: Sequence[Trace], specs: Sequence
                   curves: bool = False) -> list[dict]:
     """The CLI's records (see cachesim/README.md), all from one simulation
     (`curves`: every capacity of each spec, from one replay per cache)."""
+    from cachesim import metrics
+    from cachesim.simulate import SimulationError
+
     layer_lists = [[_layer_selection(text, trace) for text in selections] for trace in traces]
     needed = [sorted({layer for layers in lists for layer in layers}) for lists in layer_lists]
     shared = needed[0] if all(n == needed[0] for n in needed) else None
@@ -165,6 +177,8 @@ def _layers_label(layers: list[int], num_layers: int) -> str:
 
 def records_frame(records: Sequence[dict], num_layers: dict[str, int]) -> pd.DataFrame:
     """The records as a DataFrame, one row per record, the table's columns."""
+    import pandas as pd
+
     def policy(r: dict) -> str:
         name = r["policy"]
         if name == "lru" and r["lru_recency"] == "token":
@@ -187,6 +201,8 @@ def format_table(records: Sequence[dict], num_layers: dict[str, int]) -> str:
 
 def warn_collapse(path: str, trace: Trace) -> None:
     """Expert collapse is a pre-registered failure mode: say so loudly."""
+    from cachesim import metrics
+
     per_layer = metrics.collapse_counts(trace)
     if any(per_layer):
         print(f"WARNING: expert collapse in {path}: {sum(per_layer)} experts used by < 1% of "
@@ -196,6 +212,9 @@ def warn_collapse(path: str, trace: Trace) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = COMMAND.parse(argv)
+    from cachesim.simulate import SimulationError
+    from cachesim.trace import TraceError, load_trace
+
     paths = args.positional
     try:
         if not paths:

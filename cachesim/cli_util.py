@@ -2,14 +2,17 @@
 
 * absl flags with lower_snake_case names, one ``FlagValues`` per CLI, so
   several CLIs can be imported and called in one process (tests do).
-* Inputs are positional (traces, run directories); options are flags:
-  ``--capacity`` (fractions of E written with a decimal point, or counts:
-  ``0.125,0.25`` or ``4,8``; see ``cachesim.policies.parse_capacities``),
-  ``--format`` and ``--out`` mean the same everywhere.
+* Inputs are positional (traces, run directories); options are flags, one
+  word per meaning everywhere: ``--capacity`` (fractions of E written with a
+  decimal point, or counts: ``0.125,0.25`` or ``4,8``; see
+  ``cachesim.policies.parse_capacities``), ``--cache_policy`` (which experts a
+  cache keeps), ``--prefetch_policy`` (which transfers prefetch admits),
+  ``--layers``, ``--lru_recency``, ``--out``, and ``--format`` (one of
+  :data:`FORMATS`; each command accepts the subset it can write).
 * ``--help`` (or ``-h``) prints the CLI's flags and exits 0.
 * Bad input is one ``error: ...`` line on stderr and exit code 2.
-* Old spellings (``--capacity-count``, ``--trace``, ``--run`` ...) keep working
-  as aliases that print one deprecation line.
+* Old spellings (``--capacity-count``, ``--policies``, ``--format=table`` ...)
+  keep working as aliases that print one deprecation line.
 
 It lives in cachesim, the lowest package with command lines, because cachesim
 is a leaf library and may import nothing of the others; they import this.
@@ -19,6 +22,7 @@ deprecation notes and the error contract, which absl leaves to app.run.
 
 from __future__ import annotations
 
+import difflib
 import sys
 import types
 from collections.abc import Callable, Sequence
@@ -30,8 +34,64 @@ from absl import flags
 USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError)
 
 
+# The one --format vocabulary: every command's --format takes the subset of these words it can write.
+FORMATS: dict[str, str] = {
+    "text": "plain text for a terminal: aligned tables, prose",
+    "markdown": "Markdown tables",
+    "latex": "LaTeX tables",
+    "csv": "comma-separated values",
+    "json": "one JSON document",
+}
+# Old --format words, still accepted with one deprecation line.
+FORMAT_ALIASES: dict[str, str] = {"table": "text"}
+
+# Spellings of a help request (absl's too), answered with the command's own help page.
+HELP_ARGS = ("-h", "--help", "-help", "--helpshort", "--helpfull", "-?")
+
+
 class UsageError(ValueError):
     """A malformed command line; the message names the flag and the fix."""
+
+
+# Set by launch.cli before it runs a command's module: the name the user typed (``cacheable-moe simulate``).
+invoked_name: str | None = None
+
+
+def invoked_as(prog: str) -> str:
+    """The command's name as the user typed it: ``cacheable-moe simulate`` through the console script, else ``prog``."""
+    return invoked_name or prog
+
+
+def flag_lines(flag_values: flags.FlagValues, names: Sequence[str]) -> list[str]:
+    """One help line per flag: ``  --name: help (default: ...)``."""
+    lines = []
+    for name in names:
+        flag = flag_values[name]
+        spelled = f"--[no]{name}" if flag.boolean else f"--{name}"
+        default = "" if flag.default in (None, "", []) else f" (default: {flag.default_as_str})"
+        lines.append(f"  {spelled}: {' '.join(flag.help.split())}{default}")
+    return lines
+
+
+def unknown_flag_line(error: flags.UnrecognizedFlagError, names: Sequence[str], prog: str) -> str:
+    """``unknown flag --work_dir; did you mean --workdir?``: suggestions from the command's own flags only
+    (absl's would offer its --log_dir for --work_dir)."""
+    name = error.flagname
+    close = difflib.get_close_matches(name, list(names), n=1, cutoff=0.6)
+    hint = f"; did you mean --{close[0]}?" if close else ""
+    return f"unknown flag --{name}{hint} (see {prog} --help)"
+
+
+def check_format(value: str, accepted: Sequence[str], prog: str) -> str:
+    """``--format``'s value in the one vocabulary: an old word is translated (one warning), a word ``prog``
+    cannot write is refused naming the words it can."""
+    if value in FORMAT_ALIASES:
+        print(f"warning: --format={value} is deprecated; use --format={FORMAT_ALIASES[value]}", file=sys.stderr)
+        value = FORMAT_ALIASES[value]
+    if value not in accepted:
+        what = "is not one of the project's formats" if value not in FORMATS else f"is not written by {prog}"
+        raise UsageError(f"--format={value} {what}; use --format={' or --format='.join(accepted)}")
+    return value
 
 
 class CLI:
@@ -49,10 +109,21 @@ class CLI:
         self.flags = flags.FlagValues()
         self._names: list[str] = []
         self._deprecated: dict[str, str] = {}
+        self._formats: tuple[str, ...] = ()
 
     def define(self, kind: str, name: str, default: Any, help: str, **kwargs) -> None:  # noqa: A002
         getattr(flags, f"DEFINE_{kind}")(name=name, default=default, help=help, flag_values=self.flags, **kwargs)
         self._names.append(name)
+
+    def define_format(self, default: str, accepted: Sequence[str]) -> None:
+        """``--format``: the subset ``accepted`` of :data:`FORMATS` that this command writes."""
+        unknown = [f for f in accepted if f not in FORMATS]
+        if unknown or default not in accepted:
+            raise ValueError(f"formats {unknown} or default {default!r} outside {list(FORMATS)}")
+        self._formats = tuple(accepted)
+        old = [f"{word} (deprecated: {new})" for word, new in FORMAT_ALIASES.items() if new in accepted]
+        self.define("string", "format", default, "output format: "
+                    + ", ".join([*(f"{f} ({FORMATS[f]})" for f in accepted), *old]))
 
     def deprecated(self, old: str, new: str) -> None:
         """``--old`` does what ``--new`` does, with one line saying so."""
@@ -60,15 +131,11 @@ class CLI:
         self._deprecated[old] = new
 
     def help_text(self) -> str:
-        lines = [f"usage: {self.prog} [flags]" + (f" {self.positional}" if self.positional else ""), "",
+        lines = [f"usage: {invoked_as(self.prog)} [flags]" + (f" {self.positional}" if self.positional else ""), "",
                  self.description.strip(), ""]
         if self.positional:
             lines += [f"  {self.positional}: {self.positional_help}", ""]
-        for name in self._names:
-            flag = self.flags[name]
-            spelled = f"--[no]{name}" if flag.boolean else f"--{name}"
-            default = "" if flag.default in (None, "", []) else f" (default: {flag.default_as_str})"
-            lines.append(f"  {spelled}: {flag.help}{default}")
+        lines += flag_lines(self.flags, self._names)
         if self._deprecated:
             lines += ["", "deprecated spellings (still accepted): "
                       + ", ".join(f"--{old} -> --{new}" for old, new in self._deprecated.items())]
@@ -82,18 +149,26 @@ class CLI:
         page; a malformed command line exits 2 with one line.
         """
         args = list(sys.argv[1:] if argv is None else argv)
-        if any(a in ("-h", "--help", "-help", "--helpfull") for a in args):
+        if any(a in HELP_ARGS for a in args):
             sys.stdout.write(self.help_text())
             sys.exit(0)
         self.flags.unparse_flags()  # a CLI object may be called again (tests)
         try:
             rest = self.flags([self.prog, *args])[1:]
+        except flags.UnrecognizedFlagError as e:
+            fail(unknown_flag_line(e, [*self._names, *self._deprecated], invoked_as(self.prog)))
         except flags.Error as e:
-            fail(f"{e} (see {self.prog} --help)")
+            fail(f"{e} (see {invoked_as(self.prog)} --help)")
         for old, new in self._deprecated.items():
             if self.flags[old].present:
                 print(f"warning: --{old} is deprecated; use --{new}", file=sys.stderr)
-        return types.SimpleNamespace(positional=rest, **{name: self.flags[name].value for name in self._names})
+        values = {name: self.flags[name].value for name in self._names}
+        if self._formats:
+            try:
+                values["format"] = check_format(values["format"], self._formats, invoked_as(self.prog))
+            except UsageError as e:
+                fail(str(e))
+        return types.SimpleNamespace(positional=rest, **values)
 
     def present(self, name: str) -> bool:
         """Whether the last parse set ``--name`` (or one of its deprecated spellings)."""
@@ -137,29 +212,40 @@ def write_output(text: str, out: str | None) -> None:
     print(out)
 
 
-def parse_app_flags(argv: list[str]) -> list[str]:
-    """``flags_parser`` for absl apps on the global FLAGS (``app.run(main, flags_parser=parse_app_flags)``).
+def app_help(prog: str, description: str, flag_values: flags.FlagValues, names: Sequence[str],
+             notes: Sequence[str] = ()) -> str:
+    """The help page of an absl app, laid out as :meth:`CLI.help_text` (no module paths, no absl flags)."""
+    lines = [f"usage: {prog} [flags]", "", description.strip(), "", *flag_lines(flag_values, names)]
+    return "\n".join([*lines, *(["", *notes] if notes else [])]) + "\n"
+
+
+def own_flag_names(flag_values: flags.FlagValues) -> list[str]:
+    """The flags an app defined itself (not absl's --verbosity, --log_dir ...), in definition order."""
+    return [f.name for module, defined in flag_values.flags_by_module_dict().items()
+            if not module.startswith(("absl", "ml_collections")) for f in defined]
+
+
+def parse_app_flags(argv: list[str], *, prog: str, description: str, prepare: Callable[[list[str]], list[str]] = list,
+                    error_line: Callable[[BaseException], str] = str, notes: Sequence[str] = ()) -> list[str]:
+    """``flags_parser`` for absl apps on the global FLAGS
+    (``app.run(main, flags_parser=lambda argv: parse_app_flags(argv, prog=..., description=...))``).
 
     absl's own parser exits 1 after ``--help`` and prints a traceback-like
-    block for a bad flag; here ``--help`` prints the main module's flags and
-    exits 0, and a bad config file, option or override is one line and exit 2.
+    block for a bad flag; here ``--help`` prints the app's help page and
+    exits 0, and a bad flag or value is one line (``error_line`` of the
+    exception; ``prepare`` rewrites argv first and may raise) and exit 2.
     """
-    if any(a in ("-h", "--help", "-help", "--helpshort", "--helpfull") for a in argv[1:]):
+    prog = invoked_as(prog)
+    if any(a in HELP_ARGS for a in argv[1:]):
         flags.FLAGS.mark_as_parsed()
-        own = [m for m in flags.FLAGS.flags_by_module_dict() if not m.startswith(("absl", "ml_collections"))]
-        print(f"usage: {argv[0]} [flags]\n\n" + "\n\n".join(flags.FLAGS.module_help(m) for m in own))
+        sys.stdout.write(app_help(prog, description, flags.FLAGS, own_flag_names(flags.FLAGS), notes))
         sys.exit(0)
     try:
-        return flags.FLAGS(argv)
+        return flags.FLAGS(prepare(argv))
+    except flags.UnrecognizedFlagError as e:
+        fail(unknown_flag_line(e, own_flag_names(flags.FLAGS), prog))
     except Exception as e:  # noqa: BLE001 — config_flags raises assorted types
-        cause = e
-        while cause.__cause__ is not None or cause.__context__ is not None:
-            cause = cause.__cause__ or cause.__context__
-        message = str(cause) or type(cause).__name__
-        if isinstance(cause, (KeyError, AttributeError)):
-            message = (f"unknown config key {message.strip(chr(34) + chr(39))!r}: check the --config.x=y "
-                       "override against the config file")
-        fail(message)
+        fail(error_line(e))
 
 
 class Progress:

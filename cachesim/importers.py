@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from cachesim.cli_util import CLI
-from cachesim.trace import Trace, TraceError, make_trace, save_trace
+from cachesim.trace import Trace, TraceError, load_error_detail, make_trace, save_trace
 
 _HEADER = np.dtype("<i4")
 
@@ -148,7 +148,7 @@ def read_hf_router_logits(path: str | Path, k: int, *, model: str = "",
     try:
         loaded = np.load(path, allow_pickle=False)
     except (OSError, ValueError, EOFError) as exc:
-        raise TraceError(f"{path}: not a readable .npy/.npz file ({exc})") from None
+        raise TraceError(f"{path}: not a readable .npy/.npz file ({load_error_detail(exc)})") from None
     if isinstance(loaded, np.ndarray):
         logits = loaded
         if logits.ndim == 4:

@@ -12,21 +12,25 @@ import json
 import sys
 from collections.abc import Sequence
 
-from cachesim import metrics
 from cachesim.cli import warn_collapse
 from cachesim.cli_util import CLI, UsageError, comma_list, write_output
-from cachesim.trace import TraceError, load_trace
+
+# The metrics (numpy, jax) and the trace reader are imported where they are used: `--help` starts
+# without them (benchmarks/help_bench.py).
 
 COMMAND = CLI("python -m cachesim.profile", "Routing profile of router traces (SPEC §6).",
               positional="TRACE.npz [TRACE.npz ...]", positional_help="trace .npz files (reference format)")
 COMMAND.define("string", "lags", None, "reuse lags, comma-separated (default 1,2,4,... up to 1024, below T)")
-COMMAND.define("enum", "format", "table", "output format", enum_values=["table", "json"])
+COMMAND.define_format("text", ["text", "json"])
 COMMAND.define("string", "out", None, "write the output to this file instead of stdout")
 
 
 def profile_report(paths: Sequence[str], lags: Sequence[int] | None = None) -> tuple[dict, list]:
     """The JSON report {"traces": [...], "similarity": {path: {path: value}}} and the
     loaded traces."""
+    from cachesim import metrics
+    from cachesim.trace import load_trace
+
     traces = [load_trace(path) for path in paths]
     entries = [{"trace": path, "name": trace.name, **metrics.routing_profile(trace, lags)}
                for path, trace in zip(paths, traces)]
@@ -61,6 +65,8 @@ def format_table(report: dict) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = COMMAND.parse(argv)
+    from cachesim.trace import TraceError
+
     try:
         if not args.positional:
             raise UsageError("no trace given; pass one or more trace .npz files")

@@ -19,9 +19,9 @@ this module is its command line.
 
 CLI:
   python -m cachesim.stall --trace T.npz --model qwen3-235b-a22b
-      [--hardware rtx3070-ddr4-nvme] [--policies all] [--budget 48x,192x]
-      [--queue 32] [--source prev_token] [--cache lru] [--capacity 8|0.25]
-      [--width 1 --accept fixed:1] [--tokens N] [--format table|json] [--jsonl OUT]
+      [--hardware rtx3070-ddr4-nvme] [--prefetch_policy all] [--budget 48x,192x]
+      [--queue 32] [--source prev_token] [--cache_policy lru] [--capacity 8|0.25]
+      [--width 1 --accept fixed:1] [--tokens N] [--format text|json] [--jsonl OUT]
 """
 
 from __future__ import annotations
@@ -32,9 +32,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-import pandas as pd
-
 from cachesim.cli_util import CLI, progress, write_output
+from cachesim.policies import parse_capacities
 from cachesim.timed.compare import choose, compare_policies, prepare
 from cachesim.timed.engine import PrefetchConfig, run_timed
 from cachesim.timed.metrics import json_safe, run_header, summarize, write_jsonl
@@ -62,6 +61,8 @@ def _format_table(run: dict[str, Any]) -> str:
 
 
 def _format_rows(run: dict[str, Any], results: list[dict[str, Any]], header: bool = True) -> str:
+    import pandas as pd  # here, not at the top: `--help` starts without pandas (benchmarks/help_bench.py)
+
     ms, gb = 1e3, 1e9
 
     def row(r: dict[str, Any]) -> dict[str, Any]:
@@ -90,7 +91,8 @@ COMMAND.define("multi_string", "trace", [], "deprecated: pass traces as position
 COMMAND.define("string", "model", None, "model preset or JSON path: byte sizes (the trace's layers/experts/k are used)")
 COMMAND.define("string", "quant", None, "quantisation (default: the preset's)")
 COMMAND.define("string", "hardware", "rtx3070-ddr4-nvme", "hardware preset or JSON path")
-COMMAND.define("enum", "cache", "lru", "cache policy", enum_values=["lru", "lru_token", "lfu", "static", "belady"])
+COMMAND.define("enum", "cache_policy", "lru", "cache policy", enum_values=["lru", "lru_token", "lfu", "static", "belady"])
+COMMAND.deprecated("cache", "cache_policy")
 COMMAND.define("string", "capacity", None, "experts per layer: a count (8) or a fraction of E (0.25); default: what "
                "fits in the compute tier")
 COMMAND.define("enum", "rounding", "ceil", "rounding of fraction x E", enum_values=["ceil", "round", "floor"])
@@ -100,7 +102,9 @@ COMMAND.define("enum", "placement", "frequency", "where experts live in the stor
 COMMAND.define("float", "placement_warmup", 1.0, "placement's warm-up fraction")
 COMMAND.deprecated("placement-warmup", "placement_warmup")
 COMMAND.define("enum", "source", "prev_token", "prefetch prediction source", enum_values=list(SOURCES))
-COMMAND.define("string", "policies", "all", f"comma list of {', '.join(ADMISSIONS)} or all")
+COMMAND.define("string", "prefetch_policy", "all", f"prefetch admission policies, comma list of {', '.join(ADMISSIONS)} "
+               "or all")
+COMMAND.deprecated("policies", "prefetch_policy")
 COMMAND.define("string", "budget", None, "prefetch bytes per step, comma list: 800MB, 1.5GB, 48x (experts), inf; "
                "default: one expert per layer")
 COMMAND.define("integer", "queue", 32, "staging slots")
@@ -111,7 +115,7 @@ COMMAND.define("string", "accept", "fixed:1", "fixed:N or bernoulli:ALPHA[:SEED]
 COMMAND.define("integer", "tokens", None, "simulate a prefix of N tokens")
 COMMAND.define("enum", "backend", None, "deprecated and ignored: the residency pass is the simulator's own replay",
                enum_values=["python", "jax"])
-COMMAND.define("enum", "format", "table", "output format", enum_values=["table", "json"])
+COMMAND.define_format("text", ["text", "json"])
 COMMAND.define("string", "out", None, "write the output to this file instead of stdout")
 COMMAND.define("string", "jsonl", None, "write the event trace of the (single) policy and budget as JSON Lines")
 
@@ -126,9 +130,15 @@ def _run_cli(args) -> list[dict[str, Any]]:
         raise StallConfigError("no trace given; pass one or more router trace .npz files")
     if not args.model:
         raise StallConfigError("--model is required: a model preset (e.g. qwen3-235b-a22b) or a JSON path")
+    if args.capacity is not None:  # the shared capacity syntax, checked before any trace is read
+        capacities = parse_capacities(args.capacity)
+        if len(capacities) != 1:
+            raise StallConfigError(f"--capacity takes one capacity (a count like 8 or a fraction of E like 0.25), "
+                                   f"got {args.capacity!r}")
+        args.capacity = capacities[0]
     hardware = load_hardware(args.hardware)
     base_model = load_model(args.model, args.quant)
-    admissions = choose(args.policies, ADMISSIONS, "policies")
+    admissions = choose(args.prefetch_policy, ADMISSIONS, "--prefetch_policy")
     speculation = Speculation.parse(args.width, args.accept)
     budgets_text = args.budget or ""
     per_trace = 1 + sum(1 for a in admissions if a != "none") * max(1, len([b for b in budgets_text.split(",") if b]))
@@ -140,7 +150,7 @@ def _runs(args, admissions, speculation, hardware, base_model, bar) -> list[dict
     runs = []
     for path in args.trace:
         trace = load_trace(path)
-        work = prepare(trace, base_model, hardware, cache=args.cache, capacity=args.capacity,
+        work = prepare(trace, base_model, hardware, cache=args.cache_policy, capacity=args.capacity,
                        rounding=args.rounding, static_warmup=args.static_warmup,
                        queue_slots=args.queue, speculation=speculation,
                        placement=args.placement, placement_warmup=args.placement_warmup,
@@ -150,8 +160,8 @@ def _runs(args, admissions, speculation, hardware, base_model, bar) -> list[dict
         budgets = [parse_bytes(b, expert) for b in budget_text.split(",") if b.strip()]
         if args.jsonl:
             if len(args.trace) != 1 or len(admissions) != 1 or len(budgets) != 1:
-                raise StallConfigError("--jsonl exports one run: give one --trace, one "
-                                       "--policies and one --budget")
+                raise StallConfigError("--jsonl exports one run: give one trace, one "
+                                       "--prefetch_policy and one --budget")
             result = run_timed(work, PrefetchConfig(
                 admission=admissions[0], source=args.source, budget_bytes=budgets[0],
                 queue_slots=args.queue, max_candidates=args.max_candidates), record=True)

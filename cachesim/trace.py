@@ -158,11 +158,22 @@ def _parse_meta(raw: np.ndarray, path: Path) -> dict[str, Any]:
     return meta
 
 
+def load_error_detail(exc: BaseException) -> str:
+    """Why ``np.load`` failed, in words for the user: numpy's own text for what is not array data (it would
+    read it as a pickle) advises loading the file unsafely, which no trace needs."""
+    if "pickle" in str(exc):
+        return "neither .npy nor .npz array data"
+    return " ".join(str(exc).split())
+
+
 def load_trace(path: str | os.PathLike[str]) -> Trace:
     """Reads a reference-format `.npz` trace; TraceError names any problem."""
     path = Path(path)
     if not path.is_file():
         raise TraceError(f"{path}: no such trace file")
+    if not zipfile.is_zipfile(path):  # np.load would try it as a pickle and advise loading it unsafely
+        raise TraceError(f"{path}: not a trace .npz (no complete zip archive: truncated, or another format); "
+                         "pass a trace written by main.py, or convert a recorded one with python -m cachesim.importers")
     try:
         with np.load(path, allow_pickle=False) as npz:
             names = set(npz.files)
@@ -176,8 +187,8 @@ def load_trace(path: str | os.PathLike[str]) -> Trace:
     except TraceError:
         raise
     except (zipfile.BadZipFile, EOFError, OSError, zlib.error, ValueError) as exc:
-        raise TraceError(f"{path}: not a readable .npz trace ({exc}); the file may be "
-                         "truncated or not an npz — re-export it") from None
+        raise TraceError(f"{path}: not a readable .npz trace ({load_error_detail(exc)}); the file may be "
+                         "truncated or not a trace — re-export it") from None
     try:
         trace = Trace(experts=experts, num_experts=meta["num_experts"], meta=meta,
                       probs=probs, name=path.stem)

@@ -51,6 +51,9 @@ ARG_ALIASES = {
 }
 
 
+_BOOLS = {"true": True, "1": True, "false": False, "0": False}
+
+
 class ConfigError(ValueError):
     """A configuration value that cannot run; the message names the fix."""
 
@@ -75,13 +78,22 @@ def _set_dotted(config: ml_collections.ConfigDict, dotted: str, raw: str, option
     for p in parents:
         node = node[p]
     current = node[leaf]
+    name = f"{option}= ({dotted})" if option else dotted
+    kind = ("an integer" if isinstance(current, int) and not isinstance(current, bool) else
+            "a number" if isinstance(current, float) else f"a {type(current).__name__}")
     try:
-        node[leaf] = type(current)(float(raw)) if isinstance(current, (int, float)) and not isinstance(
-            current, bool) else type(current)(raw)
-    except ValueError:
-        name = f"{option}= ({dotted})" if option else dotted
-        kind = "a number" if isinstance(current, (int, float)) else f"a {type(current).__name__}"
+        if isinstance(current, bool):
+            value = _BOOLS[raw.strip().lower()]
+        elif isinstance(current, (int, float)):
+            value = float(raw)  # "2e8" is a valid token budget
+            if isinstance(current, int) and not value.is_integer():  # seed=1.5 is not seed 1
+                raise ValueError(raw)
+            value = type(current)(value)
+        else:
+            value = type(current)(raw)
+    except (ValueError, KeyError, OverflowError):
         raise ConfigError(f"bad value {raw!r} for {name}: pass {kind}, e.g. {option or dotted}={current}") from None
+    node[leaf] = value
 
 
 def base_config(arm: str, arg: str | None, arm_defaults: dict | None = None) -> ml_collections.ConfigDict:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import runpy
 import sys
 
+from cachesim import cli_util
+
 # command -> (module, what it does)
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("moe.main", "train, evaluate and trace one arm (main.py)"),
@@ -26,6 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "stall": ("cachesim.stall", "expected foreground stall on a modelled memory hierarchy"),
     "bandwidth": ("cachesim.bandwidth", "first-principles and path-mapped decode throughput"),
     "tables": ("analysis.tables", "the study's tables from run directories"),
+    "report": ("analysis.report", "the results page of a study (markdown and figures)"),
     "verdict": ("analysis.verdict", "the pre-registered verdict"),
     "figures": ("analysis.figures", "the study's figures"),
     "trace-profile": ("analysis.profile", "a model's routing profile from a folder of traces"),
@@ -51,10 +54,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     module = COMMANDS[name][0]
     sys.argv = [f"cacheable-moe {name}", *rest]
+    cli_util.invoked_name = sys.argv[0]  # help pages and errors name the command as typed
     try:
         runpy.run_module(module, run_name="__main__", alter_sys=True)
     except SystemExit as exit_:
         return exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+    finally:
+        cli_util.invoked_name = None
     return 0
 
 

@@ -187,7 +187,7 @@ class StatusWriter:
 
 COMMAND = CLI("python -m launch.status", "The status table of a sweep, from its status.json.",
               positional="SWEEP_ROOT", positional_help="the --root of a python -m launch.sweep")
-COMMAND.define("enum", "format", "table", "output format", enum_values=["table", "json"])
+COMMAND.define_format("text", ["text", "json"])
 
 
 def main(argv: Sequence[str] | None = None) -> int:

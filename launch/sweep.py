@@ -34,6 +34,8 @@ from collections.abc import Sequence
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from launch.vmap_seeds import SEED_BATCHING
+
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Arm config file with a sweep(), e.g. "
                                           "configs/arm_b.py:smoke.", lock_config=True)
 _ROOT = flags.DEFINE_string("root", None, "Sweep root: one run directory per run, status.json, analysis/.")
@@ -47,7 +49,7 @@ _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print the planned runs and each 
                              "exit non-zero if any exceeds config.device_memory_gib. Trains nothing.")
 _VMAP_SEEDS = flags.DEFINE_integer("vmap_seeds", 0, "Train up to this many seeds of one config in one process and "
                                    "one vmapped jit (small configs: --dry_run checks S x memory). 0/1: off.")
-_SEED_BATCHING = flags.DEFINE_enum("seed_batching", "auto", ["auto", "vmap", "unrolled"],
+_SEED_BATCHING = flags.DEFINE_enum("seed_batching", "auto", list(SEED_BATCHING),
                                    "How a --vmap_seeds group shares its jit (launch.vmap_seeds): auto picks the "
                                    "mode measured fastest for the backend and run length.")
 _RERUN_CHANGED = flags.DEFINE_bool("rerun_changed", False, "Runs whose directory holds results of other settings "
@@ -139,13 +141,16 @@ def settle_changed(specs, root: pathlib.Path, rerun_changed: bool, echo=print) -
 
 
 def validate_runs(specs) -> None:
-    """Every run's config passes configs.base.validate, before any process starts."""
-    from moe.config import validate
+    """Every run's config passes main.py's checks (moe.config.validate, data section included; a fine-tuning
+    run's base run), before any process starts."""
+    from moe.config import check_base_run, validate
     from launch.plan import build_config
 
     for spec in specs:
         try:
-            validate(build_config(spec.config_file, spec.overrides))
+            config = build_config(spec.config_file, spec.overrides)
+            validate(config)
+            check_base_run(config)
         except ValueError as e:
             raise SweepError(f"run {spec.name}: {e}") from None
 
@@ -266,6 +271,8 @@ def sweep(argv_command: Sequence[str]) -> int:
     from launch.execute import SweepInterrupted
 
     t0 = time.time()
+    from configs import require_config
+    require_config(flags.FLAGS["config"].value)
     config_file = config_flags.get_config_filename(flags.FLAGS["config"])
     cli_overrides = dict(config_flags.get_override_values(flags.FLAGS["config"]))
     if not _ROOT.value:
@@ -275,6 +282,8 @@ def sweep(argv_command: Sequence[str]) -> int:
     if _RETRIES.value < 0:
         raise SweepError(f"--retries must be >= 0, got {_RETRIES.value}")
     root = pathlib.Path(_ROOT.value).absolute()
+    if root.exists() and not root.is_dir():
+        raise SweepError(f"--root={_ROOT.value} is a file, not a sweep root; pass a new or existing directory")
     specs = plan.expand(config_file, root, cli_overrides, only=_ONLY.value)
 
     if _DRY_RUN.value:
@@ -394,5 +403,7 @@ def main(argv: Sequence[str]) -> int:
 
 if __name__ == "__main__":
     from cachesim.cli_util import parse_app_flags
-    from configs import locate_in_argv
-    app.run(main, flags_parser=lambda argv: parse_app_flags(locate_in_argv(argv)))
+    from configs import flag_error, help_notes, locate_in_argv
+    app.run(main, flags_parser=lambda argv: parse_app_flags(
+        argv, prog="python -m launch.sweep", description="\n\n".join(__doc__.split("\n\n")[:2]),
+        prepare=locate_in_argv, error_line=flag_error, notes=help_notes()))

@@ -22,9 +22,16 @@ from collections.abc import Sequence  # noqa: E402
 
 import ml_collections  # noqa: E402
 
-from moe.seeds import BATCHING_MODES, SeedGroupError  # noqa: E402
+# moe.seeds.BATCHING_MODES, spelled out (tested equal): moe.seeds imports jax, which `--help` need not
+# wait for (benchmarks/help_bench.py).
+SEED_BATCHING = ("auto", "vmap", "unrolled")
 
-VmapGroupError = SeedGroupError  # the name this CLI's errors had before moe.seeds
+
+def __getattr__(name: str):
+    if name == "VmapGroupError":  # the name this CLI's errors had before moe.seeds
+        from moe.seeds import SeedGroupError
+        return SeedGroupError
+    raise AttributeError(f"module 'launch.vmap_seeds' has no attribute {name!r}")
 
 
 def train_seeds(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence[str | pathlib.Path], *,
@@ -40,6 +47,7 @@ def _main(argv: Sequence[str]) -> int:
     from configs.base import ConfigError
     from moe.checkpoint import CheckpointError
     from moe.data.errors import DataError
+    from moe.seeds import SeedGroupError
     from moe.train import NonFiniteLossError
 
     if len(argv) > 1:
@@ -48,10 +56,15 @@ def _main(argv: Sequence[str]) -> int:
     logging.set_verbosity(logging.WARNING)
     flag_values = flags.FLAGS
     try:
+        from configs import require_config
+        require_config(flag_values.config)
         seeds = [int(s) for s in flag_values.seeds]
         workdirs = [pathlib.Path(w) for w in flag_values.workdir or []]
         if not seeds or len(seeds) != len(workdirs):
             raise SeedGroupError(f"--seeds ({len(seeds)}) and --workdir ({len(workdirs)}) must pair up one to one")
+        from moe.main import check_workdir
+        for w in workdirs:
+            check_workdir(str(w))
         configs = []
         for seed, w in zip(seeds, workdirs):
             c = ml_collections.ConfigDict(flag_values.config.to_dict())
@@ -77,9 +90,11 @@ if __name__ == "__main__":
     config_flags.DEFINE_config_file("config", None, "Arm config file, e.g. configs/arm_b.py:tiny.", lock_config=True)
     flags.DEFINE_multi_string("workdir", None, "One run directory per seed, in --seeds order.")
     flags.DEFINE_list("seeds", None, "Seeds to train together, e.g. 1,2,3,4.")
-    flags.DEFINE_enum("seed_batching", "auto", list(BATCHING_MODES),
+    flags.DEFINE_enum("seed_batching", "auto", list(SEED_BATCHING),
                       "How the seeds share the jit: vmap (batched ops), unrolled (the solo step per seed inside "
                       "one jit), auto (unrolled on CPU for 50+ steps, else vmap; see moe/seeds.py).")
     from cachesim.cli_util import parse_app_flags
-    from configs import locate_in_argv
-    app.run(_main, flags_parser=lambda argv: parse_app_flags(locate_in_argv(argv)))
+    from configs import flag_error, help_notes, locate_in_argv
+    app.run(_main, flags_parser=lambda argv: parse_app_flags(
+        argv, prog="python -m launch.vmap_seeds", description="\n\n".join(__doc__.split("\n\n")[:2]),
+        prepare=locate_in_argv, error_line=flag_error, notes=help_notes()))

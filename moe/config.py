@@ -13,8 +13,9 @@ import math
 
 import ml_collections
 
-from configs.base import SIZES, ConfigError
+from configs.base import SIZES, ConfigError, finetunes
 from moe import rundir
+from moe.data import config as data_config
 from moe.data import pipeline
 from moe.dispatch import DISPATCHERS, select_block_size, select_dispatch
 from moe.finetune import validate as finetune_validate
@@ -84,6 +85,17 @@ def validate(c: ml_collections.ConfigDict) -> None:
     if c.eval.train_trace_tokens < 0:
         raise ConfigError("eval.train_trace_tokens must be >= 0 (0: no training-split traces)")
     finetune_validate(c)
+    data_config.validate(c.data)  # the data section: corpus, tokenizer, local paths
+
+
+def check_base_run(c: ml_collections.ConfigDict) -> None:
+    """A fine-tuning config's ``init_from`` is a run directory of a compatible base (arm M); else a FinetuneError.
+
+    What a run checks first, for the commands that stop before training (``--dry_run``, the sweep's pre-check).
+    """
+    if finetunes(c):
+        from moe import finetune
+        finetune.check_compatible(finetune.read_base_config(c.init_from), c)
 
 
 def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:

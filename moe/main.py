@@ -61,6 +61,7 @@ _FLAGS: _Flags | None = None
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    from configs import require_config
     from configs.base import ConfigError
     from moe import rundir
     from moe.checkpoint import CheckpointError
@@ -71,7 +72,11 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)
     try:
         config = _FLAGS.config.value
+        require_config(config)
         config.to_dict()  # forces the deferred load error, if any
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     except OSError as e:  # config_flags defers a missing/broken config file to first use
         detail = " ".join(str(e).split())
         print(f"error: cannot load the --config file: {detail}", file=sys.stderr)
@@ -79,11 +84,14 @@ def main(argv):
     workdir = _FLAGS.workdir.value
     try:
         if _FLAGS.dry_run.value:
+            from moe.config import check_base_run
+            check_base_run(config)  # a fine-tuning run's base must exist before its step is worth compiling
             from moe.run import dry_run
             print(json.dumps(dry_run(config)))
             return 0
         if not workdir:
             raise ConfigError("--workdir is required to train (e.g. --workdir=runs/my-run)")
+        check_workdir(workdir)
         # Several processes (JAX_NUM_PROCESSES/JAX_PROCESS_ID/JAX_COORDINATOR_ADDRESS, or a
         # multi-task srun): join them before jax picks its devices; process 0 writes the run dir.
         from moe.distributed import initialize_from_env
@@ -158,44 +166,55 @@ def fresh_workdir(workdir: pathlib.Path, lr: float) -> pathlib.Path:
 # ---------------------------------------------------------------- flags
 
 
+PROG = "python main.py"
+
+
+def help_text(prog: str) -> str:
+    from cachesim.cli_util import app_help
+    from configs import help_notes
+
+    parsed = _Flags([prog])
+    description = "\n\n".join(__doc__.split("\n\n")[:2])  # what it does, and example command lines
+    return app_help(prog, description, parsed.values, OWN_FLAGS, help_notes())
+
+
+OWN_FLAGS = ("config", "workdir", "dry_run")
+
+
 def parse_flags(argv: list[str]) -> list[str]:
     """Parses this script's flags (then absl's own) from ``argv``; bad input is one line and exit 2.
 
     ``--config`` also finds the package's configs by name (``configs.locate``), from any directory.
     """
-    from configs import locate_in_argv
+    from cachesim.cli_util import HELP_ARGS, fail, invoked_as, unknown_flag_line
+    from configs import flag_error, locate_in_argv
 
     global _FLAGS
-    argv = locate_in_argv(argv)
-    parsed = _Flags(argv)
+    prog = invoked_as(PROG)
+    if any(a in HELP_ARGS for a in argv[1:]):
+        sys.stdout.write(help_text(prog))
+        sys.exit(0)
     try:
+        argv = locate_in_argv(argv)
+        parsed = _Flags(argv)
         rest = parsed.values(argv, known_only=True)
-        if any(a in ("--help", "-h", "--helpshort", "--helpfull", "-?") for a in rest[1:]):
-            print(parsed.values.get_help())
-            sys.exit(0)
         remaining = flags.FLAGS(rest)  # absl's flags (--verbosity, ...); an unknown flag is an error
+    except flags.UnrecognizedFlagError as e:
+        fail(unknown_flag_line(e, OWN_FLAGS, prog))
     except Exception as e:  # noqa: BLE001 — config_flags raises assorted types
-        print(f"error: {flag_error(e)}", file=sys.stderr)
-        sys.exit(2)
+        fail(flag_error(e))
     _FLAGS = parsed
     return remaining
 
 
-def flag_error(e: BaseException) -> str:
-    """The innermost cause of a flag error, in one line: our own ConfigError messages name the fix."""
-    cause = e
-    while True:
-        inner = cause.__cause__ or (None if cause.__suppress_context__ else cause.__context__)
-        if inner is None:
-            break
-        cause = inner
-    message = " ".join(str(cause).split()) or type(cause).__name__
-    if isinstance(cause, (KeyError, AttributeError)):
-        key = message.strip(chr(34) + chr(39))
-        return f"unknown config key {key!r}: check the --config.x=y override against the config file"
-    if isinstance(cause, flags.UnrecognizedFlagError):
-        return f"{message}; see python main.py --help"
-    return message
+def check_workdir(workdir: str, flag: str = "--workdir") -> None:
+    """A run directory path that is an existing file is refused before anything is written."""
+    from configs.base import ConfigError
+
+    path = pathlib.Path(workdir)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{flag}={workdir} is a file, not a run directory; pass a new directory (or an "
+                          f"existing run's) to {flag}")
 
 
 def run_cli() -> None:

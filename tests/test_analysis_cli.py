@@ -234,9 +234,9 @@ def test_profile_json_known_values(tmp_path, capsys):
     assert code_d["cache"] == {"lru": 1 - 1 / 40, "lfu": 1 - 1 / 40, "static_w0.2": 1.0, "belady": 1 - 1 / 40}
     assert math_d["cache"]["lru"] == 1 - (8 / 40) / 4
     assert prof["capacity"] == 4 and prof["layer"] == "all"
-    code, out, _ = _run_cli(profile.main, [str(folder), "--layer", "1"], capsys)
+    code, out, _ = _run_cli(profile.main, [str(folder), "--layers", "1"], capsys)
     assert code == 0 and "### Routing profile" in out and "layer 1" in out and "| mean |" in squash(out)
-    code, _, err = _run_cli(profile.main, [str(folder), "--layer", "7"], capsys)
+    code, _, err = _run_cli(profile.main, [str(folder), "--layers", "7"], capsys)
     assert code == 2 and "out of range" in err
 
 

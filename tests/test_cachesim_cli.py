@@ -30,7 +30,7 @@ def _run(argv, capsys):
 
 
 def test_json_records_match_the_reference(traces, capsys):
-    code, out, _ = _run([*traces, "--policies", "lru,static,belady", "--capacity", "0.25,0.5",
+    code, out, _ = _run([*traces, "--cache_policy", "lru,static,belady", "--capacity", "0.25,0.5",
                          "--layers", "all", "--layers", "0,2", "--static_warmup", "1.0,0.2",
                          "--lru_recency", "request,token", "--format", "json"], capsys)
     assert code == 0
@@ -53,12 +53,12 @@ def test_json_records_match_the_reference(traces, capsys):
 
 
 def test_counts_rounding_and_table(traces, capsys):
-    code, out, _ = _run([traces[0], "--capacity", "3", "--policies", "lfu",
+    code, out, _ = _run([traces[0], "--capacity", "3", "--cache_policy", "lfu",
                          "--format", "json"], capsys)
     (record,) = json.loads(out)
     assert code == 0 and record["capacity"] == 3 and record["capacity_frac"] == 3 / 8
     assert record["rounding"] is None
-    code, out, _ = _run([traces[0], "--capacity", "0.3", "--rounding", "floor", "--policies",
+    code, out, _ = _run([traces[0], "--capacity", "0.3", "--rounding", "floor", "--cache_policy",
                          "lru", "--format", "json"], capsys)
     assert json.loads(out)[0]["capacity"] == 2 and json.loads(out)[0]["rounding"] == "floor"
     code, out, _ = _run([traces[0], "--capacity", "0.25", "--layers", "1"], capsys)
@@ -82,7 +82,7 @@ def test_collapse_is_flagged(tmp_path, capsys):
 
 @pytest.mark.parametrize("argv, message", [
     (["--capacity", "1.5"], "fractions lie in [0, 1]"),
-    (["--policies", "psychic"], "unknown policy"),
+    (["--cache_policy", "psychic"], "unknown policy"),
     (["--lru_recency", "clock"], "unknown LRU recency"),
     (["--layers", "7"], "has layers 0..2"),
     (["--layers", "a,b"], "use 'all'"),
@@ -131,7 +131,7 @@ def test_profile_json(traces, capsys):
 
 def test_module_entry_point(traces):
     result = subprocess.run([sys.executable, "-m", "cachesim", traces[0], "--capacity",
-                             "2", "--policies", "lru", "--format", "json"],
+                             "2", "--cache_policy", "lru", "--format", "json"],
                             capture_output=True, text=True, cwd=REPO, check=False)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)[0]["policy"] == "lru"
@@ -139,7 +139,7 @@ def test_module_entry_point(traces):
 
 def test_scopes_fits_and_curves_from_the_cli(traces, capsys):
     """--scope, --static_fit and --capacity all: records match the reference oracle."""
-    code, out, _ = _run([traces[0], "--policies", "lru,static", "--capacity", "4",
+    code, out, _ = _run([traces[0], "--cache_policy", "lru,static", "--capacity", "4",
                          "--scope", "layer,global,global-uniform", "--static_fit", f"self,{traces[1]}",
                          "--format", "json"], capsys)
     assert code == 0
@@ -155,7 +155,7 @@ def test_scopes_fits_and_curves_from_the_cli(traces, capsys):
                                     other.experts.tolist() if spec.fit else None))
         assert r["misses"] == want, r
         assert r["capacity_frac"] == 4 / (24 if r["scope"] == "global" else 8)
-    code, out, _ = _run([traces[0], "--policies", "lru", "--capacity", "all", "--scope", "global",
+    code, out, _ = _run([traces[0], "--cache_policy", "lru", "--capacity", "all", "--scope", "global",
                          "--format", "json"], capsys)
     curve = json.loads(out)
     assert [r["capacity"] for r in curve] == list(range(25))  # 0..L·E

@@ -125,3 +125,48 @@ def test_main_rejects_bad_config_with_one_line_before_compiling(tmp_path, flag, 
     assert proc.returncode != 0
     assert message in proc.stderr
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--config=arm_z:smoke"], "--config=arm_z:smoke: no config file 'arm_z'; use one of arm_a, arm_b, arm_c"),
+    (["--config=arm_b:smoke", "--work_dir=runs/x"], "unknown flag --work_dir; did you mean --workdir?"),
+    (["--config=arm_b:smoke", "--config.train.tokens=abc"],
+     "--config.train.tokens=abc: 'abc' is not an integer; give --config.train.tokens an integer"),
+    (["--config=arm_b:smoke,seed=1.5"], "bad value '1.5' for seed= (seed): pass an integer"),
+], ids=["unknown-config", "misspelt-flag", "bad-value", "fractional-seed"])
+def test_main_command_line_errors_are_one_line_naming_the_key(argv, message, capsys):
+    from moe import main
+    with pytest.raises(SystemExit) as exc:
+        main.parse_flags(["main.py", *argv])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1 and message in err, err
+
+
+def test_main_refuses_no_config_a_file_as_workdir_and_a_dry_run_without_its_base(tmp_path, capsys):
+    from moe import main
+    file = tmp_path / "notes.txt"
+    file.write_text("not a run")
+    for argv, message in [([f"--workdir={tmp_path / 'run'}"], "--config is required: one of arm_a, arm_b"),
+                          ([f"--workdir={file}", "--config=arm_b:tiny"], f"--workdir={file} is a file, not a run "
+                           "directory; pass a new directory (or an existing run's) to --workdir"),
+                          (["--config=arm_m:smoke", "--dry_run"], "pass --config.init_from=<its run directory>"),
+                          (["--config=arm_m:smoke", "--dry_run", f"--config.init_from={tmp_path}"],
+                           f"init_from={tmp_path} has no config.json")]:
+        main.parse_flags(["main.py", *argv])
+        assert main.main(["main.py"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and err.count("\n") == 1 and message in err, err
+    assert file.read_text() == "not a run"
+
+
+def test_arg_values_of_the_wrong_type_are_refused_not_truncated():
+    from configs.base import _set_dotted
+    arm_b = importlib.import_module("configs.arm_b")
+    with pytest.raises(ConfigError, match=r"bad value '1.5' for seed= \(seed\): pass an integer, e.g. seed=1"):
+        arm_b.get_config("tiny,seed=1.5")
+    c = arm_b.get_config("tiny,seed=2,tokens=2e4")
+    assert c.seed == 2 and c.train.tokens == 20000
+    _set_dotted(c, "log.tensorboard", "false")  # bool("false") would be True
+    assert c.log.tensorboard is False
+    with pytest.raises(ConfigError, match="bad value 'maybe' for log.tensorboard: pass a bool"):
+        _set_dotted(c, "log.tensorboard", "maybe")

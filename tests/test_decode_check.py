@@ -152,7 +152,7 @@ def test_cli_help_and_bad_input(tiny_run, tmp_path, capsys):  # noqa: F811
         (("--run", str(empty)), "no checkpoints/ directory"),
         (("--run", str(tiny_run), "--capacity", "17"), "E = 16"),
         (("--run", str(tiny_run), "--bandwidth", "fast"), "--bandwidth"),
-        (("--run", str(tiny_run), "--policies", "none,clever"), "clever"),
+        (("--run", str(tiny_run), "--prefetch_policy", "none,clever"), "clever"),
         (("--run", str(tiny_run), "--store_dir", str(tmp_path / "config-file" / "x")), "writable"),
         (("--run", str(tiny_run), "--tier", "tape"), "tier"),
         (("one-run", "two-runs"), "give one run directory"),
@@ -165,7 +165,7 @@ def test_cli_help_and_bad_input(tiny_run, tmp_path, capsys):  # noqa: F811
 
 
 def test_cli_json_report_and_event_traces(tiny_run, tmp_path, capsys):  # noqa: F811
-    code, out = cli("--run", str(tiny_run), "--tokens", "12", "--tier", "ram", "--policies", "highest_prob",
+    code, out = cli("--run", str(tiny_run), "--tokens", "12", "--tier", "ram", "--prefetch_policy", "highest_prob",
                     "--source", "frequency", "--calibration_samples", "3", "--format", "json",
                     "--out", str(tmp_path / "report.json"), "--jsonl", str(tmp_path / "traces"),
                     "--bandwidth", "1GB/s", capsys=capsys)

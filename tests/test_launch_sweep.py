@@ -140,6 +140,18 @@ def test_cli_errors_are_one_line(tmp_path):
     proc = run_sweep(f"--config={ARM_B}:tiny", f"--root={tmp_path}", "--config.train.tokens=8", timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.strip().startswith("error: run b-lam0.01-s1: train.tokens=8 is less than one batch")
+    (tmp_path / "file").write_text("not a root")
+    proc = run_sweep(f"--config={ARM_B}:tiny", f"--root={tmp_path / 'file'}", "--dry_run", timeout=120)
+    assert proc.returncode == 2 and proc.stderr.strip() == (f"error: --root={tmp_path / 'file'} is a file, not a "
+                                                            "sweep root; pass a new or existing directory")
+
+
+def test_the_pre_check_validates_the_data_section_and_a_fine_tunings_base(tmp_path):
+    with pytest.raises(sweep.SweepError, match=r"run b-lam0.01-s1: unknown data.corpus 'bogus'; choose one of"):
+        sweep.validate_runs(plan.expand(f"{ARM_B}:tiny", tmp_path, {"data.corpus": "bogus"}))
+    arm_m = str(REPO / "configs" / "arm_m.py")
+    with pytest.raises(sweep.SweepError, match=r"pass --config.init_from=<its run directory>"):
+        sweep.validate_runs(plan.expand(f"{arm_m}:smoke", tmp_path))
 
 
 def test_one_sweep_per_root(tmp_path):

@@ -116,7 +116,7 @@ def test_cli_json_compares_every_policy(small_trace, capsys):
 
 def test_cli_table_and_speculation(small_trace, capsys):
     code = stall.main([str(small_trace), "--model", "moe-137m", "--capacity", "4",
-                       "--policies", "none,oracle", "--width", "3", "--accept", "bernoulli:0.5:1",
+                       "--prefetch_policy", "none,oracle", "--width", "3", "--accept", "bernoulli:0.5:1",
                        "--tokens", "30"])
     assert code == 0
     text = capsys.readouterr().out
@@ -127,7 +127,7 @@ def test_jsonl_records_are_well_formed(small_trace, tmp_path, capsys):
     out = tmp_path / "events.jsonl"
     code = stall.main([str(small_trace), "--model", "moe-137m", "--capacity", "4",
                        "--placement", "slowest", "--source", "prev_token",
-                       "--policies", "highest_prob", "--budget", "4x", "--queue", "4",
+                       "--prefetch_policy", "highest_prob", "--budget", "4x", "--queue", "4",
                        "--jsonl", str(out), "--format", "json"])
     assert code == 0
     summary = json.loads(capsys.readouterr().out)["runs"][0]["results"][0]
@@ -176,10 +176,10 @@ def test_write_jsonl_is_atomic(tmp_path):
 
 @pytest.mark.parametrize("argv, message", [
     (["--hardware", "abacus"], "unknown hardware"),
-    (["--policies", "psychic"], "unknown policies"),
+    (["--prefetch_policy", "psychic"], "unknown --prefetch_policy"),
     (["--budget", "lots"], "cannot read byte amount"),
-    (["--source", "lookahead", "--policies", "oracle"], "needs router probabilities"),
-    (["--policies", "none,oracle", "--jsonl", "x.jsonl"], "--jsonl exports one run"),
+    (["--source", "lookahead", "--prefetch_policy", "oracle"], "needs router probabilities"),
+    (["--prefetch_policy", "none,oracle", "--jsonl", "x.jsonl"], "--jsonl exports one run"),
     (["--accept", "maybe"], "acceptance"),
 ])
 def test_cli_errors_are_one_clear_line(tmp_path, capsys, argv, message):
@@ -221,7 +221,7 @@ def test_a_shallower_trace_is_projected_to_the_named_model(small_trace, capsys):
     recomputes tok/s for the 12 layers; the default cache is what fits beside
     moe-340m's own dense weights."""
     code = stall.main(["--trace", str(small_trace), "--model", "moe-340m", "--capacity", "2",
-                       "--placement", "slowest", "--policies", "none", "--format", "json"])
+                       "--placement", "slowest", "--prefetch_policy", "none", "--format", "json"])
     assert code == 0
     (run,) = json.loads(capsys.readouterr().out)["runs"]
     assert run["model"] == "moe-340m@L8E16k2"
@@ -236,18 +236,18 @@ def test_a_shallower_trace_is_projected_to_the_named_model(small_trace, capsys):
     assert proj["tokens_per_s"] < row["tokens_per_s"]
     # The table says what it projected to, and which tok/s is whose.
     assert stall.main(["--trace", str(small_trace), "--model", "moe-340m", "--capacity", "2",
-                       "--policies", "none"]) == 0
+                       "--prefetch_policy", "none"]) == 0
     text = capsys.readouterr().out
     assert "projected to moe-340m's 12 MoE layers from the trace's 8" in text
     # Same depth: nothing to project.
     assert stall.main(["--trace", str(small_trace), "--model", "moe-137m", "--capacity", "2",
-                       "--policies", "none", "--format", "json"]) == 0
+                       "--prefetch_policy", "none", "--format", "json"]) == 0
     assert "projection" not in json.loads(capsys.readouterr().out)["runs"][0]
 
 
 def _projected_run(path, capsys, *flags):
     assert stall.main([str(path), "--model", "qwen3-235b-a22b", "--placement", "slowest",
-                       "--policies", "none", "--format", "json", *flags]) == 0
+                       "--prefetch_policy", "none", "--format", "json", *flags]) == 0
     (run,) = json.loads(capsys.readouterr().out)["runs"]
     assert run["projection"]["layers"] == 94
     return run, run["results"][0], run["projection"]["results"][0]
@@ -281,7 +281,7 @@ def test_paper_bandwidth_figures_from_the_timed_model(tmp_path, capsys):
 
     # Path-mapped serving: the hottest 13.4% of each layer's experts resident
     # (static pin, ceil(0.134 * 128) = 18), misses streamed from NVMe.
-    run, _, mapped = _projected_run(path, capsys, "--cache", "static", "--capacity", "0.134")
+    run, _, mapped = _projected_run(path, capsys, "--cache_policy", "static", "--capacity", "0.134")
     assert run["capacity_per_layer"] == 18
     misses = sum(ref.layer_misses(experts.tolist(), CacheSpec("static", capacity=18), 128))
     hit = 1 - misses / experts.size

@@ -58,7 +58,7 @@ def test_cli_misses_and_bytes_equal_the_python_reference(tmp_path, capsys):
     experts = np.argsort(-probs, axis=-1)[..., :2].astype(np.int16)
     path = tmp_path / "trace_code.npz"
     save_trace(path, make_trace(experts, 16, probs=probs, model="toy", name="trace_code"))
-    code = stall.main([str(path), "--model", "moe-137m", "--capacity", "4", "--policies", "none,oracle",
+    code = stall.main([str(path), "--model", "moe-137m", "--capacity", "4", "--prefetch_policy", "none,oracle",
                        "--tokens", "30", "--format", "json"])
     assert code == 0
     none, oracle = json.loads(capsys.readouterr().out)["runs"][0]["results"]

@@ -1,9 +1,9 @@
 """python -m moe.decode: decode a trained run with its experts offloaded, measure the stall, check the model.
 
     python -m moe.decode --run RUN_DIR [--tokens 256] [--capacity 0.25] [--tier disk|ram]
-        [--bandwidth 2.4GB/s] [--policies none,highest_prob,...|all] [--source frequency]
+        [--bandwidth 2.4GB/s] [--prefetch_policy none,highest_prob,...|all] [--source frequency]
         [--workers 2] [--batch 1] [--mode sample|greedy|teacher] [--rounds 1]
-        [--store_dir DIR] [--format table|json] [--out REPORT.json] [--jsonl DIR]
+        [--store_dir DIR] [--format text|json] [--out REPORT.json] [--jsonl DIR]
 
 Every expert lives in the slow tier (`--tier`); C per layer (`--capacity`, a
 fraction of E like 0.25 or a count like 4) are resident as device arrays,
@@ -38,11 +38,13 @@ COMMAND.define("integer", "tokens", 256, "decode steps per stream (each commits 
 COMMAND.define("string", "capacity", "0.25", "resident experts per layer: a fraction of E (0.25) or a count (4)")
 COMMAND.define("enum", "tier", "disk", "where every expert lives", enum_values=["ram", "disk"])
 COMMAND.define("string", "bandwidth", "", "cap on the slow tier's bandwidth, e.g. 2.4GB/s (default: none)")
-COMMAND.define("string", "policies", "all", f"prefetch admission policies, a comma list of {', '.join(POLICY_WORDS)} "
-               "or all (demand-only always runs first)")
+COMMAND.define("string", "prefetch_policy", "all", f"prefetch admission policies, a comma list of "
+               f"{', '.join(POLICY_WORDS)} or all (demand-only always runs first)")
+COMMAND.deprecated("policies", "prefetch_policy")
 COMMAND.define("enum", "source", "frequency", "prefetch prediction source (prev_token proposes only experts LRU "
                "still holds when capacity >= k)", enum_values=["prev_token", "frequency", "oracle"])
-COMMAND.define("enum", "cache", "lru", "fast-tier cache policy", enum_values=["lru", "lru_token", "lfu"])
+COMMAND.define("enum", "cache_policy", "lru", "fast-tier cache policy", enum_values=["lru", "lru_token", "lfu"])
+COMMAND.deprecated("cache", "cache_policy")
 COMMAND.define("integer", "workers", 2, "I/O worker threads")
 COMMAND.define("integer", "queue", 32, "prefetch staging slots")
 COMMAND.define("string", "budget", "", "prefetch bytes per step, e.g. 800kB or 2x (experts); default one expert "
@@ -59,7 +61,7 @@ COMMAND.define("integer", "rounds", 1, "rounds of every policy (means are report
 COMMAND.define("integer", "calibration_samples", 48, "calibration reads of each kind")
 COMMAND.define("string", "store_dir", None, "expert store directory (default: "
                "$CACHEABLE_MOE_CACHE/expert_store/<run hash>)")
-COMMAND.define("enum", "format", "table", "output format", enum_values=["table", "json"])
+COMMAND.define_format("text", ["text", "json"])
 COMMAND.define("string", "out", None, "also write the JSON report here")
 COMMAND.define("string", "jsonl", None, "write measured and modelled event traces (timed-model JSON Lines) of the "
                "last round into this directory")
@@ -78,10 +80,10 @@ def run_cli(fv, log: Callable[[str], None]) -> dict:
         raise DecodeError(f"--chunk_kib must be a positive multiple of 4, got {fv.chunk_kib}")
     if fv.rounds < 1:
         raise DecodeError(f"--rounds must be >= 1, got {fv.rounds}")
-    policies = parse_policies(fv.policies)
+    policies = parse_policies(fv.prefetch_policy)
     bandwidth = parse_bandwidth(fv.bandwidth)
     run = restore_run(fv.run)
-    config = OffloadConfig(tier=fv.tier, capacity=fv.capacity, cache=fv.cache, bandwidth_Bps=bandwidth,
+    config = OffloadConfig(tier=fv.tier, capacity=fv.capacity, cache=fv.cache_policy, bandwidth_Bps=bandwidth,
                            workers=fv.workers, chunk_bytes=fv.chunk_kib * 1024, queue_slots=fv.queue,
                            budget=fv.budget or None, source=fv.source,
                            store_dir=pathlib.Path(fv.store_dir) if fv.store_dir else None,

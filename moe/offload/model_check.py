@@ -71,11 +71,11 @@ def capacity_spec(text: str, num_experts: int, policy: str = "lru") -> CacheSpec
 
 
 def parse_policies(text: str) -> list[str]:
-    """`--policies` (a comma list of admission policies, or all), demand-only first, each once."""
+    """`--prefetch_policy` (a comma list of admission policies, or all), demand-only first, each once."""
     try:
         words = choose(text, ADMISSIONS, "policies")
     except StallConfigError as e:
-        raise DecodeError(f"bad --policies: {e}") from None
+        raise DecodeError(f"bad --prefetch_policy: {e}") from None
     return ["none", *[w for w in dict.fromkeys(words) if w != "none"]]
 
 
