@@ -111,6 +111,26 @@ def all_commands() -> list[Command]:
     return [c for doc in DOC_FILES for c in commands(doc)]
 
 
+INLINE = re.compile(r"`((?:\.venv/bin/python|python3?|cacheable-moe) [^`]+)`")
+
+
+def inline_commands(doc: str) -> list[Command]:
+    """Commands quoted in the prose (`python -m cachesim.profile`, `python benchmarks/x.py --flag`)."""
+    text = (ROOT / doc).read_text(encoding="utf-8")
+    return [Command(doc, text[:m.start()].count("\n") + 1, m.group(1), shlex.split(m.group(1)))
+            for m in INLINE.finditer(text)]
+
+
+def command_table(doc: str) -> list[tuple[int, str, str, list[str]]]:
+    """Rows of a table of commands: (line, `python ...` cell, `cacheable-moe` subcommand, the --flags it lists)."""
+    rows = []
+    for no, line in enumerate((ROOT / doc).read_text(encoding="utf-8").splitlines(), 1):
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 3 and re.fullmatch(r"`python [^`]+`", cells[0]) and re.fullmatch(r"`[\w-]+`", cells[1]):
+            rows.append((no, cells[0].strip("`"), cells[1].strip("`"), re.findall(r"`--([\w-]+)`", line)))
+    return rows
+
+
 # ---------------------------------------------------------------- entry points and their flags
 
 
@@ -414,12 +434,27 @@ def test_docs_have_commands():
 @pytest.mark.parametrize("doc", DOC_FILES)
 def test_commands_name_real_entry_points_and_flags(doc):
     problems = []
-    for cmd in commands(doc):
+    for cmd in commands(doc) + inline_commands(doc):
         try:
             entry = resolve(cmd)
         except AssertionError as e:
             problems.append(str(e))
             continue
+        problems += check_flags(cmd, entry)
+    assert not problems, "\n".join(problems)
+
+
+def test_the_command_table_matches_the_console_script():
+    """README's table of command lines: each `cacheable-moe` name runs that module, and its flags exist."""
+    rows = command_table("README.md")
+    assert len(rows) >= 10, rows
+    table, problems = cacheable_moe_commands(), []
+    for no, python, sub, names in rows:
+        cmd = Command("README.md", no, python, [*shlex.split(python), *(f"--{n}" for n in names)])
+        entry = resolve(cmd)
+        shim_of = set(_project_imports(_tree(entry.file)).values())  # main.py runs moe.main
+        if sub not in table or (_module_file(table[sub]) != entry.file and table[sub] not in shim_of):
+            problems.append(f"`cacheable-moe {sub}` does not run {python}: {cmd.where()}")
         problems += check_flags(cmd, entry)
     assert not problems, "\n".join(problems)
 
