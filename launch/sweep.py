@@ -61,8 +61,8 @@ _STATUS_EVERY = flags.DEFINE_float("status_every", 60.0, "Seconds between printe
 _SLURM_PARTITION = flags.DEFINE_string("slurm_partition", "", "SLURM partition.")
 _SLURM_TIME = flags.DEFINE_integer("slurm_time_min", 24 * 60, "Time limit per job in minutes (jobs that hit it "
                                    "are requeued and resume from their checkpoint).")
-_SLURM_GPUS = flags.DEFINE_integer("slurm_gpus_per_node", None, "GPUs per node (default: 1 for the GPU sizes "
-                                   "137m and 340m, 0 for the CPU sizes smoke, tiny and cpu).")
+_SLURM_GPUS = flags.DEFINE_integer("slurm_gpus_per_node", None, "GPUs per node (default: one per task for the "
+                                   "GPU sizes 137m and 340m, 0 for the CPU sizes smoke, tiny and cpu).")
 _SLURM_CPUS = flags.DEFINE_integer("slurm_cpus_per_task", 0, "CPUs per task (0: cluster default).")
 _SLURM_NODES = flags.DEFINE_integer("slurm_nodes", 1, "Nodes per run (multi-host data parallel).")
 _SLURM_TASKS = flags.DEFINE_integer("slurm_tasks_per_node", 1, "Tasks (processes) per node.")
@@ -390,7 +390,8 @@ def slurm_options(specs):
     """The SLURM flags as launch.slurm.SlurmOptions; GPUs per node defaulted from the runs' sizes."""
     from launch.slurm import SlurmOptions, gpus_per_node_default, parse_additional
 
-    gpus = _SLURM_GPUS.value if _SLURM_GPUS.value is not None else gpus_per_node_default(specs)
+    gpus = (_SLURM_GPUS.value if _SLURM_GPUS.value is not None
+            else gpus_per_node_default(specs) * _SLURM_TASKS.value)  # one process per GPU
     return SlurmOptions(partition=_SLURM_PARTITION.value, time_min=_SLURM_TIME.value, gpus_per_node=gpus,
                         cpus_per_task=_SLURM_CPUS.value, nodes=_SLURM_NODES.value,
                         tasks_per_node=_SLURM_TASKS.value, mem_gb=_SLURM_MEM.value,

@@ -222,6 +222,8 @@ def test_a_137m_sweep_on_slurm_asks_for_a_gpu_and_passes_cluster_options(tmp_pat
 
     explicit = slurm_options_for(["--executor=slurm", "--slurm_gpus_per_node=4", "--slurm_mem_gb=64"], specs)
     assert "--gpus-per-node=4" in sbatch_options(explicit) and "--mem=64GB" in sbatch_options(explicit)
+    per_task = slurm_options_for(["--executor=slurm", "--slurm_tasks_per_node=4"], specs)  # one process per GPU
+    assert "--gpus-per-node=4" in sbatch_options(per_task) and "--ntasks-per-node=4" in sbatch_options(per_task)
 
 
 def test_cpu_sizes_ask_for_no_gpu_and_bad_sbatch_options_are_one_line(tmp_path):
