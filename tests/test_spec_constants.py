@@ -138,13 +138,17 @@ def default(function: str, argument: str):
     return next(ast.literal_eval(d) for a, d in pairs if a.arg == argument)
 
 
-def literal_args(module: str, call: str) -> tuple:
-    """The distinct literal first arguments of calls spelled ``...call(...)`` in the module's source."""
+def literal_args(module: str, call: str, keyword: str | None = None) -> tuple:
+    """The distinct literal first arguments (or ``keyword=`` arguments) of calls spelled ``...call(...)``
+    in the module's source."""
     found = set()
     for node in ast.walk(_tree(_source_file(module))):
-        if isinstance(node, ast.Call) and ast.unparse(node.func).endswith(call) and node.args:
+        if not (isinstance(node, ast.Call) and ast.unparse(node.func).endswith(call)):
+            continue
+        args = [k.value for k in node.keywords if k.arg == keyword] if keyword else node.args[:1]
+        for arg in args:
             try:
-                found.add(ast.literal_eval(node.args[0]))
+                found.add(ast.literal_eval(arg))
             except ValueError:
                 continue
     return tuple(sorted(found))
@@ -230,3 +234,16 @@ def test_the_spec_is_linked_and_its_modules_exist():
         assert (ROOT / path).exists(), path
     for path in set(re.findall(r"`((?:moe|losses|cachesim|analysis|launch|configs)/[\w/]+/)`", text)):
         assert (ROOT / path).is_dir(), path
+
+
+def test_the_names_the_spec_points_at_exist():
+    """`path.py: NAME` in the spec names a top-level definition of that file."""
+    text = SPEC.read_text(encoding="utf-8")
+    pointers = re.findall(r"`([\w/]+\.py): (\w+)`", text)
+    assert len(pointers) >= 3, pointers
+    for path, name in pointers:
+        tree = _tree(ROOT / path)
+        defined = {n.name for n in tree.body if isinstance(n, ast.FunctionDef | ast.ClassDef)}
+        defined |= {t.id for n in tree.body if isinstance(n, ast.Assign | ast.AnnAssign)
+                    for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if isinstance(t, ast.Name)}
+        assert name in defined, f"docs/spec.md points at {path}: {name}, which it does not define"
