@@ -140,6 +140,8 @@ class Flags:
     deprecated: set[str] = field(default_factory=set)
     boolean: set[str] = field(default_factory=set)
     config_flags: set[str] = field(default_factory=set)  # config_file flags: --name.x.y=... overrides
+    enums: dict[str, tuple] = field(default_factory=dict)  # enum flags whose values are literal in the source
+    alias_of: dict[str, str] = field(default_factory=dict)  # deprecated spelling -> the flag it stands for
 
 
 def _string_args(call: ast.Call) -> list[str | None]:
@@ -151,6 +153,17 @@ def _kw(call: ast.Call, name: str) -> str | None:
         if k.arg == name and isinstance(k.value, ast.Constant) and isinstance(k.value.value, str):
             return k.value.value
     return None
+
+
+def _literal(node: ast.AST | None):
+    try:
+        return ast.literal_eval(node) if node is not None else None
+    except ValueError:
+        return None
+
+
+def _kw_node(call: ast.Call, name: str) -> ast.AST | None:
+    return next((k.value for k in call.keywords if k.arg == name), None)
 
 
 def _collect(node: ast.AST, into: Flags) -> set[tuple[str, str]]:
@@ -166,6 +179,11 @@ def _collect(node: ast.AST, into: Flags) -> set[tuple[str, str]]:
                 continue
             if attr == "DEFINE_alias":
                 into.deprecated.add(name)
+                into.alias_of[name] = args[1] if len(args) > 1 and args[1] else _kw(call, "original_name") or ""
+            if attr == "DEFINE_enum":
+                values = _literal(call.args[2] if len(call.args) > 2 else _kw_node(call, "enum_values"))
+                if isinstance(values, (list, tuple)):
+                    into.enums[name] = tuple(values)
             into.names.add(name)
             if attr in ("DEFINE_bool", "DEFINE_boolean"):
                 into.boolean.add(name)
@@ -175,9 +193,13 @@ def _collect(node: ast.AST, into: Flags) -> set[tuple[str, str]]:
             into.names.add(args[1])
             if args[0] in ("bool", "boolean"):
                 into.boolean.add(args[1])
+            values = _literal(_kw_node(call, "enum_values")) if args[0] == "enum" else None
+            if isinstance(values, (list, tuple)):
+                into.enums[args[1]] = tuple(values)
         elif attr == "deprecated" and args and args[0]:
             into.names.add(args[0])
             into.deprecated.add(args[0])
+            into.alias_of[args[0]] = args[1] if len(args) > 1 and args[1] else ""
         elif attr == "add_argument":
             for a in args:
                 if a and a.startswith("--"):
@@ -247,7 +269,7 @@ def flags_of_file(path: pathlib.Path) -> Flags:
         for module in set(imports.values()):
             if (file := _module_file(module)) is not None and file != path:
                 inner = flags_of_file(file)
-                for attr in ("names", "deprecated", "boolean", "config_flags"):
+                for attr in ("names", "deprecated", "boolean", "config_flags", "enums", "alias_of"):
                     getattr(out, attr).update(getattr(inner, attr))
     return out
 
@@ -342,6 +364,7 @@ def positionals(args: list[str]) -> list[str]:
 # ---------------------------------------------------------------- config overrides
 
 
+@functools.cache
 def load_config(spec: str):
     """``configs/arm_b.py:smoke`` or ``arm_b:smoke`` -> the ConfigDict (configs are pure data)."""
     path, _, arg = spec.partition(":")
@@ -379,6 +402,12 @@ def check_flags(cmd: Command, entry: Entry) -> list[str]:
     defined = flags_of_file(entry.file)
     config_spec = None
     for name, value, _ in option_tokens(entry.args):
+        if name in defined.config_flags and value and not PLACEHOLDER.search(value.partition(":")[0]):
+            try:
+                load_config(value)
+            except Exception as e:  # noqa: BLE001 — any failure to build the documented config is the finding
+                problems.append(f"--{name}={value} does not load ({type(e).__name__}: {e}): {cmd.where()}")
+    for name, value, _ in option_tokens(entry.args):
         head = name.split(".")[0]
         if name in ("help", "helpfull"):
             continue
@@ -395,6 +424,12 @@ def check_flags(cmd: Command, entry: Entry) -> list[str]:
             problems.append(f"{entry.label} has no flag --{name}: {cmd.where()}")
         elif name in defined.deprecated and not ALLOW_DEPRECATED_FLAGS:
             problems.append(f"--{name} is a deprecated spelling in {entry.label}: {cmd.where()}")
+        allowed = defined.enums.get(defined.alias_of.get(name, name))
+        if allowed and value is not None and not PLACEHOLDER.search(value):
+            for choice in value.split("|"):  # a synopsis lists the alternatives: --format=table|json
+                if choice not in allowed:
+                    problems.append(f"--{name}={choice} is not one of {list(allowed)} in {entry.label}: "
+                                    f"{cmd.where()}")
     return problems
 
 
@@ -494,6 +529,10 @@ def test_checks_catch_wrong_commands():
     assert check_flags(bad_key, resolve(bad_key))
     good = cmd(".venv/bin/python main.py --config=arm_b:smoke --config.loss.lambda_loc=1 --workdir=runs/x")
     assert not check_flags(good, resolve(good))
+    bad_choice = cmd("cacheable-moe profile x.npz [--format=table|yaml]")
+    assert [p for p in check_flags(bad_choice, resolve(bad_choice)) if "--format=yaml is not one of" in p]
+    bad_arg = cmd(".venv/bin/python main.py --config=configs/arm_b.py:huge --workdir=runs/x")
+    assert [p for p in check_flags(bad_arg, resolve(bad_arg)) if "huge" in p]
     with pytest.raises(AssertionError, match="no module"):
         resolve(cmd("python -m cachesim.nothing"))
     with pytest.raises(AssertionError, match="subcommand"):
