@@ -6,13 +6,17 @@ READMEs are parsed. Each command must name an existing script, module or
 ``cacheable-moe`` subcommand; each ``--flag`` must be defined by that entry
 point (read from its source: ``CLI.define``/``CLI.deprecated`` calls, absl
 ``DEFINE_*`` calls, argparse ``add_argument``), and each ``--config.x.y=...``
-override must name a key of the config it is applied to. Every run directory
+override must name a key of the config it is applied to (and every ``--config``
+value must build its config); an enum flag's documented values must be among
+its choices. Commands quoted in the prose and the README's table of command
+lines are checked the same way. Every run directory
 a command reads must be created by an earlier command of the same page (the
 package READMEs and docs come after the README), be a documented placeholder
 (an upper-case name such as ``RUN_DIR``), exist in the repository, or be one
 of the external inputs listed in EXTERNAL_INPUTS.
 
-Static on purpose (no subprocess, no jax): the suite is at its time limit.
+Static on purpose (no subprocess, no jax): the suite is at its time limit. Only
+the documented commands in RUNNABLE (a few seconds in all) run for real.
 """
 
 from __future__ import annotations
