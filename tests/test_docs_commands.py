@@ -9,9 +9,9 @@ point (read from its source: ``CLI.define``/``CLI.deprecated`` calls, absl
 override must name a key of the config it is applied to (and every ``--config``
 value must build its config); an enum flag's documented values must be among
 its choices. Commands quoted in the prose and the README's table of command
-lines are checked the same way. Every run directory
-a command reads must be created by an earlier command of the same page (the
-package READMEs and docs come after the README), be a documented placeholder
+lines are checked the same way. Every run directory a command reads must be
+created by an earlier command (the README's in order, then the package
+READMEs' and the docs'), be a documented placeholder
 (an upper-case name such as ``RUN_DIR``), exist in the repository, or be one
 of the external inputs listed in EXTERNAL_INPUTS.
 
