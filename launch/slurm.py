@@ -43,6 +43,53 @@ class SlurmOptions:
     mem_gb: float = 0.0
     cluster: str | None = None  # None: auto (slurm where sbatch exists); "local"/"debug" for tests
     parallel: int = 0           # array parallelism; 0: unlimited
+    account: str = ""
+    qos: str = ""
+    constraint: str = ""
+    additional: tuple[tuple[str, str], ...] = ()  # further sbatch options, passed through as given
+
+
+def gpus_per_node_default(specs: Sequence) -> int:
+    """1 where any planned run has a GPU size (137m, 340m: bf16 and remat), 0 where all are CPU sizes."""
+    from configs.base import SIZES
+    from launch.plan import build_config
+
+    sizes = {build_config(spec.config_file, spec.overrides).model.size for spec in specs}
+    return int(any(not SIZES[size]["cpu"] for size in sizes if size in SIZES))
+
+
+def parse_additional(items: Sequence[str]) -> tuple[tuple[str, str], ...]:
+    """``["mail-type=END", "exclusive"]`` -> ``(("mail-type", "END"), ("exclusive", True))``: sbatch options.
+
+    A bare key is an sbatch switch without a value (``--exclusive``).
+    """
+    out = []
+    for item in items:
+        key, eq, value = item.strip().partition("=")
+        key = key.strip().lstrip("-")
+        if not key or (eq and not value.strip()) or not all(c.isalnum() or c in "-_" for c in key):
+            raise ValueError(f"--slurm_additional: cannot read {item!r}; write sbatch options as key=value "
+                             "(e.g. --slurm_additional=mail-type=END,exclusive)")
+        out.append((key, value.strip() if eq else True))
+    return tuple(out)
+
+
+def executor_parameters(options: SlurmOptions, name: str) -> dict[str, Any]:
+    """What :func:`make_executor` passes to ``submitit.AutoExecutor.update_parameters``."""
+    params: dict[str, Any] = {"name": name, "timeout_min": options.time_min, "nodes": options.nodes,
+                              "tasks_per_node": options.tasks_per_node, "gpus_per_node": options.gpus_per_node}
+    if options.cpus_per_task:
+        params["cpus_per_task"] = options.cpus_per_task
+    if options.mem_gb:
+        params["mem_gb"] = options.mem_gb
+    for key in ("partition", "account", "qos", "constraint"):
+        if getattr(options, key):
+            params[f"slurm_{key}"] = getattr(options, key)
+    if options.parallel:
+        params["slurm_array_parallelism"] = options.parallel
+    if options.additional:
+        params["slurm_additional_parameters"] = dict(options.additional)
+    return params
 
 
 class RunJob(submitit.helpers.Checkpointable):
@@ -93,18 +140,36 @@ def _job_id() -> str:
 
 def make_executor(folder: pathlib.Path, options: SlurmOptions, name: str) -> submitit.AutoExecutor:
     executor = submitit.AutoExecutor(folder=folder / "%j", cluster=options.cluster)
-    params: dict[str, Any] = {"name": name, "timeout_min": options.time_min, "nodes": options.nodes,
-                              "tasks_per_node": options.tasks_per_node, "gpus_per_node": options.gpus_per_node}
-    if options.cpus_per_task:
-        params["cpus_per_task"] = options.cpus_per_task
-    if options.mem_gb:
-        params["mem_gb"] = options.mem_gb
-    if options.partition:
-        params["slurm_partition"] = options.partition
-    if options.parallel:
-        params["slurm_array_parallelism"] = options.parallel
-    executor.update_parameters(**params)
+    executor.update_parameters(**executor_parameters(options, name))
     return executor
+
+
+def sbatch_script(options: SlurmOptions, name: str, folder: pathlib.Path) -> str:
+    """The sbatch file submitit writes for these options, built without a cluster (shown by --dry_run; tested).
+
+    submitit's own translation: AutoExecutor names to its SLURM executor's, then its sbatch writer.
+    """
+    from submitit.slurm import slurm as submitit_slurm
+
+    equivalent = submitit_slurm.SlurmExecutor._equivalence_dict()
+    params = {}
+    for key, value in executor_parameters(options, name).items():
+        if key.startswith("slurm_"):
+            params[key[len("slurm_"):]] = value
+        else:
+            params[equivalent[key]] = value
+    if "mem" in params:
+        params["mem"] = submitit_slurm._convert_mem(params["mem"])
+    return submitit_slurm._make_sbatch_string(command="python -m submitit.core._submit", folder=folder / "%j",
+                                              **params)
+
+
+def sbatch_options(options: SlurmOptions) -> list[str]:
+    """The resource lines of :func:`sbatch_script` as sbatch options (``--gpus-per-node=1`` ...)."""
+    skip = ("job-name", "output", "error", "open-mode", "signal", "wckey")
+    lines = sbatch_script(options, "sweep", pathlib.Path("submitit")).splitlines()
+    flags = [line[len("#SBATCH "):] for line in lines if line.startswith("#SBATCH ")]
+    return [f for f in flags if f[2:].partition("=")[0] not in skip]
 
 
 def failure_message(exc: BaseException) -> str:

@@ -63,11 +63,19 @@ _STATUS_EVERY = flags.DEFINE_float("status_every", 60.0, "Seconds between printe
 _SLURM_PARTITION = flags.DEFINE_string("slurm_partition", "", "SLURM partition.")
 _SLURM_TIME = flags.DEFINE_integer("slurm_time_min", 24 * 60, "Time limit per job in minutes (jobs that hit it "
                                    "are requeued and resume from their checkpoint).")
-_SLURM_GPUS = flags.DEFINE_integer("slurm_gpus_per_node", 0, "GPUs per node.")
+_SLURM_GPUS = flags.DEFINE_integer("slurm_gpus_per_node", None, "GPUs per node (default: one per task for the "
+                                   "GPU sizes 137m and 340m, 0 for the CPU sizes smoke, tiny and cpu).")
 _SLURM_CPUS = flags.DEFINE_integer("slurm_cpus_per_task", 0, "CPUs per task (0: cluster default).")
 _SLURM_NODES = flags.DEFINE_integer("slurm_nodes", 1, "Nodes per run (multi-host data parallel).")
 _SLURM_TASKS = flags.DEFINE_integer("slurm_tasks_per_node", 1, "Tasks (processes) per node.")
 _SLURM_MEM = flags.DEFINE_float("slurm_mem_gb", 0.0, "Memory per node in GB (0: cluster default).")
+_SLURM_ACCOUNT = flags.DEFINE_string("slurm_account", "", "SLURM account to charge (sbatch --account).")
+_SLURM_QOS = flags.DEFINE_string("slurm_qos", "", "SLURM quality of service (sbatch --qos).")
+_SLURM_CONSTRAINT = flags.DEFINE_string("slurm_constraint", "", "Node features required (sbatch --constraint), "
+                                        "e.g. a100.")
+_SLURM_ADDITIONAL = flags.DEFINE_list("slurm_additional", [], "Further sbatch options as key=value (a bare key "
+                                      "is a switch), e.g. mail-type=END,exclusive; passed to submitit's "
+                                      "slurm_additional_parameters.")
 _SUBMITIT_CLUSTER = flags.DEFINE_string("submitit_cluster", "", "submitit cluster: '' (auto: slurm), 'local' or "
                                         "'debug' to exercise the slurm path on this machine.")
 
@@ -285,6 +293,8 @@ def sweep(argv_command: Sequence[str]) -> int:
     if root.exists() and not root.is_dir():
         raise SweepError(f"--root={_ROOT.value} is a file, not a sweep root; pass a new or existing directory")
     specs = plan.expand(config_file, root, cli_overrides, only=_ONLY.value)
+    if _EXECUTOR.value == "slurm":
+        slurm_options(specs)  # bad SLURM flags fail here, before anything is written
 
     if _DRY_RUN.value:
         return dry_run(specs)
@@ -351,6 +361,9 @@ def dry_run(specs) -> int:
         estimates.append(dataclasses.replace(e, run=job.name) if job.vmapped else e)
     print(memory.format_estimates(estimates), end="")
     print(f"{len(specs)} runs in {len(jobs)} job(s), {estimator.compiles} distinct train-step shape(s) compiled")
+    if _EXECUTOR.value == "slurm":
+        from launch.slurm import sbatch_options
+        print("sbatch options per job: " + " ".join(sbatch_options(slurm_options(specs))))
     too_big = [e for e in estimates if not e.fits]
     if too_big:
         e = too_big[0]
@@ -376,13 +389,24 @@ def _execute(jobs, states, writer, root: pathlib.Path, t0: float) -> None:
         LocalExecutor(slots, retries=_RETRIES.value, echo=echo, verbose=_VERBOSE.value).run(
             jobs, states, writer, sweep_t0=t0)
     else:
-        from launch.slurm import SlurmExecutor, SlurmOptions
-        options = SlurmOptions(partition=_SLURM_PARTITION.value, time_min=_SLURM_TIME.value,
-                               gpus_per_node=_SLURM_GPUS.value, cpus_per_task=_SLURM_CPUS.value,
-                               nodes=_SLURM_NODES.value, tasks_per_node=_SLURM_TASKS.value,
-                               mem_gb=_SLURM_MEM.value, cluster=_SUBMITIT_CLUSTER.value or None,
-                               parallel=_PARALLEL.value)
+        from launch.slurm import SlurmExecutor
+        options = slurm_options([spec for job in jobs for spec in job.runs])
+        echo(f"slurm: {options.gpus_per_node} GPU(s) per node, {options.nodes} node(s) per run")
         SlurmExecutor(root, options, retries=_RETRIES.value, echo=echo).run(jobs, states, writer)
+
+
+def slurm_options(specs):
+    """The SLURM flags as launch.slurm.SlurmOptions; GPUs per node defaulted from the runs' sizes."""
+    from launch.slurm import SlurmOptions, gpus_per_node_default, parse_additional
+
+    gpus = (_SLURM_GPUS.value if _SLURM_GPUS.value is not None
+            else gpus_per_node_default(specs) * _SLURM_TASKS.value)  # one process per GPU
+    return SlurmOptions(partition=_SLURM_PARTITION.value, time_min=_SLURM_TIME.value, gpus_per_node=gpus,
+                        cpus_per_task=_SLURM_CPUS.value, nodes=_SLURM_NODES.value,
+                        tasks_per_node=_SLURM_TASKS.value, mem_gb=_SLURM_MEM.value,
+                        cluster=_SUBMITIT_CLUSTER.value or None, parallel=_PARALLEL.value,
+                        account=_SLURM_ACCOUNT.value, qos=_SLURM_QOS.value, constraint=_SLURM_CONSTRAINT.value,
+                        additional=parse_additional(_SLURM_ADDITIONAL.value))
 
 
 def main(argv: Sequence[str]) -> int:

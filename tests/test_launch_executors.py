@@ -179,3 +179,61 @@ def test_settle_marks_only_complete_members_of_a_group(tmp_path):
     assert states["s2"].state == "pending" and retry == Job((specs[1],), "vmap")  # keeps its batching
     assert rundir.read_attempts(specs[0].workdir)[0]["error"] is None
     assert rundir.read_attempts(specs[1].workdir)[0]["error"] == "boom"
+
+
+# ---------------------------------------------------------------- the SLURM executor's submission
+
+
+def slurm_options_for(argv, specs):
+    """launch.sweep's SLURM flags parsed from ``argv`` (absl's global flags, restored afterwards)."""
+    from absl import flags
+    from absl.testing import flagsaver
+    from launch import sweep
+
+    was_parsed = flags.FLAGS.is_parsed()
+    with flagsaver.flagsaver():
+        flags.FLAGS(["launch.sweep", "--config=configs/arm_b.py", "--root=unused", *argv])
+        try:
+            return sweep.slurm_options(specs)
+        finally:
+            if not was_parsed:
+                flags.FLAGS.unparse_flags()
+
+
+def test_a_137m_sweep_on_slurm_asks_for_a_gpu_and_passes_cluster_options(tmp_path):
+    """What the README's SLURM command submits, as submitit writes it into the sbatch file (no cluster)."""
+    from launch.plan import expand
+    from launch.slurm import executor_parameters, make_executor, sbatch_options, sbatch_script
+
+    specs = expand("configs/arm_b.py", tmp_path / "b")  # the paper's 137m grid
+    options = slurm_options_for(["--executor=slurm", "--slurm_partition=gpu", "--slurm_account=proj42",
+                                 "--slurm_qos=high", "--slurm_constraint=a100", "--parallel=8",
+                                 "--slurm_additional=mail-type=END,exclusive"], specs)
+    assert executor_parameters(options, "sweep-b") == {
+        "name": "sweep-b", "timeout_min": 24 * 60, "nodes": 1, "tasks_per_node": 1, "gpus_per_node": 1,
+        "slurm_partition": "gpu", "slurm_account": "proj42", "slurm_qos": "high", "slurm_constraint": "a100",
+        "slurm_array_parallelism": 8, "slurm_additional_parameters": {"mail-type": "END", "exclusive": True}}
+    assert sbatch_options(options) == ["--account=proj42", "--constraint=a100", "--exclusive", "--gpus-per-node=1",
+                                       "--mail-type=END", "--nodes=1", "--ntasks-per-node=1", "--partition=gpu",
+                                       "--qos=high", "--time=1440"]
+    assert "#SBATCH --job-name=sweep-b" in sbatch_script(options, "sweep-b", tmp_path)
+    # submitit accepts every parameter (its AutoExecutor checks the names for every cluster kind).
+    make_executor(tmp_path / "submitit", options, "sweep-b")
+
+    explicit = slurm_options_for(["--executor=slurm", "--slurm_gpus_per_node=4", "--slurm_mem_gb=64"], specs)
+    assert "--gpus-per-node=4" in sbatch_options(explicit) and "--mem=64GB" in sbatch_options(explicit)
+    per_task = slurm_options_for(["--executor=slurm", "--slurm_tasks_per_node=4"], specs)  # one process per GPU
+    assert "--gpus-per-node=4" in sbatch_options(per_task) and "--ntasks-per-node=4" in sbatch_options(per_task)
+
+
+def test_cpu_sizes_ask_for_no_gpu_and_bad_sbatch_options_are_one_line(tmp_path):
+    from launch.plan import expand
+    from launch.slurm import gpus_per_node_default, parse_additional
+
+    smoke = expand("configs/arm_b.py:smoke", tmp_path / "s")
+    assert slurm_options_for(["--executor=slurm"], smoke).gpus_per_node == 0
+    assert gpus_per_node_default(expand("configs/arm_b.py:340m", tmp_path / "m")) == 1
+    assert parse_additional(["--gres=gpu:a100:1", " exclusive "]) == (("gres", "gpu:a100:1"), ("exclusive", True))
+    for bad in ("mail type=END", "=END", "mail-type="):
+        with pytest.raises(ValueError, match="--slurm_additional: cannot read .* key=value"):
+            parse_additional([bad])
