@@ -200,6 +200,11 @@ def _collect(node: ast.AST, into: Flags) -> set[tuple[str, str]]:
             values = _literal(_kw_node(call, "enum_values")) if args[0] == "enum" else None
             if isinstance(values, (list, tuple)):
                 into.enums[args[1]] = tuple(values)
+        elif attr == "define_format":  # cli_util.CLI.define_format(default, accepted): --format's subset
+            accepted = _literal(call.args[1] if len(call.args) > 1 else _kw_node(call, "accepted"))
+            into.names.add("format")
+            if isinstance(accepted, (list, tuple)):
+                into.enums["format"] = tuple(accepted) + (("table",) if "text" in accepted else ())
         elif attr == "deprecated" and args and args[0]:
             into.names.add(args[0])
             into.deprecated.add(args[0])
