@@ -37,7 +37,7 @@ import threading
 import time
 from pathlib import Path
 
-from bench_common import command, emit, parse, tiny_run
+from bench_common import command, emit, parse, trained_run
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_RUNS = (REPO / ".." / "shared" / "reference" / "cacheable-by-design" / "runs").resolve()
@@ -110,7 +110,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="analysis-bench-runs-") as runs:
         if args.runs is None and args.quick:
             for arm in "ab":
-                tiny_run(Path(runs) / arm, arm)
+                trained_run(Path(runs) / arm, arm)
             args.runs = [runs]
         return bench(args)
 

@@ -21,7 +21,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # `python benchmarks/x.py` puts benchmarks/, not the repository, on the path
     sys.path.insert(0, str(REPO))
 
-from cachesim.cli_util import CLI, fail  # noqa: E402
+from cachesim.cli_util import CLI, fail  # noqa: E402, F401 (fail: for the scripts)
 
 _KEYS = re.compile(r"^JSON keys[^:\n]*:(.*?)(?:\n[ \t]*\n|\Z)", re.S | re.M)
 
@@ -62,14 +62,14 @@ def emit(result: dict, doc: str, **dumps) -> None:
     print(json.dumps(result, **dumps), flush=True)
 
 
-def tiny_run(workdir: pathlib.Path, arm: str) -> pathlib.Path:
-    """A finished ``tiny`` run of arm ``arm`` (a, b) in ``workdir``, trained by main.py unless already there."""
+def trained_run(workdir: pathlib.Path, arm: str, size: str = "tiny") -> pathlib.Path:
+    """A finished run of arm ``arm`` (a, b) at ``size`` in ``workdir``, trained by main.py unless already there."""
     from moe import rundir
 
     if not rundir.is_complete(workdir):
-        print(f"training a tiny arm-{arm.upper()} run in {workdir} ...", flush=True)
-        proc = subprocess.run([sys.executable, "main.py", f"--config=configs/arm_{arm.lower()}.py:tiny",
+        print(f"training a {size} arm-{arm.upper()} run in {workdir} ...", flush=True)
+        proc = subprocess.run([sys.executable, "main.py", f"--config=configs/arm_{arm.lower()}.py:{size}",
                                f"--workdir={workdir}"], cwd=REPO, capture_output=True, text=True)
         if proc.returncode != 0:
-            raise RuntimeError(f"training the tiny run failed ({proc.returncode}): {proc.stderr[-1500:]}")
+            raise RuntimeError(f"training the {size} run failed ({proc.returncode}): {proc.stderr[-1500:]}")
     return workdir

@@ -38,7 +38,7 @@ One run, same machine, side by side (issue 4):
 ``--quick``: every trace cut to its first 2,000 tokens (``--tokens``) and a
 200-token reference prefix. The last line printed is one JSON object; with
 libCacheSim installed it also has the ``lcs_*`` keys, with --runs
-``static_fits``; --skip_reference and --skip_qwen drop their keys.
+``static_fits``; the keys of a part --skip_reference or --skip_qwen skips are null.
 
 JSON keys: requests, run_s, run_cpu_s, compile_s, first_call_s, requests_per_s, requests_per_cpu_s,
 recompile_s_same_shapes, replayed_requests_per_s, chunks_per_layer, replay_rounds, tokens,
@@ -316,6 +316,9 @@ def main(argv=None) -> int:
     if not args.skip_reference:
         result.update(versus_reference(traces, misses, args.prefix_tokens, rate,
                                        requests / run_cpu_s))
+    else:
+        result.update(dict.fromkeys(("reference_requests_per_s", "speedup", "identical",
+                                     "reference_requests_per_cpu_s", "reference_requests", "reference_s")))
     from cachesim.lcs import engine
     if engine.available():
         result.update(versus_libcachesim(traces))
@@ -335,6 +338,9 @@ def main(argv=None) -> int:
                        "qwen_requests_per_s": qwen_requests / q_run_s})
         print("qwen3-30b-a3b at the paper's 13.4% budget, per layer vs global:")
         result["qwen_global_vs_layer"] = global_vs_layer(qwen)
+    else:
+        result.update(dict.fromkeys(("qwen_requests", "qwen_run_s", "qwen_compile_s", "qwen_requests_per_s",
+                                     "qwen_global_vs_layer")))
     print("static pins on the second half of each reference trace: in-sample vs fitted on the first "
           "half vs fitted on the other seed's run (hit rates):")
     result["static_out_of_sample"] = static_out_of_sample(reference, args.tokens)

@@ -16,7 +16,7 @@
 
 The timing pass is pure-Python event simulation; policy comparisons use a
 token prefix (--qwen-tokens, --ref-tokens) and say so. The last line printed
-is one JSON object with every number (only the --sections run: each adds its key).
+is one JSON object with every number (null for a section --sections leaves out).
 ``--quick``: 50-token policy prefixes, 200 speed tokens, two figure budgets,
 the code domain only, and the figure in a temporary folder unless --out.
 
@@ -299,6 +299,8 @@ def run(args) -> int:
         report["reference_runs"] = reference_runs(reference, args, hardware)
     if "figure" in sections:
         report["figure"] = budget_figure(reference, args, hardware, model)
+    for key in ("speed", "qwen", "reference_runs", "figure"):
+        report.setdefault(key, None)
     report["bench_wall_s"] = time.perf_counter() - wall
     emit(json_safe(report), __doc__, allow_nan=False)
     return 0
