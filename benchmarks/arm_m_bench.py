@@ -53,12 +53,19 @@ from moe.run import run  # noqa: E402
 from moe.train import init_state, make_optimizer, make_train_step  # noqa: E402
 
 
-def fine_tune(base: pathlib.Path, workdir: pathlib.Path, size: str) -> dict:
-    """The arm M study of `base` (runs the fine-tune unless workdir already holds it)."""
+def arm_m_config(size: str, base: pathlib.Path, base_config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """Arm M at ``size``, fine-tuning ``base`` on the base's own data (corpus, tokenizer, prepared folder)."""
+    config = arm_m.get_config(size)
+    config.init_from = str(base)
+    for key in ("corpus", "tokenizer", "dir"):
+        config.data[key] = base_config.data[key]
+    return config
+
+
+def fine_tune(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> dict:
+    """The arm M study of ``config`` (runs the fine-tune unless workdir already holds it)."""
     study = workdir / "transfers.json"
     if not study.exists():
-        config = arm_m.get_config(size)
-        config.init_from = str(base)
         run(config, workdir, log=lambda msg: print(msg, flush=True))
     return json.loads(study.read_text())
 
@@ -118,7 +125,7 @@ def bench(args, size: str) -> None:
     except ValueError as e:
         fail(str(e))
 
-    study = fine_tune(base, pathlib.Path(args.workdir).absolute(), size)
+    study = fine_tune(arm_m_config(size, base, base_config), pathlib.Path(args.workdir).absolute())
     models = study["models"]
     lfu = {name: models[name]["transfers"]["lfu"] for name in ("base", "finetuned")}
     transfers = {
@@ -137,9 +144,7 @@ def bench(args, size: str) -> None:
           f"({100 * (ppl['finetuned'] / ppl['base'] - 1):+.2f}%)")
 
     full = resolve(ml_collections.ConfigDict(base_config.to_dict()))
-    finetune_cfg = arm_m.get_config(size)
-    finetune_cfg.init_from = str(base)
-    finetune_cfg = resolve(finetune_cfg)
+    finetune_cfg = resolve(arm_m_config(size, base, base_config))
     lm_only = ml_collections.ConfigDict(finetune_cfg.to_dict())
     lm_only.model.base_router = False  # no frozen router, so compute_loss adds no MELINOE terms
     seconds = step_times({"full": full, "finetune": finetune_cfg, "finetune_lm_only": lm_only},
