@@ -75,13 +75,19 @@ def test_quick_mode_prints_the_documented_keys_last(script, request, tmp_path):
 
 
 def test_every_benchmark_documents_its_keys_and_help_exits_0(capsys):
-    """--help of every script (in this process: no second jax start-up per script) prints its flags, exit 0."""
+    """--help of every script (in this process: no second jax start-up per script) prints its flags, exit 0;
+    an old dashed spelling still works, with one deprecation line."""
+    modules = {}
     for script in (s for s in SCRIPTS if s not in PENDING):
         assert documented_keys(script_doc(BENCHMARKS / script)), script
         spec = importlib.util.spec_from_file_location(f"benchmark_{script[:-3]}", BENCHMARKS / script)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        modules[script] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(modules[script])
         with pytest.raises(SystemExit) as exit_info:
-            module.main(["--help"])
+            modules[script].main(["--help"])
         assert exit_info.value.code == 0, script
         assert "--[no]quick" in capsys.readouterr().out, script
+    args = modules["launch_bench.py"].CLI.parse(["--no-overhead", "--step-rounds", "3"])
+    assert args.skip_overhead and args.step_rounds == 3
+    assert capsys.readouterr().err.splitlines() == ["warning: --step-rounds is deprecated; use --step_rounds",
+                                                    "warning: --no-overhead is deprecated; use --skip_overhead"]
