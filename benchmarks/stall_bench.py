@@ -28,7 +28,6 @@ figure, bench_wall_s
 
 from __future__ import annotations
 
-import json
 import sys
 import tempfile
 import time
