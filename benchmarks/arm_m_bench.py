@@ -1,7 +1,7 @@
 """Arm M figures on smoke-size models: expert transfers and fine-tuning step throughput.
 
     python main.py --config=configs/arm_a.py:smoke --workdir=/tmp/armm_base     # a trained base, once
-    python benchmarks/arm_m_bench.py --base=/tmp/armm_base [--workdir=/tmp/armm_bench] [--steps=10]
+    python benchmarks/arm_m_bench.py --base=/tmp/armm_base [--workdir=/tmp/armm_bench] [--steps=10] [--quick]
 
 1. Transfers. Fine-tunes the base run with arm M's smoke defaults into --workdir
    (reused when it already holds a finished study) and reads its transfers.json:
@@ -15,22 +15,31 @@
    alternate between the configs so machine load hits each alike; the
    compiling step is excluded; the median round is reported.
 
+``--quick``: arm M's ``tiny`` size fine-tuned from a tiny arm-A base (trained
+here into a temporary folder unless --base names one; the fine-tune goes to a
+temporary folder unless --workdir is given), 2 steps per round, one round.
 The last line is one JSON object.
+
+JSON keys: capacity, policy, transfers_per_layer_per_sequence, transfer_reduction_finetuned_predictor,
+transfer_reduction_finetuned, ppl_mean, ppl_change_pct, predictor_recall, step_seconds, tokens_per_s,
+finetune_over_full_throughput, finetune_lm_only_over_full_throughput, backend
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import pathlib
 import statistics
 import sys
+import tempfile
 import time
 
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                            " --xla_cpu_scheduler_type=CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED").strip()
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from bench_common import command, emit, fail, parse, trained_run  # noqa: E402
 
 import jax  # noqa: E402
 import ml_collections  # noqa: E402
@@ -44,12 +53,19 @@ from moe.run import run  # noqa: E402
 from moe.train import init_state, make_optimizer, make_train_step  # noqa: E402
 
 
-def fine_tune(base: pathlib.Path, workdir: pathlib.Path) -> dict:
-    """The arm M study of `base` (runs the fine-tune unless workdir already holds it)."""
+def arm_m_config(size: str, base: pathlib.Path, base_config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """Arm M at ``size``, fine-tuning ``base`` on the base's own data (corpus, tokenizer, prepared folder)."""
+    config = arm_m.get_config(size)
+    config.init_from = str(base)
+    for key in ("corpus", "tokenizer", "dir"):
+        config.data[key] = base_config.data[key]
+    return config
+
+
+def fine_tune(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> dict:
+    """The arm M study of ``config`` (runs the fine-tune unless workdir already holds it)."""
     study = workdir / "transfers.json"
     if not study.exists():
-        config = arm_m.get_config("smoke")
-        config.init_from = str(base)
         run(config, workdir, log=lambda msg: print(msg, flush=True))
     return json.loads(study.read_text())
 
@@ -81,20 +97,35 @@ def step_times(configs: dict[str, ml_collections.ConfigDict], steps: int, rounds
     return {name: statistics.median(times) for name, times in per_round.items()}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--base", required=True, help="a finished smoke run directory (e.g. arm A)")
-    parser.add_argument("--workdir", default="/tmp/armm_bench", help="where the arm M fine-tune goes")
-    parser.add_argument("--steps", type=int, default=10, help="train steps per timing round")
-    parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args()
+CLI = command(__file__, __doc__, "the tiny size, --steps=2 --rounds=1, a tiny base trained here unless --base")
+CLI.define("string", "base", None, "a finished smoke run directory (e.g. arm A); required, except with --quick")
+CLI.define("string", "workdir", "/tmp/armm_bench", "where the arm M fine-tune goes (reused when it holds one)")
+CLI.define("integer", "steps", 10, "train steps per timing round")
+CLI.define("integer", "rounds", 3, "timing rounds (the median is reported)")
+
+
+def main(argv=None) -> None:
+    args = parse(CLI, argv)
+    if not args.base and not args.quick:
+        fail("--base is required: a finished smoke run (python main.py --config=configs/arm_a.py:smoke "
+             "--workdir=/tmp/armm_base)")
+    with tempfile.TemporaryDirectory(prefix="arm-m-bench-") as tmp:
+        if args.quick:
+            args.steps, args.rounds = 2, 1
+            args.base = args.base or str(trained_run(pathlib.Path(tmp) / "base", "a"))
+            if not CLI.present("workdir"):
+                args.workdir = str(pathlib.Path(tmp) / "arm_m")
+        bench(args, "tiny" if args.quick else "smoke")
+
+
+def bench(args, size: str) -> None:
     base = pathlib.Path(args.base).absolute()
     try:
         base_config = read_base_config(str(base))
     except ValueError as e:
-        sys.exit(f"error: {e}")
+        fail(str(e))
 
-    study = fine_tune(base, pathlib.Path(args.workdir).absolute())
+    study = fine_tune(arm_m_config(size, base, base_config), pathlib.Path(args.workdir).absolute())
     models = study["models"]
     lfu = {name: models[name]["transfers"]["lfu"] for name in ("base", "finetuned")}
     transfers = {
@@ -113,9 +144,7 @@ def main() -> None:
           f"({100 * (ppl['finetuned'] / ppl['base'] - 1):+.2f}%)")
 
     full = resolve(ml_collections.ConfigDict(base_config.to_dict()))
-    finetune_cfg = arm_m.get_config("smoke")
-    finetune_cfg.init_from = str(base)
-    finetune_cfg = resolve(finetune_cfg)
+    finetune_cfg = resolve(arm_m_config(size, base, base_config))
     lm_only = ml_collections.ConfigDict(finetune_cfg.to_dict())
     lm_only.model.base_router = False  # no frozen router, so compute_loss adds no MELINOE terms
     seconds = step_times({"full": full, "finetune": finetune_cfg, "finetune_lm_only": lm_only},
@@ -125,7 +154,7 @@ def main() -> None:
     for name, rate in tok_s.items():
         print(f"{name:18s} {seconds[name] * 1e3:8.1f} ms/step {rate:10,.0f} tokens/s", flush=True)
 
-    print(json.dumps({
+    emit({
         "capacity": study["capacity"], "policy": "lfu", "transfers_per_layer_per_sequence": transfers,
         "transfer_reduction_finetuned_predictor": transfers["base"] / transfers["finetuned_predictor"],
         "transfer_reduction_finetuned": transfers["base"] / transfers["finetuned"],
@@ -135,7 +164,7 @@ def main() -> None:
         "finetune_over_full_throughput": tok_s["finetune"] / tok_s["full"],
         "finetune_lm_only_over_full_throughput": tok_s["finetune_lm_only"] / tok_s["full"],
         "backend": jax.default_backend(),
-    }))
+    }, __doc__)
 
 
 if __name__ == "__main__":

@@ -35,12 +35,20 @@ One run, same machine, side by side (issue 4):
 * With --runs: out-of-sample (fitted on trace_<domain>_train.npz) vs the
   paper's in-sample static pin, from each run's metrics.json.
 
-The last line printed is one JSON object.
+``--quick``: every trace cut to its first 2,000 tokens (``--tokens``) and a
+200-token reference prefix. The last line printed is one JSON object; with
+libCacheSim installed it also has the ``lcs_*`` keys, with --runs
+``static_fits``; the keys of a part --skip_reference or --skip_qwen skips are null.
+
+JSON keys: requests, run_s, run_cpu_s, compile_s, first_call_s, requests_per_s, requests_per_cpu_s,
+recompile_s_same_shapes, replayed_requests_per_s, chunks_per_layer, replay_rounds, tokens,
+reference_requests_per_s, speedup, identical, reference_requests_per_cpu_s, reference_requests,
+reference_s, qwen_requests, qwen_run_s, qwen_compile_s, qwen_requests_per_s, qwen_global_vs_layer,
+static_out_of_sample
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import pathlib
@@ -50,6 +58,7 @@ import time
 import jax
 import numpy as np
 
+from bench_common import command, emit, parse
 from cachesim import reference, simulate as sim
 from cachesim.policies import CacheSpec
 from cachesim.trace import load_trace, make_trace
@@ -62,6 +71,12 @@ SPECS = [CacheSpec(policy, fraction=fraction) for fraction in (0.125, 0.25, 0.5)
          for policy in ("lru", "lfu", "static", "belady")]
 
 _compile_seconds: list[float] = []
+
+
+def _load(path: pathlib.Path, tokens: int):
+    """A trace, cut to its first ``tokens`` tokens (0: whole)."""
+    trace = load_trace(path)
+    return trace if not tokens else make_trace(trace.experts[:, :tokens], trace.num_experts, name=trace.name)
 
 
 def _on_event(name: str, seconds: float, **_) -> None:
@@ -199,7 +214,8 @@ def global_vs_layer(qwen) -> dict:
     return rows
 
 
-def static_out_of_sample(runs=("a-main-s1", "b-main-s1"), others=("a-main-s2", "b-main-s2")) -> dict:
+def static_out_of_sample(reference: pathlib.Path, tokens: int = 0, runs=("a-main-s1", "b-main-s1"),
+                         others=("a-main-s2", "b-main-s2")) -> dict:
     """Static pins of reference arm A and arm B runs scored on the second half of
     each domain's trace: in-sample (pinned on that half itself, the paper's
     convention), fitted on the first half (another split), and fitted on the
@@ -208,8 +224,8 @@ def static_out_of_sample(runs=("a-main-s1", "b-main-s1"), others=("a-main-s2", "
     out = {}
     for run, other_run in zip(runs, others):
         for domain in DOMAINS:
-            trace = load_trace(REFERENCE / "runs" / run / f"trace_{domain}.npz")
-            other = load_trace(REFERENCE / "runs" / other_run / f"trace_{domain}.npz")
+            trace = _load(reference / "runs" / run / f"trace_{domain}.npz", tokens)
+            other = _load(reference / "runs" / other_run / f"trace_{domain}.npz", tokens)
             half = trace.num_tokens // 2
             scored = make_trace(trace.experts[:, half:], trace.num_experts, name=domain)
             fits = {"first_half": make_trace(trace.experts[:, :half], trace.num_experts),
@@ -246,25 +262,31 @@ def static_fits(runs) -> dict:
     return out
 
 
+CLI = command(__file__, __doc__, "--tokens=2000 --prefix_tokens=200")
+CLI.define("string", "reference", str(REFERENCE), "the reference data (runs/, qwen3-30b-a3b/)")
+CLI.define("integer", "tokens", 0, "cut every trace to its first N tokens (0: whole traces)")
+CLI.define("integer", "prefix_tokens", 10_000, "tokens per layer of the reference's all-layer prefix check")
+CLI.define("boolean", "skip_qwen", False, "skip the Qwen3-30B-A3B traces")
+CLI.define("boolean", "skip_reference", False, "skip the plain-Python reference comparison")
+CLI.define("list", "runs", [], "run directories whose in- and out-of-sample static pins to print")
+for _old in ("prefix-tokens", "skip-qwen", "skip-reference"):
+    CLI.deprecated(_old, _old.replace("-", "_"))
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--prefix-tokens", type=int, default=10_000,
-                        help="tokens per layer of the reference's all-layer prefix check")
-    parser.add_argument("--skip-qwen", action="store_true")
-    parser.add_argument("--skip-reference", action="store_true",
-                        help="skip the plain-Python reference comparison")
-    parser.add_argument("--runs", nargs="*", default=[],
-                        help="run directories whose in- and out-of-sample static pins to print")
-    args = parser.parse_args(argv)
-    if not REFERENCE.is_dir():
-        print(f"error: {REFERENCE} is absent; the benchmark replays the reference traces",
+    args = parse(CLI, argv)
+    if args.quick:
+        args.tokens, args.prefix_tokens = 2000, 200
+    reference = pathlib.Path(args.reference).resolve()
+    if not reference.is_dir():
+        print(f"error: {reference} is absent; the benchmark replays the reference traces (pass --reference)",
               file=sys.stderr)
-        return 1
+        return 2
     jax.monitoring.register_event_duration_secs_listener(_on_event)
     print(f"jax {jax.__version__} on {jax.devices()[0].platform}, {os.cpu_count()} CPUs")
 
-    run = REFERENCE / "runs" / "a-main-s1"
-    traces = [load_trace(run / f"trace_{d}.npz") for d in DOMAINS]
+    run = reference / "runs" / "a-main-s1"
+    traces = [_load(run / f"trace_{d}.npz", args.tokens) for d in DOMAINS]
     requests = _requests(traces, SPECS)
     first, first_s, compile_s, _ = _timed_simulate(traces, SPECS)
     stats = {}
@@ -279,7 +301,7 @@ def main(argv=None) -> int:
           f"{requests / run_cpu_s / 1e6:.1f} M requests per CPU second")
     print(f"  stack replay: {stats['chunks'][0]} time chunks per layer; replay rounds per "
           f"policy (1 = every guessed chunk start held): {stats['passes']}")
-    other = [load_trace(REFERENCE / "runs" / "a-main-s2" / f"trace_{d}.npz") for d in DOMAINS]
+    other = [_load(reference / "runs" / "a-main-s2" / f"trace_{d}.npz", args.tokens) for d in DOMAINS]
     _, other_s, other_compile_s, _ = _timed_simulate(other, SPECS)
     print(f"  new traces, same shapes (a-main-s2): {other_s:.2f} s, compile events "
           f"{other_compile_s:.3f} s (no recompilation: {other_compile_s == 0.0})")
@@ -289,21 +311,25 @@ def main(argv=None) -> int:
               "requests_per_cpu_s": requests / run_cpu_s,
               "recompile_s_same_shapes": other_compile_s,
               "replayed_requests_per_s": replayed / run_s,
-              "chunks_per_layer": stats["chunks"][0], "replay_rounds": stats["passes"]}
+              "chunks_per_layer": stats["chunks"][0], "replay_rounds": stats["passes"],
+              "tokens": traces[0].num_tokens}
     if not args.skip_reference:
         result.update(versus_reference(traces, misses, args.prefix_tokens, rate,
                                        requests / run_cpu_s))
+    else:
+        result.update(dict.fromkeys(("reference_requests_per_s", "speedup", "identical",
+                                     "reference_requests_per_cpu_s", "reference_requests", "reference_s")))
     from cachesim.lcs import engine
     if engine.available():
         result.update(versus_libcachesim(traces))
     else:
         print(f"libCacheSim is not installed ({engine.EXTRA}): no side-by-side")
     if not args.skip_qwen:
-        qwen = [load_trace(REFERENCE / "qwen3-30b-a3b" / f"{d}.npz") for d in QWEN_DOMAINS]
+        qwen = [_load(reference / "qwen3-30b-a3b" / f"{d}.npz", args.tokens) for d in QWEN_DOMAINS]
         qwen_requests = _requests(qwen, SPECS)
         _, q_first_s, q_compile_s, _ = _timed_simulate(qwen, SPECS)
         _, q_run_s, _, _ = _timed_simulate(qwen, SPECS)
-        print(f"qwen3-30b-a3b: 4 traces x 48 layers x 8000 tokens x k=8, {len(SPECS)} specs = "
+        print(f"qwen3-30b-a3b: 4 traces x 48 layers x {qwen[0].num_tokens} tokens x k=8, {len(SPECS)} specs = "
               f"{qwen_requests:,} requests: first call {q_first_s:.2f} s (compile "
               f"{q_compile_s:.2f} s), run {q_run_s:.2f} s -> "
               f"{qwen_requests / q_run_s / 1e6:.1f} M requests/s")
@@ -312,13 +338,16 @@ def main(argv=None) -> int:
                        "qwen_requests_per_s": qwen_requests / q_run_s})
         print("qwen3-30b-a3b at the paper's 13.4% budget, per layer vs global:")
         result["qwen_global_vs_layer"] = global_vs_layer(qwen)
+    else:
+        result.update(dict.fromkeys(("qwen_requests", "qwen_run_s", "qwen_compile_s", "qwen_requests_per_s",
+                                     "qwen_global_vs_layer")))
     print("static pins on the second half of each reference trace: in-sample vs fitted on the first "
           "half vs fitted on the other seed's run (hit rates):")
-    result["static_out_of_sample"] = static_out_of_sample()
+    result["static_out_of_sample"] = static_out_of_sample(reference, args.tokens)
     if args.runs:
         print("static pins, in-sample (the paper's) vs fitted on the training split:")
         result["static_fits"] = static_fits(args.runs)
-    print(json.dumps(result))
+    emit(result, __doc__)
     return 0
 
 

@@ -1,6 +1,7 @@
 """Data pipeline throughput and the embedded corpus's figures, measured in one run.
 
-    python benchmarks/data_bench.py [--seconds=3] [--batch_size=8 --seq_len=128] [--skip_prepare]
+    python benchmarks/data_bench.py [--seconds=3] [--batch_size=4 --seq_len=128] [--skip_prepare] [--data_dir=DIR]
+        [--quick]
 
 Prints, side by side on this machine:
   * the Grain training pipeline's tokens/s (B*T training tokens per batch) at the
@@ -9,7 +10,14 @@ Prints, side by side on this machine:
     windows from the same memory map (the reference's get_batch);
   * the embedded corpus: time to prepare it from scratch (GPT-2 ranks already
     cached), time to verify it, token counts per domain and each file's SHA-256.
-The last line is one JSON object with every figure.
+``--quick``: no from-scratch preparation (as --skip_prepare), 0.2 s per rate,
+the train step at the ``tiny`` size over 2 steps (``train_step_size`` says
+which). ``--data_dir`` reads an already prepared embedded corpus (as the tests
+do). The last line is one JSON object with every figure
+(``prepare_from_scratch_s`` too, unless --skip_prepare, --quick or --data_dir).
+
+JSON keys: machine, batch_size, seq_len, verify_s, domains, files, recipe, tokens_per_s,
+ratio_grain_prefetch_vs_numpy, train_step_size, train_step_tokens_per_s, pipeline_over_train_step
 
 Another benchmark run from this folder can ``from data_bench import
 pipeline_tokens_per_second`` to print the pipeline's rate next to the train step's.
@@ -17,8 +25,6 @@ pipeline_tokens_per_second`` to print the pipeline's rate next to the train step
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import pathlib
 import platform
@@ -27,6 +33,7 @@ import time
 
 import numpy as np
 
+from bench_common import command, emit, parse
 from moe.data import config as config_lib
 from moe.data import pipeline, store
 from moe.data.fetch_tokenizer import ensure_gpt2_ranks
@@ -68,20 +75,28 @@ def numpy_baseline_tokens_per_second(data_cfg, *, batch_size: int = 8, seq_len: 
     return _rate(batch, batch_size * seq_len, seconds)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seconds", type=float, default=3.0)
-    parser.add_argument("--batch_size", type=int, default=4)  # the smoke config's batch
-    parser.add_argument("--seq_len", type=int, default=128)
-    parser.add_argument("--skip_prepare", action="store_true", help="use the cached corpus; no from-scratch timing")
-    args = parser.parse_args()
+CLI = command(__file__, __doc__, "--skip_prepare --seconds=0.2, the tiny train step")
+CLI.define("float", "seconds", 3.0, "seconds per pipeline rate")
+CLI.define("integer", "batch_size", 4, "rows per batch (the smoke config's)")
+CLI.define("integer", "seq_len", 128, "tokens per row")
+CLI.define("boolean", "skip_prepare", False, "use the cached corpus; no from-scratch timing")
+CLI.define("string", "data_dir", "", "an already prepared embedded corpus to read (no from-scratch timing)")
+
+
+def main(argv=None) -> None:
+    args = parse(CLI, argv)
+    step_size, step_count = ("tiny", 2) if args.quick else ("smoke", 10)
+    if args.quick:
+        args.seconds, args.skip_prepare = 0.2, True
 
     ensure_gpt2_ranks()
     cfg = config_lib.data_config()  # the embedded corpus, GPT-2 tokens: what the README's command trains on
     result: dict = dict(machine=f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
                         batch_size=args.batch_size, seq_len=args.seq_len)
     with tempfile.TemporaryDirectory(prefix="data-bench-") as tmp:
-        if args.skip_prepare:
+        if args.data_dir:
+            directory = pathlib.Path(args.data_dir)
+        elif args.skip_prepare:
             directory = pipeline.ensure_prepared(cfg)
         else:
             start = time.perf_counter()
@@ -108,7 +123,8 @@ def main() -> None:
     # The train step it feeds, measured in this same run (smoke config, auto dispatch).
     from dispatch_bench import step_throughput
     from moe.dispatch import select_dispatch
-    result["train_step_tokens_per_s"] = round(step_throughput("smoke", select_dispatch("auto"), 10))
+    result["train_step_size"] = step_size
+    result["train_step_tokens_per_s"] = round(step_throughput(step_size, select_dispatch("auto"), step_count))
     result["pipeline_over_train_step"] = round(rates["grain_prefetch_thread"] / result["train_step_tokens_per_s"], 1)
 
     print(f"machine: {result['machine']}")
@@ -123,9 +139,9 @@ def main() -> None:
     for name, rate in rates.items():
         print(f"  {name:22s} {rate:>14,}")
     print(f"  grain (prefetch) / numpy baseline: {result['ratio_grain_prefetch_vs_numpy']:.2f}x")
-    print(f"smoke train step: {result['train_step_tokens_per_s']:,} tokens/s -> the pipeline delivers "
+    print(f"{step_size} train step: {result['train_step_tokens_per_s']:,} tokens/s -> the pipeline delivers "
           f"{result['pipeline_over_train_step']:,}x what training consumes (target >= 20x)")
-    print(json.dumps(result))
+    emit(result, __doc__)
 
 
 if __name__ == "__main__":

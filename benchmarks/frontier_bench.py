@@ -2,7 +2,8 @@
 
     python main.py --config=configs/arm_a.py:smoke --workdir=/tmp/frontier_runs/a
     python main.py --config=configs/arm_b.py:smoke --workdir=/tmp/frontier_runs/b
-    python benchmarks/frontier_bench.py [--run-a /tmp/frontier_runs/a] [--run-b /tmp/frontier_runs/b] [--repeats 3]
+    python benchmarks/frontier_bench.py [--run_a=/tmp/frontier_runs/a] [--run_b=/tmp/frontier_runs/b] [--repeats=3]
+        [--quick]
 
 1. Throughput, same process, same restored model, same windows (every domain's
    evaluation windows), compiles excluded, best of --repeats: the plain
@@ -13,20 +14,27 @@
    (`moe.cache_aware.frontier`, which also writes each run's frontier.json), and the
    marginal PPL cost of τ 0 -> 0.5 on B versus on A.
 
-The last line is one JSON object.
+``--quick``: one timed repeat, on tiny runs of arms A and B that it trains
+into a temporary folder unless --run_a and --run_b name runs (it writes their
+frontier.json). The last line is one JSON object.
+
+JSON keys: throughput, frontier, capacity_fraction, marginal_cost_a, marginal_cost_b,
+marginal_cost_ratio_a_over_b
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
+import pathlib
 import sys
+import tempfile
 import time
 
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                            " --xla_cpu_scheduler_type=CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED").strip()
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from bench_common import command, emit, parse, trained_run  # noqa: E402
 
 import jax  # noqa: E402
 
@@ -86,12 +94,26 @@ def marginal_cost(record: dict, tau: float) -> float:
     return points[tau]["ppl_mean"] / points[0.0]["ppl_mean"] - 1.0
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--run-a", default="/tmp/frontier_runs/a")
-    parser.add_argument("--run-b", default="/tmp/frontier_runs/b")
-    parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
+CLI = command(__file__, __doc__, "--repeats=1, tiny runs trained here unless --run_a/--run_b")
+CLI.define("string", "run_a", "/tmp/frontier_runs/a", "a trained arm-A run")
+CLI.define("string", "run_b", "/tmp/frontier_runs/b", "a trained arm-B run of the same size")
+CLI.define("integer", "repeats", 3, "timed repeats (the fastest is kept)")
+CLI.deprecated("run-a", "run_a")
+CLI.deprecated("run-b", "run_b")
+
+
+def main(argv=None) -> None:
+    args = parse(CLI, argv)
+    with tempfile.TemporaryDirectory(prefix="frontier-bench-") as tmp:
+        if args.quick:
+            args.repeats = 1
+            for arm in ("a", "b"):
+                if not CLI.present(f"run_{arm}"):
+                    setattr(args, f"run_{arm}", str(trained_run(pathlib.Path(tmp) / arm, arm)))
+        bench(args)
+
+
+def bench(args) -> None:
     for path in (args.run_a, args.run_b):
         if not os.path.isdir(os.path.join(path, "checkpoints")):
             print(f"error: {path} is not a trained run; train it first (see this script's docstring)",
@@ -124,8 +146,8 @@ def main() -> None:
     cost_a, cost_b = rows["A"]["marginal_ppl_cost_tau0_to_0.5"], rows["B"]["marginal_ppl_cost_tau0_to_0.5"]
     ratio = cost_a / cost_b if cost_b != 0 else float("inf")
     print(f"\nmarginal PPL cost of tau 0 -> 0.5: A {cost_a:+.3%}, B {cost_b:+.3%} (A/B = {ratio:.1f})")
-    print(json.dumps({"throughput": speed, "frontier": rows, "capacity_fraction": CAPACITY,
-                      "marginal_cost_a": cost_a, "marginal_cost_b": cost_b, "marginal_cost_ratio_a_over_b": ratio}))
+    emit({"throughput": speed, "frontier": rows, "capacity_fraction": CAPACITY,
+          "marginal_cost_a": cost_a, "marginal_cost_b": cost_b, "marginal_cost_ratio_a_over_b": ratio}, __doc__)
 
 
 if __name__ == "__main__":

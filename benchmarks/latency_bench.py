@@ -1,6 +1,6 @@
 """Latency figures the tests used to assert as wall-clock thresholds (now measured here instead).
 
-    python benchmarks/latency_bench.py [--rounds 3]
+    python benchmarks/latency_bench.py [--rounds=3] [--quick]
 
 The tests check the causes (a bounded timeout is passed, no run is started, the workers
 are stopped before they finish); how long each takes on this machine is a benchmark:
@@ -12,15 +12,15 @@ are stopped before they finish); how long each takes on this machine is a benchm
 3. The restart of a finished sweep (the old "restart_s < 30") is item 3 of
    benchmarks/launch_bench.py.
 
-Each figure is the best of ``--rounds``; the 1-minute load average is printed beside them.
-The last line is one JSON object.
+Each figure is the best of ``--rounds`` (``--quick``: one round); the 1-minute load
+average is printed beside them. The last line is one JSON object.
+
+JSON keys: hub_probe_s, sweep_stop_s, load_before, load_after
 """
 
 from __future__ import annotations
 
-import argparse
 import io
-import json
 import os
 import pathlib
 import signal
@@ -31,6 +31,11 @@ import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
+
+from bench_common import command, emit, parse  # noqa: E402
+
+CLI = command(__file__, __doc__, "--rounds=1")
+CLI.define("integer", "rounds", 3, "rounds per figure (the best is kept)")
 
 
 def hub_probe_s() -> float:
@@ -82,16 +87,16 @@ def sweep_stop_s() -> float:
         return time.perf_counter() - sent["t"]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args()
+def main(argv=None) -> None:
+    args = parse(CLI, argv)
+    if args.quick:
+        args.rounds = 1
     load_before = os.getloadavg()[0]
     figures = {"hub_probe_s": min(hub_probe_s() for _ in range(args.rounds)),
                "sweep_stop_s": min(sweep_stop_s() for _ in range(args.rounds))}
     for name, value in figures.items():
         print(f"{name}: {value:.3f} s")
-    print(json.dumps({**figures, "load_before": load_before, "load_after": os.getloadavg()[0]}))
+    emit({**figures, "load_before": load_before, "load_after": os.getloadavg()[0]}, __doc__)
 
 
 if __name__ == "__main__":

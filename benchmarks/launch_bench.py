@@ -1,6 +1,6 @@
 """Launcher figures, side by side in one run on this machine.
 
-    python benchmarks/launch_bench.py [--seeds 4] [--steps 0] [--rounds 2] [--no-overhead]
+    python benchmarks/launch_bench.py [--seeds=4] [--steps=0] [--rounds=2] [--skip_overhead] [--quick]
 
 1. S seeds of the ``tiny`` config trained one after another vs in one process
    and one jit, as a user runs them: ``python -m launch.sweep --parallel=1``
@@ -24,14 +24,20 @@
    the wall time of re-running a finished sweep.
 
 The machine's 1-minute load average is printed before and after (``load_before``,
-``load_after``): on a shared machine figures move with it. The last line is one
-JSON object (``seeds``, ``speedup``, ``step_speedup``, ...).
+``load_after``): on a shared machine figures move with it. ``--quick``: 2 seeds
+of 2 steps, one round of each part, overhead runs of 2 steps, and the sweeps
+read the environment's compile cache (no fresh one per arm): it checks that
+every part runs, its figures mean little. The last line is one JSON object
+(the four overhead keys are null under --skip_overhead).
+
+JSON keys: backend, size, seeds, steps, seed_batching, load_before, sequential_sweep_s, vmapped_sweep_s,
+speedup, round_speedups, step_solo_tokens_per_s, step_vmap_tokens_per_s, step_unrolled_tokens_per_s,
+compile_solo_s, compile_vmap_s, compile_unrolled_s, step_speedup_vmap, step_speedup_unrolled, step_speedup,
+first_step_direct_s, first_step_via_sweep_s, sweep_overhead_s, finished_sweep_restart_s, load_after
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import pathlib
 import shutil
@@ -44,6 +50,8 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                            " --xla_cpu_scheduler_type=CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED").strip()
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from bench_common import command, emit, parse  # noqa: E402
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -127,13 +135,13 @@ def sweep(arg=None):
 """
 
 
-def sweep_wall(workdir: pathlib.Path, seeds: int, steps: int, vmap: bool, data_dir: str) -> float:
+def sweep_wall(workdir: pathlib.Path, seeds: int, steps: int, vmap: bool, data_dir: str, fresh_cache: bool) -> float:
     """Wall seconds of `python -m launch.sweep` training S seeds, one after another or vmapped."""
     config_file = workdir / "seeds.py"
     config_file.parent.mkdir(parents=True, exist_ok=True)
     config_file.write_text(SEED_SWEEP.format(seeds=seeds))
     arm = "vmapped" if vmap else "sequential"
-    env = dict(os.environ, CACHEABLE_MOE_CACHE=str(workdir / f"cache-{arm}"))
+    env = dict(os.environ, CACHEABLE_MOE_CACHE=str(workdir / f"cache-{arm}")) if fresh_cache else dict(os.environ)
     command = [sys.executable, "-m", "launch.sweep", f"--config={config_file}:tiny", f"--root={workdir / arm}",
                "--parallel=1", "--noanalysis", "--status_every=0", f"--vmap_seeds={seeds if vmap else 0}",
                f"--config.train.tokens={4 * 32 * steps}", "--config.eval.cache_metrics=False",
@@ -159,10 +167,10 @@ def seconds_to_first_step(command: list[str], env: dict[str, str], workdir: path
     return record["first_step_at"] - t0
 
 
-def sweep_overhead(workdir: pathlib.Path) -> dict[str, float]:
+def sweep_overhead(workdir: pathlib.Path, tokens: int) -> dict[str, float]:
     env = dict(os.environ)
-    flags = ["--config.train.tokens=1024", "--config.eval.cache_metrics=False", "--config.eval.windows=1"]
-    spec, = plan.expand(f"{ARM_B}:tiny", workdir / "direct", {"train.tokens": 1024, "eval.cache_metrics": False,
+    flags = [f"--config.train.tokens={tokens}", "--config.eval.cache_metrics=False", "--config.eval.windows=1"]
+    spec, = plan.expand(f"{ARM_B}:tiny", workdir / "direct", {"train.tokens": tokens, "eval.cache_metrics": False,
                                                               "eval.windows": 1}, only=["b-lam0.01-s1"])
     direct = seconds_to_first_step(plan.main_command(spec), env, spec.workdir)
     root = workdir / "sweep"
@@ -178,13 +186,15 @@ def sweep_overhead(workdir: pathlib.Path) -> dict[str, float]:
             "sweep_overhead_s": via_sweep - direct, "finished_sweep_restart_s": restart}
 
 
-def sweep_speedup(tmp: pathlib.Path, seeds: int, steps: int, rounds: int, data_dir: str) -> dict[str, float]:
+def sweep_speedup(tmp: pathlib.Path, seeds: int, steps: int, rounds: int, data_dir: str,
+                  fresh_cache: bool) -> dict[str, float]:
     """Best-of-rounds wall seconds of the two sweeps; rounds alternate which arm goes first."""
     walls: dict[str, list[float]] = {"sequential": [], "batched": []}
     for r in range(rounds):
         order = (False, True) if r % 2 == 0 else (True, False)
         for batched in order:
-            wall = sweep_wall(tmp / f"round{r}", seeds, steps, vmap=batched, data_dir=data_dir)
+            wall = sweep_wall(tmp / f"round{r}", seeds, steps, vmap=batched, data_dir=data_dir,
+                              fresh_cache=fresh_cache)
             walls["batched" if batched else "sequential"].append(wall)
             print(f"  round {r + 1}: {'batched' if batched else 'sequential'} sweep {wall:.1f}s "
                   f"(load {os.getloadavg()[0]:.2f})", flush=True)
@@ -193,16 +203,22 @@ def sweep_speedup(tmp: pathlib.Path, seeds: int, steps: int, rounds: int, data_d
             "round_speedups": [a / b for a, b in zip(walls["sequential"], walls["batched"])]}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, default=4)
-    parser.add_argument("--steps", type=int, default=0,
-                        help="train steps per run (default: the tiny config's own budget, 12)")
-    parser.add_argument("--rounds", type=int, default=2, help="rounds of the two sweeps (best round per arm kept)")
-    parser.add_argument("--step-rounds", type=int, default=6, help="interleaved rounds of the in-process step timing")
-    parser.add_argument("--round-steps", type=int, default=10, help="train steps per arm and round (in-process)")
-    parser.add_argument("--no-overhead", action="store_true", help="skip the sweep-overhead runs")
-    args = parser.parse_args()
+CLI = command(__file__, __doc__, "--seeds=2 --steps=2 --rounds=1 --step_rounds=1 --round_steps=2, no fresh caches")
+CLI.define("integer", "seeds", 4, "seeds per sweep")
+CLI.define("integer", "steps", 0, "train steps per run (default: the tiny config's own budget, 12)")
+CLI.define("integer", "rounds", 2, "rounds of the two sweeps (best round per arm kept)")
+CLI.define("integer", "step_rounds", 6, "interleaved rounds of the in-process step timing")
+CLI.define("integer", "round_steps", 10, "train steps per arm and round (in-process)")
+CLI.define("boolean", "skip_overhead", False, "skip the sweep-overhead runs")
+CLI.deprecated("step-rounds", "step_rounds")
+CLI.deprecated("round-steps", "round_steps")
+CLI.deprecated("no-overhead", "skip_overhead")
+
+
+def main(argv=None) -> None:
+    args = parse(CLI, argv)
+    if args.quick:
+        args.seeds, args.steps, args.rounds, args.step_rounds, args.round_steps = 2, 2, 1, 1, 2
     if args.steps <= 0:
         args.steps = num_train_steps(plan.build_config(f"{ARM_B}:tiny", {}))
 
@@ -214,7 +230,7 @@ def main() -> None:
     print(f"load average before: {result['load_before']:.2f} (2 cores shared with other processes)", flush=True)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="launch_bench_"))
     try:
-        result.update(sweep_speedup(tmp, args.seeds, args.steps, args.rounds, data_dir))
+        result.update(sweep_speedup(tmp, args.seeds, args.steps, args.rounds, data_dir, fresh_cache=not args.quick))
         tokens = args.seeds * args.steps * configs[0].train.batch_size * configs[0].model.context
         seq, bat = result["sequential_sweep_s"], result["vmapped_sweep_s"]
         print(f"sweep of {args.seeds} seeds x {args.steps} steps (best of {args.rounds}): one after another "
@@ -230,18 +246,21 @@ def main() -> None:
                   f"another {solo:,.0f}: {result[f'step_speedup_{m}']:.2f}x; compile {steps[f'compile_{m}_s']:.1f}s "
                   f"vs solo {steps['compile_solo_s']:.1f}s", flush=True)
         result["step_speedup"] = result[f"step_speedup_{mode}"]
-        if not args.no_overhead:
-            overhead = sweep_overhead(tmp / "overhead")
+        if not args.skip_overhead:
+            overhead = sweep_overhead(tmp / "overhead", tokens=(2 if args.quick else 8) * 4 * 32)
             print(f"command -> first training step: main.py {overhead['first_step_direct_s']:.1f}s, "
                   f"launch.sweep {overhead['first_step_via_sweep_s']:.1f}s "
                   f"(overhead {overhead['sweep_overhead_s']:+.1f}s); restart of a finished sweep "
                   f"{overhead['finished_sweep_restart_s']:.1f}s", flush=True)
             result.update(overhead)
+        else:
+            result.update(dict.fromkeys(("first_step_direct_s", "first_step_via_sweep_s", "sweep_overhead_s",
+                                         "finished_sweep_restart_s")))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     result["load_after"] = os.getloadavg()[0]
     print(f"load average after: {result['load_after']:.2f}", flush=True)
-    print(json.dumps(result))
+    emit(result, __doc__)
 
 
 if __name__ == "__main__":

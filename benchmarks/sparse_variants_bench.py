@@ -1,6 +1,6 @@
 """The MoE layer alone (forward + backward): three ways to run the block-sparse layout, against dense.
 
-    python benchmarks/sparse_variants_bench.py [--tokens 1024] [--block_sizes 32,64,128] [--rounds 3]
+    python benchmarks/sparse_variants_bench.py [--tokens=1024] [--block_sizes=32,64,128] [--rounds=3] [--quick]
 
 * ``loop``    — ``sparse``: a while loop over the non-empty blocks, hand-written VJP;
 * ``batched`` — ``sparse_batched``: one batched matmul against per-block gathered weights;
@@ -9,14 +9,14 @@
   trailing padding blocks it is slower still).
 
 137m widths (d=384, d_ff=768, E=16, k=2), float32, router-like balanced routing.
-The ratios are against dense in the same run, each entry's best round; the last
-line is JSON.
+The ratios are against dense in the same run, each entry's best round. ``--quick``:
+128 tokens, block size 32, one round. The last line is one JSON object.
+
+JSON keys: tokens, seconds, speedup_vs_dense, fastest
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 import time
@@ -24,6 +24,8 @@ import time
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                            " --xla_cpu_scheduler_type=CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED").strip()
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from bench_common import command, emit, parse  # noqa: E402
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -64,15 +66,19 @@ def layer_step(dispatch, block_size: int | None, topk):
     return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tokens", type=int, default=1024)
-    parser.add_argument("--block_sizes", default="32,64,128")
-    parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args()
+CLI = command(__file__, __doc__, "--tokens=128 --block_sizes=32 --rounds=1")
+CLI.define("integer", "tokens", 1024, "tokens through the layer")
+CLI.define("list", "block_sizes", ["32", "64", "128"], "block sizes of the sparse variants")
+CLI.define("integer", "rounds", 3, "timed rounds (each entry keeps its best)")
+
+
+def main(argv=None) -> None:
+    args = parse(CLI, argv)
+    if args.quick:
+        args.tokens, args.block_sizes, args.rounds = 128, ["32"], 1
     x, topk, gates, w = problem(args.tokens)
     fns = {"dense": layer_step(dense_dispatch, None, topk)}
-    for b in map(int, args.block_sizes.split(",")):
+    for b in map(int, args.block_sizes):
         fns.update({f"{v}/b{b}": layer_step(fn, b, topk) for v, fn in VARIANTS.items()})
     for fn in fns.values():
         jax.block_until_ready(fn(x, gates, w))  # compile
@@ -86,7 +92,7 @@ def main() -> None:
     for name, s in best.items():
         print(f"{name:14s} {s * 1e3:9.1f} ms  {speedup[name]:5.2f}x dense")
     fastest = max((n for n in fns if n != "dense"), key=speedup.get)
-    print(json.dumps({"tokens": args.tokens, "seconds": best, "speedup_vs_dense": speedup, "fastest": fastest}))
+    emit({"tokens": args.tokens, "seconds": best, "speedup_vs_dense": speedup, "fastest": fastest}, __doc__)
 
 
 if __name__ == "__main__":

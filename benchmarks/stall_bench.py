@@ -8,7 +8,7 @@
    with every expert streamed from the NVMe tier (the whole 137m model would
    otherwise sit in VRAM): does trained locality lower stall as much as misses?
 3. Simulation speed, (token x layer) steps per second on the full 48 x 8000
-   trace: the timed model's residency pass (python and JAX backends) and its
+   trace: the timed model's residency pass (one capacity; per capacity of four) and its
    timing pass (no prefetch, and one prefetch policy), side by side with the
    plain cache simulation of the same trace (cachesim.simulate, JAX).
 4. A figure: S and p99 per-step stall against the prefetch budget per policy
@@ -16,20 +16,25 @@
 
 The timing pass is pure-Python event simulation; policy comparisons use a
 token prefix (--qwen-tokens, --ref-tokens) and say so. The last line printed
-is one JSON object with every number.
+is one JSON object with every number (null for a section --sections leaves out).
+``--quick``: 50-token policy prefixes, 200 speed tokens, two figure budgets,
+the code domain only, and the figure in a temporary folder unless --out.
 
-  python benchmarks/stall_bench.py --out stall_budget.png
+  python benchmarks/stall_bench.py --out=stall_budget.png
+
+JSON keys: hardware, model, quant, qwen_tokens, ref_tokens, queue_slots, speed, qwen, reference_runs,
+figure, bench_wall_s
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 
+from bench_common import command, emit, parse
 from cachesim.policies import CacheSpec
 from cachesim.simulate import simulate
 from cachesim.timed import compare_policies, prepare
@@ -155,19 +160,17 @@ def speed(reference: Path, args, hardware, model) -> dict:
 
     plan = make_step_plan(tokens, Speculation())
     unions, lengths = step_unions(experts, plan)
-    residency_pass(unions, lengths, trace.num_experts, spec, experts, "jax")  # compile
-    for backend in ("python", "jax"):
-        start = time.perf_counter()
-        residency = residency_pass(unions, lengths, trace.num_experts, spec, experts, backend)
-        timings[f"residency_{backend}"] = time.perf_counter() - start
+    residency_pass(unions, lengths, trace.num_experts, spec, experts)  # compile
+    start = time.perf_counter()
+    residency = residency_pass(unions, lengths, trace.num_experts, spec, experts)
+    timings["residency"] = time.perf_counter() - start
     assert residency.miss.sum() == plain.sum(), "residency pass disagrees with cachesim"
-    # A sweep of VRAM budgets: four LRU capacities, one vmapped JAX pass vs loops.
+    # A sweep of VRAM budgets: four LRU capacities in one vmapped pass.
     sweep = [CacheSpec("lru", capacity=c) for c in (4, 8, 16, 32)]
-    residency_passes(unions, lengths, trace.num_experts, sweep, experts, "jax")  # compile
-    for backend in ("python", "jax"):
-        start = time.perf_counter()
-        residency_passes(unions, lengths, trace.num_experts, sweep, experts, backend)
-        timings[f"residency_4_capacities_{backend}"] = (time.perf_counter() - start) / 4
+    residency_passes(unions, lengths, trace.num_experts, sweep, experts)  # compile
+    start = time.perf_counter()
+    residency_passes(unions, lengths, trace.num_experts, sweep, experts)
+    timings["residency_4_capacities"] = (time.perf_counter() - start) / 4
 
     work = prepare(trace, model, hardware, capacity="8", queue_slots=args.queue,
                    max_tokens=tokens)
@@ -182,7 +185,7 @@ def speed(reference: Path, args, hardware, model) -> dict:
     base = rates["cachesim_simulate_jax"]
     print(f"\nSimulation speed, {trace.num_layers} layers x {tokens} tokens = {steps} "
           "(token x layer) steps, one run each")
-    print("(residency_4_capacities_*: seconds per capacity of a 4-capacity sweep)")
+    print("(residency_4_capacities: seconds per capacity of a 4-capacity sweep)")
     print(f"{'stage':<36}{'seconds':>10}{'steps/s':>14}{'vs cachesim':>13}")
     for name in timings:
         print(f"{name:<36}{timings[name]:>10.2f}{rates[name]:>14.0f}{rates[name] / base:>13.4f}")
@@ -242,22 +245,39 @@ def budget_figure(reference: Path, args, hardware, model) -> dict:
             "curves": {p: [_compact(r) for r in s] for p, s in curves.items()}}
 
 
+CLI = command(__file__, __doc__, "--domains=code --qwen_tokens=50 --ref_tokens=50 --speed_tokens=200 "
+              "--figure_tokens=50 --figure_budgets=24x,96x")
+CLI.define("string", "out", None, "PNG path of the budget figure (required, except with --quick)")
+CLI.define("string", "reference", str(DEFAULT_REFERENCE), "the reference data (runs/, qwen3-30b-a3b/)")
+CLI.define("string", "domains", "code,general,math,medical", "Qwen3 domains of the policy tables")
+CLI.define("integer", "qwen_tokens", 500, "token prefix of the Qwen3 policy tables")
+CLI.define("integer", "ref_tokens", 4000, "token prefix of the reference runs' tables")
+CLI.define("integer", "speed_tokens", 8000, "tokens of the simulation-speed trace")
+CLI.define("integer", "figure_tokens", 300, "token prefix of the budget figure")
+CLI.define("string", "budgets", "24x,96x", "two per-step byte budgets")
+CLI.define("string", "ref_budgets", "2x,8x", "per-step byte budgets of the reference runs' tables")
+CLI.define("string", "figure_budgets", "6x,12x,24x,48x,96x,192x", "per-step byte budgets of the figure")
+CLI.define("integer", "queue", 32, "prefetch queue slots")
+CLI.define("string", "sections", "speed,qwen,reference,figure", "sections to run")
+for _old in ("qwen-tokens", "ref-tokens", "speed-tokens", "figure-tokens", "ref-budgets", "figure-budgets"):
+    CLI.deprecated(_old, _old.replace("-", "_"))
+
+
 def main(argv=None) -> int:
     """Runs the selected sections; prints tables, then one JSON line."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", required=True, help="PNG path of the budget figure")
-    parser.add_argument("--reference", default=str(DEFAULT_REFERENCE))
-    parser.add_argument("--domains", default="code,general,math,medical")
-    parser.add_argument("--qwen-tokens", type=int, default=500)
-    parser.add_argument("--ref-tokens", type=int, default=4000)
-    parser.add_argument("--speed-tokens", type=int, default=8000)
-    parser.add_argument("--figure-tokens", type=int, default=300)
-    parser.add_argument("--budgets", default="24x,96x", help="two per-step byte budgets")
-    parser.add_argument("--ref-budgets", default="2x,8x")
-    parser.add_argument("--figure-budgets", default="6x,12x,24x,48x,96x,192x")
-    parser.add_argument("--queue", type=int, default=32)
-    parser.add_argument("--sections", default="speed,qwen,reference,figure")
-    args = parser.parse_args(argv)
+    args = parse(CLI, argv)
+    if args.quick:
+        args.domains, args.qwen_tokens, args.ref_tokens, args.speed_tokens = "code", 50, 50, 200
+        args.figure_tokens, args.figure_budgets = 50, "24x,96x"
+    elif not args.out:
+        print("error: --out is required: the PNG path of the budget figure", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="stall-bench-") as tmp:
+        args.out = args.out or str(Path(tmp) / "stall_budget.png")
+        return run(args)
+
+
+def run(args) -> int:
     reference = Path(args.reference).resolve()
     if not reference.is_dir():
         print(f"error: reference data not found at {reference}; pass --reference",
@@ -278,8 +298,10 @@ def main(argv=None) -> int:
         report["reference_runs"] = reference_runs(reference, args, hardware)
     if "figure" in sections:
         report["figure"] = budget_figure(reference, args, hardware, model)
+    for key in ("speed", "qwen", "reference_runs", "figure"):
+        report.setdefault(key, None)
     report["bench_wall_s"] = time.perf_counter() - wall
-    print(json.dumps(json_safe(report), allow_nan=False))
+    emit(json_safe(report), __doc__, allow_nan=False)
     return 0
 
 

@@ -15,50 +15,51 @@ Every configuration runs --rounds rounds; a round calibrates the tier (from
 inside a decode, see moe.offload.calibrate), then decodes the same sampled
 tokens once per policy, demand-only first. Figures are medians over rounds;
 every round's are in the JSON. Timing on a shared machine is noisy: the
-load average is printed and recorded. The last line printed is one JSON
-object with every number.
+load average is printed and recorded. Without --run_b and --run_a it trains
+smoke runs of both arms into --runs_root (runs/b-smoke, runs/a-smoke; reused
+once finished); with --run_b alone it skips part 2 (``arm_a_vs_b`` is null).
+``--quick``: 16 tokens, one round, no extra caps, 8 calibration reads, teacher
+forcing only, and tiny runs (trained into a temporary folder) unless given.
+The last line printed is one JSON object with every number.
 
-  python benchmarks/stall_validation.py --run_b runs/b-smoke --run_a runs/a-smoke
+  python benchmarks/stall_validation.py --run_b=runs/b-smoke --run_a=runs/a-smoke
   (train them with: python main.py --config=configs/arm_b.py:smoke --workdir=runs/b-smoke, and arm_a.py)
+
+JSON keys: benchmark, run_b, run_a, tokens, source, validation, arm_a_vs_b, load_average_start,
+load_average_end, cpus, elapsed_s
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import pathlib
 import sys
+import tempfile
 import time
-
-from absl import flags
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-FLAGS = flags.FlagValues()
-flags.DEFINE_string("run_b", None, "Arm-B run directory (λ = 0.05 or the study's middle λ).", flag_values=FLAGS)
-flags.DEFINE_string("run_a", None, "Arm-A run directory of the same size (optional: skips part 2).",
-                    flag_values=FLAGS)
-flags.DEFINE_integer("tokens", 256, "Decode steps per decode.", flag_values=FLAGS)
-flags.DEFINE_integer("rounds", 4, "Rounds per configuration.", flag_values=FLAGS)
-flags.DEFINE_string("capacity", "0.25", "Resident experts per layer.", flag_values=FLAGS)
-flags.DEFINE_string("source", "frequency", "Prefetch source (frequency, prev_token, oracle).", flag_values=FLAGS)
-flags.DEFINE_list("extra_caps", ["0.25GB/s", "0.04GB/s"], "Further bandwidth caps to validate at.",
-                  flag_values=FLAGS)
-flags.DEFINE_list("ab_policies", ["none", "esv_per_byte", "oracle"], "Policies of the arm A vs B part.",
-                  flag_values=FLAGS)
-flags.DEFINE_list("ab_modes", ["teacher", "sample"], "Decode modes of the arm A vs B part: teacher (the held-out "
-                  "prose, where the paper measures locality) and sample (each arm's own generations).",
-                  flag_values=FLAGS)
-flags.DEFINE_integer("calibration_samples", 128, "Calibration reads of each kind per round.", flag_values=FLAGS)
+from bench_common import command, emit, fail, parse, trained_run  # noqa: E402
+
+CLI = command(__file__, __doc__, "--tokens=16 --rounds=1 --extra_caps= --calibration_samples=8 "
+              "--ab_modes=teacher, tiny runs trained here unless given")
+CLI.define("string", "run_b", None, "Arm-B run directory (λ = 0.05 or the study's middle λ).")
+CLI.define("string", "run_a", None, "Arm-A run directory of the same size (optional with --run_b: skips part 2).")
+CLI.define("string", "runs_root", "runs", "where the smoke runs go when neither --run_b nor --run_a is given")
+CLI.define("integer", "tokens", 256, "Decode steps per decode.")
+CLI.define("integer", "rounds", 4, "Rounds per configuration.")
+CLI.define("string", "capacity", "0.25", "Resident experts per layer.")
+CLI.define("string", "source", "frequency", "Prefetch source (frequency, prev_token, oracle).")
+CLI.define("list", "extra_caps", ["0.25GB/s", "0.04GB/s"], "Further bandwidth caps to validate at.")
+CLI.define("list", "ab_policies", ["none", "esv_per_byte", "oracle"], "Policies of the arm A vs B part.")
+CLI.define("list", "ab_modes", ["teacher", "sample"], "Decode modes of the arm A vs B part: teacher (the held-out "
+           "prose, where the paper measures locality) and sample (each arm's own generations).")
+CLI.define("integer", "calibration_samples", 128, "Calibration reads of each kind per round.")
+FLAGS = CLI.flags
 
 POLICIES = ["none", "highest_prob", "prob_per_byte", "earliest_deadline", "esv_per_byte", "oracle"]
-
-
-def fail(message: str) -> None:
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(2)
 
 
 def session_for(run, bandwidth: str | None):
@@ -154,14 +155,22 @@ def compact(record: dict) -> dict:
             "demand_only_ratio_within_0.85_1.15": ratio is not None and 0.85 <= ratio <= 1.15}
 
 
-def main(argv) -> int:
-    try:
-        FLAGS(argv)
-    except flags.Error as e:
-        fail(str(e))
-    if not FLAGS.run_b:
-        fail("--run_b is required: a trained arm-B run (python main.py --config=configs/arm_b.py:smoke "
-             "--workdir=runs/b-smoke)")
+def main(argv=None) -> int:
+    args = parse(CLI, argv)
+    if args.quick:
+        for name, value in (("tokens", 16), ("rounds", 1), ("extra_caps", []), ("calibration_samples", 8),
+                            ("ab_modes", ["teacher"])):
+            FLAGS[name].value = value
+    with tempfile.TemporaryDirectory(prefix="stall-validation-") as tmp:
+        if not FLAGS.run_b:  # its own runs: tiny ones for --quick, else the README's smoke runs (kept, reused)
+            root, size = (pathlib.Path(tmp), "tiny") if args.quick else (pathlib.Path(FLAGS.runs_root), "smoke")
+            FLAGS.run_b = str(trained_run(root / f"b-{size}", "b", size))
+            if not FLAGS.run_a:
+                FLAGS.run_a = str(trained_run(root / f"a-{size}", "a", size))
+        return validate_runs()
+
+
+def validate_runs() -> int:
     from moe.decode.restore import DecodeError, restore_run
     from moe.offload.model_check import json_safe
     from moe.offload.session import DecodeConfig
@@ -187,9 +196,9 @@ def main(argv) -> int:
     for cap, block in validation.items():
         print(f"cap {cap}: demand-only modelled/measured {block['policies']['none']['ratio']:.3f}; "
               f"same order {block['order']['same_order']}; reads with {block['page_cache_bypass']}")
-    print(json.dumps(json_safe(result), allow_nan=False))
+    emit(json_safe(result), __doc__, allow_nan=False)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    sys.exit(main())

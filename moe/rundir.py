@@ -430,6 +430,9 @@ def write_progress(workdir: PathLike, **record: Any) -> None:
     The structured channel between a training process and whoever watches it
     (the launcher's status table, first-step timing): nobody parses log text.
     """
+    previous = read_progress(workdir) or {}
+    if previous.get("pid") == record.get("pid"):  # the same process: its first step stays on record to "done"
+        record = {k: previous[k] for k in ("first_step_at", "first_step_s") if k in previous} | record
     write_json(pathlib.Path(workdir) / PROGRESS, {"updated": now_iso(), **record})
 
 

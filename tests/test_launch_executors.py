@@ -159,6 +159,17 @@ def test_inline_retries_settles_and_keeps_going(tmp_path, monkeypatch):
     assert states["ok-a"].first_step_s is not None
 
 
+def test_progress_keeps_first_step_through_done_not_into_a_new_attempt(tmp_path):
+    job = Job(make_specs(tmp_path, "a"))
+    workdir = job.runs[0].workdir
+    workdir.mkdir(parents=True)
+    rundir.write_progress(workdir, phase="training", step=1, pid=7, first_step_at=5.0, first_step_s=1.5)
+    rundir.write_progress(workdir, phase="done", step=4, pid=7)  # moe.run's last write names no first step
+    assert rundir.read_progress(workdir)["phase"] == "done" and execute.first_step_at(job, 7) == 5.0
+    rundir.write_progress(workdir, phase="starting", pid=8)  # a new attempt starts without one
+    assert execute.first_step_at(job, 8) is None and "first_step_s" not in rundir.read_progress(workdir)
+
+
 def test_inline_stop_is_an_interrupt_not_a_failure(tmp_path, monkeypatch):
     specs = make_specs(tmp_path, "a", "b")
     states, writer = setup(tmp_path, specs)
