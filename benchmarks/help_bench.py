@@ -22,6 +22,9 @@ pass``, the floor), ``load_before``, ``load_after``, ``commands`` ({command:
 ``before_cpu_s`` (CPU), ``speedup`` (before / after, CPU), ``heavy_after``,
 ``heavy_before``, ``under_target`` (CPU time < target)}}), ``slowest`` and
 ``slowest_after_cpu_s``, and ``all_under_target``.
+
+JSON keys: benchmark, target_s, repeats, interpreter_s, interpreter_cpu_s, load_before, load_after,
+commands, slowest, slowest_after_cpu_s, all_under_target
 """
 
 from __future__ import annotations
