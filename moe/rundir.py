@@ -374,42 +374,33 @@ def trace_tokens(path: PathLike) -> int:
 def check_evaluation(workdir: PathLike, *, hashes: bool = False) -> None:
     """Refuses (RunDirError, one line naming the files) an evaluation whose files do not belong together.
 
-    Checks what is present: a publication cut short, files that differ from the
-    manifest (sizes; SHA-256 with ``hashes``), and each trace's token count against
-    ``final_eval.json``'s. Missing files are not its business (see :func:`evaluation_problem`).
+    Checks a published evaluation (one with a manifest): each trace's token count against
+    ``final_eval.json``'s, the token counts against the manifest's, and every listed file's
+    size (SHA-256 with ``hashes``); and refuses a publication cut short. Run directories
+    written before manifests (and the reference runs) are not cross-checked; missing files
+    are not its business (see :func:`evaluation_problem`).
     """
     workdir = pathlib.Path(workdir)
     rerun = f"rerun main.py with --workdir={workdir} to re-evaluate it from its checkpoint"
     if (workdir / EVAL_STAGING / EVAL_MANIFEST).is_file():
         raise RunDirError(f"{workdir / EVAL_STAGING}: an evaluation was being published when its process stopped; "
                           f"{rerun} (the rerun finishes publishing it first)")
+    manifest_path = workdir / EVAL_MANIFEST
+    if not manifest_path.is_file():
+        return
+    manifest = read_json(manifest_path)
+    try:
+        files, tokens = dict(manifest["files"]), dict(manifest["tokens"])
+    except (KeyError, TypeError, ValueError):
+        raise RunDirError(f"{manifest_path}: not an evaluation manifest; {rerun}") from None
     final_eval_path = workdir / FINAL_EVAL
     final_eval = read_json(final_eval_path) if final_eval_path.is_file() else {}
     if not isinstance(final_eval, dict):
         raise RunDirError(f"{final_eval_path}: expected {{domain: {{val_loss, val_ppl, tokens}}}}; {rerun}")
-    manifest_path = workdir / EVAL_MANIFEST
-    if manifest_path.is_file():
-        manifest = read_json(manifest_path)
-        try:
-            files, tokens = dict(manifest["files"]), dict(manifest["tokens"])
-        except (KeyError, TypeError, ValueError):
-            raise RunDirError(f"{manifest_path}: not an evaluation manifest; {rerun}") from None
-        for name, entry in files.items():
-            path = workdir / name
-            if not path.is_file():
-                raise RunDirError(f"{path} is missing, but {manifest_path} lists it; {rerun}")
-            if path.stat().st_size != entry.get("bytes") or (hashes and _sha256(path) != entry.get("sha256")):
-                raise RunDirError(f"{path} differs from the file {manifest_path} lists (another evaluation's, or "
-                                  f"damaged); {rerun}")
-        for domain, n in tokens.items():
-            found = final_eval.get(domain, {}).get("tokens") if isinstance(final_eval.get(domain), dict) else None
-            if found != n:
-                raise RunDirError(f"{final_eval_path}: {domain!r} has {found} tokens, but {manifest_path} says {n}; "
-                                  f"the files come from different evaluations: {rerun}")
     for domain, entry in final_eval.items():
         trace = workdir / trace_file(domain)
         if not isinstance(entry, dict) or "tokens" not in entry or not trace.is_file():
-            continue  # reference runs record no token count; a missing trace is reported elsewhere
+            continue  # a missing trace is reported elsewhere
         try:
             n = trace_tokens(trace)
         except (OSError, KeyError, ValueError, IndexError, zipfile.BadZipFile) as e:
@@ -417,6 +408,19 @@ def check_evaluation(workdir: PathLike, *, hashes: bool = False) -> None:
         if n != entry["tokens"]:
             raise RunDirError(f"{trace} holds {n} tokens but {final_eval_path} says {entry['tokens']} for "
                               f"{domain!r}: the two files come from different evaluations; {rerun}")
+    for domain, n in tokens.items():
+        entry = final_eval.get(domain)
+        found = entry.get("tokens") if isinstance(entry, dict) else None
+        if found != n:
+            raise RunDirError(f"{final_eval_path}: {domain!r} has {found} tokens, but {manifest_path} says {n}; "
+                              f"the files come from different evaluations: {rerun}")
+    for name, entry in files.items():
+        path = workdir / name
+        if not path.is_file():
+            raise RunDirError(f"{path} is missing, but {manifest_path} lists it; {rerun}")
+        if path.stat().st_size != entry.get("bytes") or (hashes and _sha256(path) != entry.get("sha256")):
+            raise RunDirError(f"{path} differs from the file {manifest_path} lists (another evaluation's, or "
+                              f"damaged); {rerun}")
 
 
 def evaluation_problem(workdir: PathLike) -> str | None:

@@ -108,7 +108,6 @@ def test_a_trace_of_another_evaluation_is_one_line_naming_both_files(finished_ru
     from cachesim.trace import load_trace, make_trace, save_trace
 
     workdir = copy_run(finished_run, tmp_path / "run")
-    (workdir / rundir.EVAL_MANIFEST).unlink()  # as an older run directory, without a manifest
     trace_path = workdir / rundir.trace_file("math")
     trace = load_trace(trace_path)
     save_trace(trace_path, make_trace(trace.experts[:, :16], trace.num_experts))
