@@ -357,12 +357,13 @@ def restore_latest(mgr: ocp.CheckpointManager, abstract_state: Any) -> tuple[int
 
 def nonfinite_leaves(tree: Any) -> list[str]:
     """The paths of the floating-point leaves of ``tree`` that hold a NaN or an infinity."""
-    bad = []
-    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-        if hasattr(leaf, "dtype") and jax.numpy.issubdtype(leaf.dtype, jax.numpy.inexact) and not bool(
-                jax.numpy.all(jax.numpy.isfinite(leaf))):
-            bad.append(jax.tree_util.keystr(path))
-    return bad
+    def finite(x) -> bool:
+        # Each process checks the shards it holds, on device (multi-process arrays cannot be read whole).
+        parts = [s.data for s in x.addressable_shards] if isinstance(x, jax.Array) else [x]
+        return all(bool(jax.numpy.all(jax.numpy.isfinite(part))) for part in parts)
+
+    return [jax.tree_util.keystr(path) for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
+            if hasattr(leaf, "dtype") and jax.numpy.issubdtype(leaf.dtype, jax.numpy.inexact) and not finite(leaf)]
 
 
 def check_finite_restored(tree: Any, workdir: str | pathlib.Path, step: int) -> None:
