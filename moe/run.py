@@ -4,7 +4,9 @@ The run directory is the contract with ``analysis/`` and ``launch/``:
 ``config.json`` (resolved config, the reference's top-level keys, git commit),
 ``final_eval.json``, ``trace_<domain>.npz`` (and ``trace_<domain>_train.npz``), ``log.jsonl``, ``metrics.json``,
 ``checkpoints/``. Every JSON file is written to a temporary path and renamed,
-so a killed run never leaves a half-written artifact.
+so a killed run never leaves a half-written artifact; the evaluation's files are
+staged and published together (:func:`write_evaluation`), so it never leaves a
+mix of two evaluations either.
 
 In a multi-process run (``moe.distributed``) every process trains, saves
 checkpoints (Orbax coordinates them) and evaluates its own copy of the trained
