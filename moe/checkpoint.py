@@ -35,6 +35,7 @@ import json
 import os
 import pathlib
 import sys
+import time
 from typing import Any, Callable
 
 import jax
@@ -178,10 +179,15 @@ def reader(workdir: str | pathlib.Path) -> ocp.CheckpointManager:
 
 @contextlib.contextmanager
 def _held_stderr():
-    """Collects what is printed to sys.stderr in the block; replays it unless the block raised."""
+    """Collects what is printed to sys.stderr in the block; replays it unless the block ends on a full disk."""
     held = io.StringIO()
-    with contextlib.redirect_stderr(held):
-        yield
+    try:
+        with contextlib.redirect_stderr(held):
+            yield
+    except Exception as e:
+        if not is_disk_full(e):
+            sys.stderr.write(held.getvalue())
+        raise
     sys.stderr.write(held.getvalue())
 
 
@@ -250,21 +256,33 @@ def save(mgr: ocp.CheckpointManager, step: int, state: Any, data_state: dict, ro
     is an ``OSError(ENOSPC)`` naming the checkpoint folder, its free space and a step's size.
     """
     directory = pathlib.Path(mgr.directory)
+    # A save that fails on a full disk has each of Orbax's threads log and print a traceback, and its writes
+    # still in flight report "Event loop is closed" through sys.excepthook: all held back (a full disk is one
+    # line, not a page); anything else is shown as usual.
+    hook = sys.excepthook
+    sys.excepthook = _without_closed_loop_reports(hook)
     try:
-        # A failing save has Orbax's threads log and print a traceback each before it raises: held back,
-        # and shown only when the save succeeds after all (a full disk is one line, not a page).
         with _held_stderr(), _absl_level(absl_logging.FATAL):
-            mgr.save(step, args=ocp.args.Composite(
-                state=ocp.args.StandardSave(state),
-                data=ocp.args.JsonSave(data_state),
-                router=ocp.args.StandardSave(router_state),
-            ), force=True)
-            mgr.wait_until_finished()
+            try:
+                mgr.save(step, args=ocp.args.Composite(
+                    state=ocp.args.StandardSave(state),
+                    data=ocp.args.JsonSave(data_state),
+                    router=ocp.args.StandardSave(router_state),
+                ), force=True)
+                mgr.wait_until_finished()
+            except Exception as e:  # noqa: BLE001 — re-raised below
+                if is_disk_full(e):
+                    with contextlib.suppress(Exception):
+                        mgr.close()
+                    # The writes still in flight fail within moments, each printing its report: held too.
+                    time.sleep(_DRAIN_S)
+                raise
     except Exception as e:  # noqa: BLE001 — only a full disk is translated; the rest propagates as is
         if not is_disk_full(e):
+            sys.excepthook = hook
             raise
-        _drop_closed_loop_reports()
-        raise disk_full_error(directory, step, state) from None
+        raise disk_full_error(directory, step, state) from None  # the filter stays: the process is ending
+    sys.excepthook = hook
     if lead:  # multi-process: Orbax committed every process's files before save returned
         try:
             if log_record is not None:
@@ -276,6 +294,7 @@ def save(mgr: ocp.CheckpointManager, step: int, state: Any, data_state: dict, ro
             raise disk_full_error(directory, step, state) from None
 
 
+_DRAIN_S = 2.0  # after a full disk: how long the failed save's late reports are held back
 LOG_RECORD = "log_record.json"  # inside a step: the training log's newest record when it was saved
 
 
@@ -288,16 +307,13 @@ def saved_log_record(workdir: str | pathlib.Path, step: int) -> dict | None:
     return record if isinstance(record, dict) and isinstance(record.get("step"), int) else None
 
 
-def _drop_closed_loop_reports() -> None:
-    """After a failed save, the writes Orbax still had in flight finish on its closed event loop, and
-    tensorstore reports each through sys.excepthook ("Event loop is closed"): dropped, the rest kept."""
-    previous = sys.excepthook
-
+def _without_closed_loop_reports(previous: Callable) -> Callable:
+    """``previous`` (a sys.excepthook) minus the "Event loop is closed" reports of a failed save's late writes."""
     def hook(kind, value, tb):
         if not (kind is RuntimeError and str(value) == "Event loop is closed"):
             previous(kind, value, tb)
 
-    sys.excepthook = hook
+    return hook
 
 
 def is_disk_full(e: BaseException) -> bool:
