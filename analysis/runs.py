@@ -154,7 +154,7 @@ def read_json(path: Path) -> Any:
 def _number(config: dict, key: str, path: Path, default: float | None = None) -> float:
     value = config.get(key, default)
     if value is None or isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise AnalysisError(f"{path}: {key!r} must be a finite number, got {value!r}; fix the run's config.json")
+        raise AnalysisError(f"{path}: {key!r} must be a finite number, got {value!r}; fix or regenerate {path.name}")
     return float(value)
 
 
@@ -241,6 +241,10 @@ def load_run(run_dir: str | os.PathLike, *, store: cache.MetricsStore | None = N
     missing = [d for d in evals if d not in traces]
     if missing:
         problems.append("missing " + ", ".join(rundir.trace_file(d) for d in missing))
+    try:  # only a consistent evaluation: no half-published set, traces and final_eval.json of one evaluation
+        rundir.check_evaluation(path, hashes=True)
+    except rundir.RunDirError as e:
+        raise AnalysisError(str(e)) from None
     window_ce, window_tokens = _window_losses(path, evals)
 
     domains = {

@@ -216,6 +216,7 @@ def save_trace(path: str | os.PathLike[str], trace: Trace) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, 0o644)  # mkstemp's 0600 would hide the trace from other users
         with os.fdopen(fd, "wb") as f:
             # A file object (not a name) so numpy does not append ".npz".
             np.savez_compressed(f, **arrays)

@@ -145,6 +145,8 @@ def run_inline(jobs: list[Job], states: Mapping[str, RunState], *, retries: int,
         writer.update(force=True)
 
         started, error, finished = time.time(), None, False
+        for s in job.runs:
+            rundir.start_attempt(s.workdir, {"executor": "inline", "job": job.name, "started": started})
         with run_logs(job, echo) as log:
             try:
                 log(f"=== attempt {states[job.runs[0].name].attempts} (inline) at {rundir.now_iso()}")

@@ -124,6 +124,10 @@ class LocalExecutor:
                      f"gpu {gpu}) at {rundir.now_iso()}\n$ {shlex.join(command)}\n").encode())
             f.flush()
             logs.append(f)
+        started = time.time()
+        for spec in job.runs:  # before the worker exists: a killed sweep still leaves its attempt on record
+            rundir.start_attempt(spec.workdir, {"executor": "local", "job": job.name, "started": started,
+                                                "slot": slot.index})
         output, mirrors = logs[0], logs[1:]
         reader = (job.runs[0].workdir / rundir.LAUNCH_LOG).open("rb")
         reader.seek(output.tell())
@@ -138,7 +142,7 @@ class LocalExecutor:
             for fd in locks:
                 os.close(fd)
         self.echo(f"start {job.name} on slot {slot.index}: {shlex.join(command)}")
-        return _Active(job, slot, proc, reader, mirrors, time.time())
+        return _Active(job, slot, proc, reader, mirrors, started)
 
     def _pump(self, active: _Active, states: Mapping[str, RunState], sweep_t0: float) -> None:
         """Reads what the worker appended to its log since the last call."""

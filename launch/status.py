@@ -139,7 +139,7 @@ def format_table(status: dict[str, Any]) -> str:
         if r["state"] == "done":
             note = (f"ppl {r['ppl_mean']:.2f}" if r.get("ppl_mean") else "") + (
                 f", {format_duration(r['wall_s'])} wall" if r.get("wall_s") else "")
-        elif r["state"] == "failed" or r.get("error"):
+        elif r["state"] in ("failed", "stopped") or r.get("error"):
             note = r.get("error") or ""
         else:
             note = f"{r['tok_s']:,.0f} tok/s" if r.get("tok_s") else ""
@@ -150,8 +150,9 @@ def format_table(status: dict[str, Any]) -> str:
     table = frame.to_string(index=False, justify="left", formatters={
         c: (lambda v: f"{v}") for c in ("run", "state", "progress", "ETA", "note")}) if rows else ""
     c = status["counts"]
-    summary = (f"{len(status['runs'])} runs: {c['done']} done, {c['running']} running, {c['failed']} failed, "
-               f"{c['pending']} pending; ETA {format_duration(status['eta_s'])}")
+    stopped = f", {c['stopped']} stopped (no live process)" if c.get("stopped") else ""
+    summary = (f"{len(status['runs'])} runs: {c['done']} done, {c['running']} running{stopped}, {c['failed']} "
+               f"failed, {c['pending']} pending; ETA {format_duration(status['eta_s'])}")
     return "\n".join(line.rstrip() for line in [*table.splitlines(), summary]) + "\n"
 
 
@@ -190,18 +191,53 @@ COMMAND = CLI("python -m launch.status", "The status table of a sweep, from its 
 COMMAND.define_format("text", ["text", "json"])
 
 
+def read_status(path: pathlib.Path) -> dict[str, Any]:
+    """A status.json, checked to have what the table shows; ValueError (one line) otherwise."""
+    status = json.loads(path.read_text())
+    if not isinstance(status, dict):
+        raise ValueError("not a JSON object")
+    missing = [k for k in ("counts", "runs", "eta_s") if k not in status]
+    if missing:
+        raise ValueError(f"no {', '.join(repr(k) for k in missing)}")
+    keys = ("name", "state", "step", "total_steps", "attempts", "progress", "eta_s")
+    for run in status["runs"]:
+        if not isinstance(run, dict) or any(k not in run for k in keys):
+            raise ValueError(f"a run entry lacks one of {', '.join(keys)}: {str(run)[:60]}")
+    if not isinstance(status["counts"], dict) or any(k not in status["counts"] for k in STATES):
+        raise ValueError(f"'counts' lacks one of {', '.join(STATES)}")
+    return status
+
+
+def with_live_check(status: dict[str, Any], root: pathlib.Path) -> dict[str, Any]:
+    """status.json as it is now: a run it says is running but whose run directory no live process
+    holds (a killed sweep) is "stopped" (no live process), and no longer counts towards the ETA."""
+    runs, stopped = [], 0
+    for r in status["runs"]:
+        if r["state"] == "running" and not rundir.is_locked(root / r["name"]):
+            r = {**r, "state": "stopped", "eta_s": None,
+                 "error": "no live process (its sweep or worker was killed); rerun the sweep to resume it"}
+            stopped += 1
+        runs.append(r)
+    if not stopped:
+        return status
+    counts = {**status["counts"], "running": status["counts"]["running"] - stopped, "stopped": stopped}
+    eta = status["eta_s"] if counts["running"] else None  # nothing is running: no ETA
+    return {**status, "runs": runs, "counts": counts, "eta_s": eta}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m launch.status ROOT``: the table from ROOT/status.json."""
+    """``python -m launch.status ROOT``: the table from ROOT/status.json, with each running run's process checked."""
     args = COMMAND.parse(argv)
     if len(args.positional) != 1:
         print(f"error: give exactly one SWEEP_ROOT (see {COMMAND.prog} --help)", file=sys.stderr)
         return 2
-    path = pathlib.Path(args.positional[0]) / STATUS_FILE
+    root = pathlib.Path(args.positional[0])
+    path = root / STATUS_FILE
     try:
-        status = json.loads(path.read_text())
+        status = with_live_check(read_status(path), root)
     except (OSError, ValueError) as e:
-        print(f"error: cannot read {path}: {e}; is it a sweep root (python -m launch.sweep --root=...)?",
-              file=sys.stderr)
+        print(f"error: cannot read {path}: {' '.join(str(e).split())}; is it a sweep root (python -m launch.sweep "
+              "--root=...)? rerun that sweep to rewrite it", file=sys.stderr)
         return 2
     sys.stdout.write(json.dumps(status, indent=1) + "\n" if args.format == "json" else format_table(status))
     return 0

@@ -107,6 +107,27 @@ def initial_states(specs):
     return states
 
 
+def broken_runs(specs) -> dict[str, str]:
+    """``{name: one line}`` of the runs whose directory cannot be used as it is: an unreadable config.json,
+    or a DONE run whose evaluation is not a consistent, finite set. The sweep reports and skips them."""
+    from moe import rundir
+
+    broken = {}
+    for spec in specs:
+        try:
+            if rundir.has_results(spec.workdir):
+                rundir.recorded_config(spec.workdir)
+        except rundir.RunDirError as e:
+            broken[spec.name] = str(e)
+            continue
+        if rundir.is_done(spec.workdir):
+            problem = rundir.evaluation_problem(spec.workdir)
+            if problem is not None:
+                broken[spec.name] = (f"{spec.workdir / rundir.DONE} marks it done, but {problem}; remove that "
+                                     f"{rundir.DONE} file and rerun the sweep to re-evaluate it from its checkpoints")
+    return broken
+
+
 def changed_runs(specs) -> dict[str, dict]:
     """``{name: identity diff}`` of the runs whose directory holds results of other settings than planned.
 
@@ -300,13 +321,22 @@ def sweep(argv_command: Sequence[str]) -> int:
         return dry_run(specs)
 
     with root_lock(root):
-        settle_changed(specs, root, _RERUN_CHANGED.value)
-        states = initial_states(specs)
-        pending = [s for s in specs if states[s.name].state != "done"]
+        broken = broken_runs(specs)  # reported and skipped; the other runs go on
+        usable = [s for s in specs if s.name not in broken]
+        settle_changed(usable, root, _RERUN_CHANGED.value)
+        states = initial_states(usable)
+        for spec in specs:
+            if spec.name in broken:
+                states[spec.name] = status.RunState(spec, state="failed", error=broken[spec.name])
+                print(f"skipping {spec.name}: {broken[spec.name]}", file=sys.stderr, flush=True)
+        states = {s.name: states[s.name] for s in specs}  # the plan's order
+        pending = [s for s in usable if states[s.name].state != "done"]
         if pending:
             validate_runs(pending)
         jobs = plan_jobs(pending, _VMAP_SEEDS.value, _SEED_BATCHING.value)
-        print(f"sweep {config_file}: {len(specs)} runs, {len(specs) - len(pending)} done, {len(pending)} to run "
+        skipped = f", {len(broken)} skipped (broken)" if broken else ""
+        print(f"sweep {config_file}: {len(specs)} runs, {len(specs) - len(pending) - len(broken)} done{skipped}, "
+              f"{len(pending)} to run "
               f"in {len(jobs)} job(s) with the {_EXECUTOR.value} executor; root {root}", flush=True)
         if _EXECUTOR.value != "local":  # local workers print their command when they start
             for job in jobs:
@@ -331,7 +361,9 @@ def sweep(argv_command: Sequence[str]) -> int:
     counts = final["counts"]
     code = 0 if counts["failed"] == 0 else 1
     for r in final["runs"]:
-        if r["state"] == "failed":
+        if r["state"] == "failed" and r["name"] in broken:
+            print(f"error: run {r['name']} skipped: {r['error']}", file=sys.stderr)
+        elif r["state"] == "failed":
             print(f"error: run {r['name']} failed after {r['attempts']} attempt(s): {r['error']}", file=sys.stderr)
     if _ANALYSIS.value and counts["done"] == len(specs):
         study = study_steps(config_file)
@@ -421,7 +453,7 @@ def main(argv: Sequence[str]) -> int:
         return 2
     except OSError as e:  # a read-only or full --root
         from moe import rundir
-        print(f"error: {rundir.os_error_line(e)}", file=sys.stderr)
+        print(f"error: {rundir.os_error_line(e, flag='--root')}", file=sys.stderr)
         return 2
 
 

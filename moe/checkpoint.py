@@ -28,11 +28,14 @@ restored unverified.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
+import io
 import json
 import os
 import pathlib
 import sys
+import time
 from typing import Any, Callable
 
 import jax
@@ -55,7 +58,8 @@ class CheckpointError(RuntimeError):
 def _one_line(e: BaseException) -> str:
     # Orbax / tensorstore errors span many lines; the first says what failed.
     text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0] if text else ''}"
+    first = text[0].split(" See full TensorStore details")[0] if text else ""
+    return f"{type(e).__name__}: {first}"
 
 
 def _stderr(msg: str) -> None:
@@ -137,6 +141,9 @@ def newest_intact_step(workdir: str | pathlib.Path, *, move: bool,
             raise CheckpointError(f"no intact checkpoint in {rundir.checkpoint_dir(workdir)} ({listed}); nothing to "
                                   "resume from: train afresh in a new --workdir (this one is left as it is)")
         return None
+    if not (step_dir(workdir, step) / rundir.CHECKSUMS).is_file():
+        warn(f"warning: checkpoint step {step} of {workdir} has no {rundir.CHECKSUMS} (saved by older code, or its "
+             "process was killed before hashing it); using it unverified (its values are checked finite)")
     for bad, problem in corrupt:
         if move:
             target = _quarantine_target(workdir, bad)
@@ -168,6 +175,20 @@ def reader(workdir: str | pathlib.Path) -> ocp.CheckpointManager:
     # Orbax warns "Given directory is read only" on every read-only manager: that is the point here.
     with _absl_level(absl_logging.ERROR):
         return ocp.CheckpointManager(rundir.checkpoint_dir(workdir), options=options, item_names=ITEMS)
+
+
+@contextlib.contextmanager
+def _held_stderr():
+    """Collects what is printed to sys.stderr in the block; replays it unless the block ends on a full disk."""
+    held = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(held):
+            yield
+    except Exception as e:
+        if not is_disk_full(e):
+            sys.stderr.write(held.getvalue())
+        raise
+    sys.stderr.write(held.getvalue())
 
 
 @contextlib.contextmanager
@@ -221,20 +242,113 @@ def restore_params(workdir: str | pathlib.Path, model_cfg: ml_collections.Config
                               "the checkpoint") from e
     finally:
         mgr.close()
-    return int(step), graphdef, restored["state"]["params"]
+    params = restored["state"]["params"]
+    check_finite_restored(params, workdir, step)
+    return int(step), graphdef, params
 
 
 def save(mgr: ocp.CheckpointManager, step: int, state: Any, data_state: dict, router_state: dict, *,
-         lead: bool = True) -> None:
-    """Saves one step (synchronously); the lead process then records its files' checksums."""
-    mgr.save(step, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(state),
-        data=ocp.args.JsonSave(data_state),
-        router=ocp.args.StandardSave(router_state),
-    ), force=True)
-    mgr.wait_until_finished()
+         lead: bool = True, log_record: dict | None = None) -> None:
+    """Saves one step (synchronously); the lead process then writes ``log_record`` (the newest training log
+    record, so a resume can restore a log line lost after this save) and records the files' checksums.
+
+    A full disk, whoever reports it (Orbax's threads raise ``ValueError("RESOURCE_EXHAUSTED...")``),
+    is an ``OSError(ENOSPC)`` naming the checkpoint folder, its free space and a step's size.
+    """
+    directory = pathlib.Path(mgr.directory)
+    # A save that fails on a full disk has each of Orbax's threads log and print a traceback, and its writes
+    # still in flight report "Event loop is closed" through sys.excepthook: all held back (a full disk is one
+    # line, not a page); anything else is shown as usual.
+    hook = sys.excepthook
+    sys.excepthook = _without_closed_loop_reports(hook)
+    try:
+        with _held_stderr(), _absl_level(absl_logging.FATAL):
+            try:
+                mgr.save(step, args=ocp.args.Composite(
+                    state=ocp.args.StandardSave(state),
+                    data=ocp.args.JsonSave(data_state),
+                    router=ocp.args.StandardSave(router_state),
+                ), force=True)
+                mgr.wait_until_finished()
+            except Exception as e:  # noqa: BLE001 — re-raised below
+                if is_disk_full(e):
+                    with contextlib.suppress(Exception):
+                        mgr.close()
+                    # The writes still in flight fail within moments, each printing its report: held too.
+                    time.sleep(_DRAIN_S)
+                raise
+    except Exception as e:  # noqa: BLE001 — only a full disk is translated; the rest propagates as is
+        if not is_disk_full(e):
+            sys.excepthook = hook
+            raise
+        raise disk_full_error(directory, step, state) from None  # the filter stays: the process is ending
+    sys.excepthook = hook
     if lead:  # multi-process: Orbax committed every process's files before save returned
-        write_checksums(pathlib.Path(mgr.directory) / str(step))
+        try:
+            if log_record is not None:
+                rundir.write_json(directory / str(step) / LOG_RECORD, log_record)
+            write_checksums(directory / str(step))
+        except OSError as e:
+            if e.errno != errno.ENOSPC:
+                raise
+            raise disk_full_error(directory, step, state) from None
+
+
+_DRAIN_S = 2.0  # after a full disk: how long the failed save's late reports are held back
+LOG_RECORD = "log_record.json"  # inside a step: the training log's newest record when it was saved
+
+
+def saved_log_record(workdir: str | pathlib.Path, step: int) -> dict | None:
+    """The log record a step was saved with (see :func:`save`), or None (older steps have none)."""
+    try:
+        record = json.loads((step_dir(workdir, step) / LOG_RECORD).read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and isinstance(record.get("step"), int) else None
+
+
+def _without_closed_loop_reports(previous: Callable) -> Callable:
+    """``previous`` (a sys.excepthook) minus the "Event loop is closed" reports of a failed save's late writes."""
+    def hook(kind, value, tb):
+        if not (kind is RuntimeError and str(value) == "Event loop is closed"):
+            previous(kind, value, tb)
+
+    return hook
+
+
+def is_disk_full(e: BaseException) -> bool:
+    """Whether an exception (or one it wraps) reports a full disk: ENOSPC, or tensorstore's RESOURCE_EXHAUSTED."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        text = str(e)
+        if "RESOURCE_EXHAUSTED" in text or "No space left on device" in text:
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def disk_full_error(directory: pathlib.Path, step: int, state: Any) -> OSError:
+    """``OSError(ENOSPC)`` naming the step's folder, the free space and what one checkpoint step needs."""
+    import shutil
+    free = shutil.disk_usage(directory if directory.exists() else directory.parent).free
+    needed = _step_bytes(directory) or sum(int(getattr(x, "nbytes", 0)) for x in jax.tree.leaves(state))
+    return OSError(errno.ENOSPC, f"No space left on device ({_mib(free)} free; a checkpoint step needs about "
+                                 f"{_mib(needed)})", str(directory / str(step)))
+
+
+def _step_bytes(directory: pathlib.Path) -> int:
+    """The size of the newest finished step under ``directory`` (0 when there is none)."""
+    if not directory.is_dir():
+        return 0
+    steps = sorted((p for p in directory.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name))
+    return sum(f.stat().st_size for f in steps[-1].rglob("*") if f.is_file()) if steps else 0
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:,.1f} MiB"
 
 
 def restore_latest(mgr: ocp.CheckpointManager, abstract_state: Any) -> tuple[int, Any, dict] | None:
@@ -253,7 +367,34 @@ def restore_latest(mgr: ocp.CheckpointManager, abstract_state: Any) -> tuple[int
         raise CheckpointError(
             f"cannot restore checkpoint step {step} in {mgr.directory}: {_one_line(e)}; move that step out of "
             f"{rundir.CHECKPOINTS}/ (e.g. into {rundir.QUARANTINE}/) to resume from the one before") from e
+    check_finite_restored(restored["state"], pathlib.Path(mgr.directory).parent, step)
     return step, restored["state"], restored["data"]
+
+
+def nonfinite_leaves(tree: Any) -> list[str]:
+    """The paths of the floating-point leaves of ``tree`` that hold a NaN or an infinity."""
+    def finite(x) -> bool:
+        # Each process checks the shards it holds, on device (multi-process arrays cannot be read whole).
+        parts = [s.data for s in x.addressable_shards] if isinstance(x, jax.Array) else [x]
+        return all(bool(jax.numpy.all(jax.numpy.isfinite(part))) for part in parts)
+
+    return [jax.tree_util.keystr(path) for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
+            if hasattr(leaf, "dtype") and jax.numpy.issubdtype(leaf.dtype, jax.numpy.inexact) and not finite(leaf)]
+
+
+def check_finite_restored(tree: Any, workdir: str | pathlib.Path, step: int) -> None:
+    """CheckpointError when a restored checkpoint holds non-finite values (damage its checksums did not catch).
+
+    Every saved state was checked finite, so NaN here is damage: a step saved
+    without checksums, or a corruption that matched them.
+    """
+    bad = nonfinite_leaves(tree)
+    if bad:
+        shown = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+        raise CheckpointError(
+            f"checkpoint step {step} of {workdir} holds non-finite values ({shown}), so its files are damaged; "
+            f"nothing was written: move {step_dir(workdir, step)} into {pathlib.Path(workdir) / rundir.QUARANTINE}/ "
+            "and rerun to resume from the step before")
 
 
 def read_router_states(workdir: str | pathlib.Path) -> dict[int, dict[str, np.ndarray]]:

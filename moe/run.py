@@ -4,7 +4,9 @@ The run directory is the contract with ``analysis/`` and ``launch/``:
 ``config.json`` (resolved config, the reference's top-level keys, git commit),
 ``final_eval.json``, ``trace_<domain>.npz`` (and ``trace_<domain>_train.npz``), ``log.jsonl``, ``metrics.json``,
 ``checkpoints/``. Every JSON file is written to a temporary path and renamed,
-so a killed run never leaves a half-written artifact.
+so a killed run never leaves a half-written artifact; the evaluation's files are
+staged and published together (:func:`write_evaluation`), so it never leaves a
+mix of two evaluations either.
 
 In a multi-process run (``moe.distributed``) every process trains, saves
 checkpoints (Orbax coordinates them) and evaluates its own copy of the trained
@@ -13,6 +15,7 @@ weights; only process 0 prepares the data first, prints and writes files.
 
 from __future__ import annotations
 
+import math
 import os
 import pathlib
 import subprocess
@@ -219,6 +222,8 @@ def _run_locked(configs: list[ml_collections.ConfigDict], workdirs: list[pathlib
     counts = param_counts(nnx.eval_shape(lambda: build_model(ref.model, ref.seed)))
     if lead:
         for c, w in zip(configs, workdirs):
+            if rundir.publish_evaluation(w):  # a kill while publishing: finish it (a half-staged one is dropped)
+                log(f"finished publishing the evaluation a stopped process had staged in {w}")
             record = config_record(c, counts)
             rundir.write_json(w / rundir.CONFIG, finetune.run_record(record, c, base) if finetune else record)
     steps = f"{num_train_steps(ref)} steps of {ref.train.batch_size}x{ref.model.context} tokens"
@@ -252,19 +257,17 @@ def _run_locked(configs: list[ml_collections.ConfigDict], workdirs: list[pathlib
             rundir.write_progress(w, phase="evaluating", step=num_train_steps(c), pid=os.getpid())
         params = host_local(state["params"])
         final_eval, traces, window_losses = evaluate_and_trace(c, eval_step, params, windows, log)
+        check_finite_evaluation(final_eval, w, num_train_steps(c))  # before anything is written
         train_traces = trace_split(c, eval_step, params, train_windows, "train")
-        if lead:
-            write_evaluation(w, final_eval, traces, window_losses, window_tokens=c.model.context,
-                             train_traces=train_traces)
+        extra = {}
         # MELINOE's figure (transfers with/without prefetch); a plain run started from weights has no predictor
         if finetune and "predictor" in c and c.predictor.enabled:
             from moe.transfers import transfer_study
-            transfers = transfer_study(c, result.graphdef, params, base, log)
-            if lead:
-                rundir.write_json(w / rundir.TRANSFERS, transfers)
+            extra[rundir.TRANSFERS] = transfer_study(c, result.graphdef, params, base, log)
         metrics = summary_metrics(c, final_eval, traces, last, train_traces)
         if lead:
-            rundir.write_json(w / rundir.METRICS, metrics)
+            write_evaluation(w, final_eval, traces, window_losses, window_tokens=c.model.context,
+                             train_traces=train_traces, metrics=metrics, extra=extra)
             rundir.write_progress(w, phase="done", step=num_train_steps(c), pid=os.getpid())
         for line in collapse_warnings(metrics):
             log(line)
@@ -273,19 +276,43 @@ def _run_locked(configs: list[ml_collections.ConfigDict], workdirs: list[pathlib
     return True
 
 
+class NonFiniteEvaluationError(ValueError):
+    """The final evaluation gave a non-finite loss; nothing of it was written."""
+
+
+def check_finite_evaluation(final_eval: dict, workdir: pathlib.Path, step: int) -> None:
+    """Refuses to publish an evaluation with a non-finite loss (a DONE run must never report NaN)."""
+    bad = {d: v["val_loss"] for d, v in final_eval.items() if not math.isfinite(v["val_loss"])}
+    if bad:
+        shown = ", ".join(f"{d} val_loss {v}" for d, v in bad.items())
+        raise NonFiniteEvaluationError(
+            f"the evaluation of {workdir} at step {step} is not finite ({shown}); nothing was written (the run's "
+            f"earlier results, if any, are kept); the weights of checkpoint step {step} are suspect: move "
+            f"{rundir.CHECKPOINTS}/{step} into {rundir.QUARANTINE}/ and rerun to retrain from the step before")
+
+
 def write_evaluation(workdir: pathlib.Path, final_eval: dict, traces: dict, window_losses: dict | None = None,
-                     *, window_tokens: int | None = None, train_traces: dict | None = None) -> None:
-    """trace_<domain>.npz (and trace_<domain>_train.npz), eval_windows.npz (per-window mean CE, when given),
-    then final_eval.json (last: it marks the evaluation written)."""
+                     *, window_tokens: int | None = None, train_traces: dict | None = None,
+                     metrics: dict | None = None, extra: dict[str, Any] | None = None) -> None:
+    """Publishes one evaluation as a unit (:func:`moe.rundir.publish_evaluation`): trace_<domain>.npz (and
+    trace_<domain>_train.npz), eval_windows.npz (per-window mean CE, when given), final_eval.json,
+    metrics.json and ``extra`` JSON files, staged with their manifest, then renamed into ``workdir``."""
     from cachesim.trace import save_trace
 
+    staging = rundir.staging_dir(workdir)
     for domain, trace in traces.items():
-        save_trace(workdir / rundir.trace_file(domain), trace)
+        save_trace(staging / rundir.trace_file(domain), trace)
     for domain, trace in (train_traces or {}).items():
-        save_trace(workdir / rundir.train_trace_file(domain), trace)
+        save_trace(staging / rundir.train_trace_file(domain), trace)
     if window_losses is not None:
-        rundir.write_eval_windows(workdir, window_losses, window_tokens)
-    rundir.write_json(workdir / rundir.FINAL_EVAL, final_eval)
+        rundir.write_eval_windows(staging, window_losses, window_tokens)
+    rundir.write_json(staging / rundir.FINAL_EVAL, final_eval)
+    for name, obj in (extra or {}).items():
+        rundir.write_json(staging / name, obj)
+    if metrics is not None:
+        rundir.write_json(staging / rundir.METRICS, metrics)
+    rundir.write_manifest(staging, {d: int(v["tokens"]) for d, v in final_eval.items()})
+    rundir.publish_evaluation(workdir)
 
 
 def prepare_data_once(data_cfg, lead: bool) -> pathlib.Path:

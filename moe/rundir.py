@@ -13,7 +13,10 @@ that knows what lives in it:
 ``trace_<d>.npz``    router traces, one per domain (``cachesim.trace`` format)
 ``trace_<d>_train.npz``  a short router trace of the domain's training split, the
                      data out-of-sample static pins are fitted on
-``metrics.json``     mean PPLs and cache metrics; written last by ``main.py``
+``metrics.json``     mean PPLs and cache metrics
+``eval_manifest.json``  the published evaluation's files (size, SHA-256) and token counts,
+                     written last: the four files above count only as the set it names
+``.eval.staging/``   an evaluation being written; published into the run directory by renames
 ``log.jsonl``        one training record per ``train.log_every`` steps
 ``eval.jsonl``       one validation record per ``train.eval_every`` steps
 ``events.out.tfevents.*``  TensorBoard event files of both
@@ -54,6 +57,8 @@ from typing import Any
 
 CONFIG = "config.json"
 FINAL_EVAL = "final_eval.json"
+EVAL_MANIFEST = "eval_manifest.json"
+EVAL_STAGING = ".eval.staging"
 EVAL_WINDOWS = "eval_windows.npz"
 METRICS = "metrics.json"
 LOG = "log.jsonl"
@@ -178,17 +183,18 @@ def read_json(path: PathLike) -> Any:
     try:
         return json.loads(path.read_text())
     except json.JSONDecodeError as e:
-        raise RunDirError(f"{path}: not valid JSON ({e}); regenerate it or remove the run directory") from None
+        raise RunDirError(f"{path}: not valid JSON ({e}); restore it, or rerun main.py with this --workdir to "
+                          "rewrite it (the run's checkpoints are kept)") from None
 
 
-def os_error_line(e: OSError, fallback: PathLike | None = None) -> str:
+def os_error_line(e: OSError, fallback: PathLike | None = None, flag: str = "--workdir") -> str:
     """A failed file operation in one line: the file, the cause, the fix (for the CLIs' ``error:``)."""
     where = e.filename or fallback or "a file"
     cause = e.strerror or str(e).splitlines()[0]
     if e.errno == errno.ENOSPC:
         fix = "free disk space (fewer checkpoints: train.keep_checkpoints), then rerun the same command to resume"
     elif e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        fix = "make it writable, or write elsewhere (another --workdir)"
+        fix = f"make it writable, or write elsewhere (another {flag})"
     else:
         fix = "check the path, then rerun"
     return f"{where}: {cause}; {fix}"
@@ -252,9 +258,15 @@ def read_config(workdir: PathLike) -> dict[str, Any]:
     path = pathlib.Path(workdir) / CONFIG
     if not path.is_file():
         raise RunDirError(f"{workdir} is not a run directory (no {CONFIG}); pass the --workdir of a main.py run")
-    record = read_json(path)
+    try:
+        record = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        record = e
     if not isinstance(record, dict):
-        raise RunDirError(f"{path}: expected a JSON object; regenerate {CONFIG}")
+        # Not regenerable: it is the record of what the checkpoints were trained with.
+        problem = f"not valid JSON ({record})" if isinstance(record, ValueError) else "expected a JSON object"
+        raise RunDirError(f"{path}: {problem}; restore it from a backup (it records the settings the run's "
+                          "intact checkpoints were trained with), or move the run directory aside to retrain it")
     return record
 
 
@@ -275,13 +287,168 @@ def has_checkpoints(workdir: PathLike) -> bool:
 
 
 def is_complete(workdir: PathLike) -> bool:
-    """main.py finished: metrics.json (its last write) and a final_eval.json with every domain."""
+    """main.py finished: a consistent, finite evaluation of every domain is published (and metrics.json)."""
+    return evaluation_problem(workdir) is None
+
+
+# ---------------------------------------------------------------- the evaluation, published as one unit
+#
+# An evaluation is several files (traces, final_eval.json, eval_windows.npz, metrics.json, ...).
+# They are written into EVAL_STAGING, listed with their sizes, hashes and token counts in a
+# manifest written there last, then moved into the run directory by renames: metrics.json and the
+# old manifest go first, the new manifest last. A reader therefore sees either the old set, or no
+# manifest and no metrics.json (incomplete), or the new set; never a mix that counts as complete.
+# A process killed while publishing leaves the staged manifest: the next run finishes the renames.
+
+
+def _sha256(path: pathlib.Path) -> str:
+    import hashlib
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def staging_dir(workdir: PathLike) -> pathlib.Path:
+    """A fresh, empty ``.eval.staging/`` (an older, unpublished one is discarded)."""
+    import shutil
+    staging = pathlib.Path(workdir) / EVAL_STAGING
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    return staging
+
+
+def write_manifest(staging: PathLike, tokens: dict[str, int]) -> None:
+    """The staged evaluation's manifest: every staged file's size and SHA-256, and each domain's tokens."""
+    staging = pathlib.Path(staging)
+    files = {p.name: {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+             for p in sorted(staging.iterdir()) if p.is_file() and p.name != EVAL_MANIFEST}
+    write_json(staging / EVAL_MANIFEST, {"version": 1, "written": now_iso(), "tokens": tokens, "files": files})
+
+
+def _fsync_dir(path: pathlib.Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def publish_evaluation(workdir: PathLike) -> bool:
+    """Moves a staged evaluation (with its manifest) into the run directory; False when none is staged.
+
+    Idempotent: after a kill half-way, calling it again finishes the renames. A staging
+    folder without a manifest (a kill while evaluating) is discarded.
+    """
+    import shutil
+    workdir = pathlib.Path(workdir)
+    staging = workdir / EVAL_STAGING
+    if not (staging / EVAL_MANIFEST).is_file():
+        shutil.rmtree(staging, ignore_errors=True)
+        return False
+    files = read_json(staging / EVAL_MANIFEST).get("files", {})
+    for name in (METRICS, EVAL_MANIFEST):  # the old set stops counting as complete first
+        (workdir / name).unlink(missing_ok=True)
+    # Traces of an earlier evaluation that this one does not write (e.g. training-split traces turned off).
+    for path in workdir.glob(f"{TRACE_PREFIX}*.npz"):
+        if path.name not in files:
+            path.unlink()
+    for name in sorted(files, key=lambda n: n == METRICS):  # metrics.json, then the manifest: last
+        if (staging / name).exists():
+            os.replace(staging / name, workdir / name)
+    _fsync_dir(workdir)
+    os.replace(staging / EVAL_MANIFEST, workdir / EVAL_MANIFEST)
+    _fsync_dir(workdir)
+    shutil.rmtree(staging, ignore_errors=True)
+    return True
+
+
+def trace_tokens(path: PathLike) -> int:
+    """The number of tokens a trace file holds (its ``experts`` array's T), read from the array header only."""
+    import numpy as np
+    with zipfile.ZipFile(path) as archive, archive.open("experts.npy") as f:
+        major, _ = np.lib.format.read_magic(f)
+        read_header = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+        shape, _, _ = read_header(f)
+    return int(shape[1])
+
+
+def check_evaluation(workdir: PathLike, *, hashes: bool = False) -> None:
+    """Refuses (RunDirError, one line naming the files) an evaluation whose files do not belong together.
+
+    Checks a published evaluation (one with a manifest): each trace's token count against
+    ``final_eval.json``'s, the token counts against the manifest's, and every listed file's
+    size (SHA-256 with ``hashes``); and refuses a publication cut short. Run directories
+    written before manifests (and the reference runs) are not cross-checked; missing files
+    are not its business (see :func:`evaluation_problem`).
+    """
+    workdir = pathlib.Path(workdir)
+    rerun = f"rerun main.py with --workdir={workdir} to re-evaluate it from its checkpoint"
+    if (workdir / EVAL_STAGING / EVAL_MANIFEST).is_file():
+        raise RunDirError(f"{workdir / EVAL_STAGING}: an evaluation was being published when its process stopped; "
+                          f"{rerun} (the rerun finishes publishing it first)")
+    manifest_path = workdir / EVAL_MANIFEST
+    if not manifest_path.is_file():
+        return
+    manifest = read_json(manifest_path)
+    try:
+        files, tokens = dict(manifest["files"]), dict(manifest["tokens"])
+    except (KeyError, TypeError, ValueError):
+        raise RunDirError(f"{manifest_path}: not an evaluation manifest; {rerun}") from None
+    final_eval_path = workdir / FINAL_EVAL
+    final_eval = read_json(final_eval_path) if final_eval_path.is_file() else {}
+    if not isinstance(final_eval, dict):
+        raise RunDirError(f"{final_eval_path}: expected {{domain: {{val_loss, val_ppl, tokens}}}}; {rerun}")
+    for domain, entry in final_eval.items():
+        trace = workdir / trace_file(domain)
+        if not isinstance(entry, dict) or "tokens" not in entry or not trace.is_file():
+            continue  # a missing trace is reported elsewhere
+        try:
+            n = trace_tokens(trace)
+        except (OSError, KeyError, ValueError, IndexError, zipfile.BadZipFile) as e:
+            raise RunDirError(f"{trace}: not a readable trace ({e}); {rerun}") from None
+        if n != entry["tokens"]:
+            raise RunDirError(f"{trace} holds {n} tokens but {final_eval_path} says {entry['tokens']} for "
+                              f"{domain!r}: the two files come from different evaluations; {rerun}")
+    for domain, n in tokens.items():
+        entry = final_eval.get(domain)
+        found = entry.get("tokens") if isinstance(entry, dict) else None
+        if found != n:
+            raise RunDirError(f"{final_eval_path}: {domain!r} has {found} tokens, but {manifest_path} says {n}; "
+                              f"the files come from different evaluations: {rerun}")
+    for name, entry in files.items():
+        path = workdir / name
+        if not path.is_file():
+            raise RunDirError(f"{path} is missing, but {manifest_path} lists it; {rerun}")
+        if path.stat().st_size != entry.get("bytes") or (hashes and _sha256(path) != entry.get("sha256")):
+            raise RunDirError(f"{path} differs from the file {manifest_path} lists (another evaluation's, or "
+                              f"damaged); {rerun}")
+
+
+def evaluation_problem(workdir: PathLike) -> str | None:
+    """Why the run's evaluation is not complete (a short line), or None when it is.
+
+    Complete: metrics.json and final_eval.json with every domain, finite losses, and
+    :func:`check_evaluation` passes (sizes, token counts; no half-published set).
+    """
     workdir = pathlib.Path(workdir)
     try:
         final_eval = json.loads((workdir / FINAL_EVAL).read_text())
-    except (OSError, ValueError):
-        return False
-    return (workdir / METRICS).is_file() and all(d in final_eval for d in DOMAINS)
+    except FileNotFoundError:
+        return f"no {FINAL_EVAL}"
+    except (OSError, ValueError) as e:
+        return f"{workdir / FINAL_EVAL}: unreadable ({e})"
+    if not (workdir / METRICS).is_file():
+        return f"no {METRICS}"
+    if not isinstance(final_eval, dict) or not all(isinstance(final_eval.get(d), dict) for d in DOMAINS):
+        return f"{workdir / FINAL_EVAL}: not every domain ({', '.join(DOMAINS)}) is evaluated"
+    for domain in DOMAINS:
+        loss = final_eval[domain].get("val_loss")
+        if not isinstance(loss, (int, float)) or not math.isfinite(loss):
+            return f"{workdir / FINAL_EVAL}: {domain} val_loss is {loss}"
+    try:
+        check_evaluation(workdir)
+    except RunDirError as e:
+        return str(e)
+    return None
 
 
 # ---------------------------------------------------------------- the training log
@@ -458,15 +625,48 @@ def read_done(workdir: PathLike) -> dict[str, Any] | None:
         return None
 
 
-def record_attempt(workdir: PathLike, record: dict[str, Any]) -> None:
-    workdir = pathlib.Path(workdir)
+def _append_attempt(workdir: pathlib.Path, record: dict[str, Any]) -> None:
     workdir.mkdir(parents=True, exist_ok=True)
     with (workdir / ATTEMPTS).open("a") as f:
         f.write(json.dumps(record) + "\n")
 
 
+def start_attempt(workdir: PathLike, record: dict[str, Any]) -> None:
+    """Records that an attempt starts (``record`` holds at least ``job`` and ``started``), before its process.
+
+    An earlier attempt that started but never recorded its end (its launcher was
+    killed) is closed first: it ended when its run last reported progress.
+    """
+    workdir = pathlib.Path(workdir)
+    for attempt in read_attempts(workdir):
+        if attempt.get("event") == "start":  # never ended
+            progress = read_progress(workdir) or {}
+            ended = (workdir / PROGRESS).stat().st_mtime if progress else attempt["started"]
+            ended = max(ended, attempt["started"])
+            _append_attempt(workdir, {**attempt, "event": "end", "ended": ended,
+                                      "wall_s": round(ended - attempt["started"], 3), "rc": None,
+                                      "error": "killed: its launcher stopped before recording the exit"})
+    _append_attempt(workdir, {"event": "start", **record})
+
+
+def record_attempt(workdir: PathLike, record: dict[str, Any]) -> None:
+    """Records an attempt's end (its start, when :func:`start_attempt` recorded one, has the same
+    ``job`` and ``started``)."""
+    _append_attempt(pathlib.Path(workdir), {**record, "event": "end"} if "started" in record else record)
+
+
 def read_attempts(workdir: PathLike) -> list[dict[str, Any]]:
-    return list(_json_lines(pathlib.Path(workdir) / ATTEMPTS))
+    """Every attempt, in start order: its end record, or its start record while it has none
+    (``event: "start"``: still running, or killed with its launcher)."""
+    attempts: dict[Any, dict[str, Any]] = {}
+    for n, record in enumerate(_json_lines(pathlib.Path(workdir) / ATTEMPTS)):
+        if not isinstance(record, dict):
+            continue
+        key = (record.get("job"), record["started"]) if "started" in record else n
+        if record.get("event") == "start" and key in attempts:
+            continue
+        attempts[key] = record
+    return list(attempts.values())
 
 
 def _json_lines(path: pathlib.Path) -> Iterable[dict[str, Any]]:
@@ -686,12 +886,62 @@ def _write_holder(fd: int) -> None:
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
 
 
-def lock_holder(workdir: PathLike) -> str:
-    """The PID the lock file names (its holder's, when the lock is held), or "?"."""
+def _flock_pids(path: pathlib.Path) -> list[int]:
+    """PIDs the kernel lists as holding an flock on ``path`` (Linux /proc/locks; [] elsewhere)."""
     try:
-        return (pathlib.Path(workdir) / LOCK).read_text().strip() or "?"
+        inode = path.stat().st_ino
+        lines = pathlib.Path("/proc/locks").read_text().splitlines()
     except OSError:
-        return "?"
+        return []
+    pids = []
+    for line in lines:
+        fields = line.split()
+        # "1: FLOCK  ADVISORY  WRITE 4242 08:01:1234 0 EOF" (a blocked waiter's line has "->" after the id)
+        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5].rsplit(":", 1)[-1] == str(inode):
+            pids.append(int(fields[4]))
+    return pids
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # alive, another user's
+    return True
+
+
+def lock_holder(workdir: PathLike) -> str:
+    """The PID of the process holding the run directory's lock (the one the lock file names while it lives,
+    else the kernel's record of the flock), or "?"."""
+    path = pathlib.Path(workdir) / LOCK
+    try:
+        named = path.read_text().strip()
+    except OSError:
+        named = ""
+    if named.isdigit() and pid_alive(int(named)):
+        return named
+    live = [pid for pid in _flock_pids(path) if pid_alive(pid)]
+    return str(live[0]) if live else (named or "?")
+
+
+def is_locked(workdir: PathLike) -> bool:
+    """Whether a live process holds the run directory's lock (without ever taking it: on Linux the
+    kernel's lock table; elsewhere a shared flock probe)."""
+    path = pathlib.Path(workdir) / LOCK
+    if not path.is_file():
+        return False
+    if pathlib.Path("/proc/locks").is_file():
+        return bool(_flock_pids(path))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
 
 
 def try_lock(workdir: PathLike) -> int | None:

@@ -578,6 +578,8 @@ def train_runs(members: Sequence[Member], *, batching: str = "solo", log: Callab
         from jax.experimental import multihost_utils
         multihost_utils.sync_global_devices("cacheable-moe: checkpoints verified")
     managers = [checkpoint.manager(m.workdir, keep=m.config.train.keep_checkpoints) for m in members]
+    tokens_per_step = ref.train.batch_size * ref.model.context
+    logged: list[dict[str, Any] | None] = [None for _ in members]  # per member: the newest record logged
     try:
         start, states, data_states = _restore(members, managers, states, layout.placement)
         for m, data_state in zip(members, data_states):
@@ -589,6 +591,18 @@ def train_runs(members: Sequence[Member], *, batching: str = "solo", log: Callab
                         rundir.truncate_log(m.workdir, start, warn=log, name=name)
                     else:  # a log without any checkpoint belongs to a run that never saved
                         (m.workdir / name).unlink(missing_ok=True)
+        # The newest log record each restored step was saved with: a line lost after the save (torn by
+        # a crash) is written again, and a resume that trains no step still reports the final losses.
+        saved = [(checkpoint.saved_log_record(m.workdir, start) or _logged_record(m.workdir, start)) if start
+                 else None for m in members]
+        if lead:
+            for m, record in zip(members, saved):
+                if record is not None and (rundir.last_log_record(m.workdir) or {}).get("step", 0) < record["step"]:
+                    with rundir.log_path(m.workdir).open("a") as f:
+                        f.write(rundir.log_line(log_record(record["step"], record["metrics"], record["tok_s"],
+                                                           tokens_per_step)) + "\n")
+                    log(f"restored the step-{record['step']} record of {rundir.log_path(m.workdir)} from its "
+                        "checkpoint")
         if start:
             log(f"resumed {len(members)} seeds from their checkpoints at step {start}" if len(members) > 1
                 else f"resumed from checkpoint at step {start}")
@@ -599,7 +613,6 @@ def train_runs(members: Sequence[Member], *, batching: str = "solo", log: Callab
             log(layout.describe())
         state = layout.combine(states)
         step_fn = layout.step_fn(graphdef, tx, ref)
-        tokens_per_step = ref.train.batch_size * ref.model.context
 
         first: dict[str, float] = {}  # when the first step ran: kept in every later record
 
@@ -643,10 +656,11 @@ def train_runs(members: Sequence[Member], *, batching: str = "solo", log: Callab
                 # state_finite steers the loop; a logged state is always finite
                 host = [{k: v for k, v in m.items() if k != "state_finite"} for m in check(step, metrics)]
                 rate = timing.rate(step)
-                for f, writer, m in zip(logs, writers, host):
+                for i, (f, writer, m) in enumerate(zip(logs, writers, host)):
                     f.write(rundir.log_line(log_record(step, m, rate, tokens_per_step)) + "\n")
                     f.flush()
                     writer.write(step, train_scalars(m, rate))
+                    logged[i] = {"step": step, "metrics": m, "tok_s": rate}
                 if len(host) == 1:
                     (m,) = host
                     log(f"step {step}/{total_steps} | loss {m['loss']:.4f} | lm {m['lm']:.4f} | "
@@ -660,9 +674,9 @@ def train_runs(members: Sequence[Member], *, batching: str = "solo", log: Callab
                 return host
 
             def save(step: int, state) -> None:
-                for m, mgr, member_state in zip(members, managers, layout.split(state)):
+                for m, mgr, member_state, record in zip(members, managers, layout.split(state), logged):
                     checkpoint.save(mgr, step, member_state, m.train_iter.get_state(), router_state(member_state),
-                                    lead=lead)
+                                    lead=lead, log_record=record)
 
             validate = None
             if lead and ref.train.eval_every:
@@ -694,7 +708,8 @@ def train_runs(members: Sequence[Member], *, batching: str = "solo", log: Callab
     if not result.completed:
         progress(phase="stopped", step=result.step)
         log(f"stopped at step {result.step}; checkpoint saved, rerun the same command to resume")
-    last = result.last_metrics or [{} for _ in members]
+    # A resume that trained no step: the final losses are those its checkpoint was saved with.
+    last = result.last_metrics or [dict(r["metrics"]) if r else {} for r in saved]
     return TrainResult(graphdef, layout.split(result.state), result.completed, last)
 
 
@@ -704,6 +719,15 @@ def train(config: ml_collections.ConfigDict, workdir: pathlib.Path, train_iter, 
     """:func:`train_runs` for one run: trains to ``num_train_steps(config)``, resuming from workdir."""
     return train_runs([Member(config, pathlib.Path(workdir), train_iter)], log=log, stop_after=stop_after,
                       init_params=init_params)
+
+
+def _logged_record(workdir: pathlib.Path, step: int) -> dict[str, Any] | None:
+    """log.jsonl's record of ``step`` as :func:`moe.checkpoint.save` stores one (steps saved by older code)."""
+    record = rundir.last_log_record(workdir)
+    if not record or record.get("step") != step:
+        return None
+    metrics = {k: v for k, v in record.items() if k not in ("step", "tok_s", "tokens", "nonfinite")}
+    return {"step": step, "metrics": metrics, "tok_s": record.get("tok_s") or math.nan}
 
 
 def silent(_msg: str) -> None:

@@ -117,7 +117,8 @@ def wait_for_kill_point(workdir, proc, *, most: int) -> str:
 # scheduler; expensive fixtures are shared across workers with shared_dir below instead.)
 SLOW_FIRST = (  # slowest first (cold timings of the suite on 2 cores)
     "test_analysis_reference.py", "test_benchmarks.py", "test_arm_m_multiprocess.py", "test_launch_distributed.py",
-    "test_arm_m_finetune.py", "test_main.py", "test_vmap_seeds.py", "test_train.py", "test_launch_sweep.py",
+    "test_arm_m_finetune.py", "test_main.py", "test_reliability.py", "test_vmap_seeds.py", "test_train.py",
+    "test_launch_sweep.py",
     "test_cached_eval_frontier.py", "test_analysis_cli.py", "test_arm_m_prefetch.py",
     "test_cachesim_reference_data.py", "test_arm_m_lora.py", "test_cached_eval_parity.py", "test_dispatch_in_model.py",
     "test_decode_check.py", "test_wide_experts_parity.py",

@@ -341,23 +341,6 @@ def test_bad_values_are_one_line_naming_the_key(flag, key, tmp_path):
     assert not (tmp_path / "run" / rundir.CONFIG).exists()
 
 
-def test_a_full_disk_at_a_checkpoint_is_one_line_and_keeps_the_last_one(finished_run, tmp_path, monkeypatch):
-    import orbax.checkpoint as ocp
-
-    workdir = copy_run(finished_run, tmp_path / "run", stopped_at=4)
-
-    def full(self, step, *args, **kwargs):
-        raise OSError(errno.ENOSPC, "No space left on device", str(self.directory / str(step)))
-
-    monkeypatch.setattr(ocp.CheckpointManager, "save", full)
-    code, _, err = run_main([*FLAGS, f"--workdir={workdir}"])
-    line = error_line(err)
-    assert code == 2 and "No space left on device" in line and "free disk space" in line, line
-    assert str(workdir / rundir.CHECKPOINTS / "6") in line
-    assert rundir.checkpoint_steps(workdir) == [4]
-    assert checkpoint.step_problem(workdir / rundir.CHECKPOINTS / "4") is None  # intact: rerun resumes there
-
-
 def test_a_read_only_workdir_is_one_line(tmp_path, monkeypatch):
     def read_only(path, data):  # root ignores permission bits: refuse the write itself
         raise PermissionError(errno.EACCES, "Permission denied", str(path))
