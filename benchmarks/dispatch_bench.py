@@ -14,7 +14,7 @@ size. An entry whose compiled step exceeds --max_gib is compiled (its memory
 is reported) but not run, with the reason printed. Parity: every entry's
 first step starts from the same state and batch, and its loss and gradient
 norm must match dense's within --parity_rtol (the kernel that is timed is the
-one that was checked). An entry that fails (compile, run or parity) is
+one that was checked; ``capacity`` drops assignments, so it is recorded, not checked). An entry that fails (compile, run or parity) is
 reported under ``failed``; the others still run and ``--save`` still saves;
 the exit code is then 1.
 
@@ -60,6 +60,8 @@ from moe.dispatch import (DISPATCHERS, DROPLESS, expert_capacity, padded_rows,  
 from moe.model import build_model, param_counts  # noqa: E402
 from moe.run import compiled_memory  # noqa: E402
 from moe.train import init_state, make_optimizer, make_train_step  # noqa: E402
+
+runtime.set_gpu_precision()  # full-float32 matmuls on GPU, as in training
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 SPARSE = ("sparse", "sparse_batched")  # the dispatchers that take a block size
@@ -263,7 +265,7 @@ def main(argv=None) -> int:
                 result["parity"][label] = metrics
                 if args.parity and name == "dense":
                     reference = metrics
-                elif args.parity and reference is not None:
+                elif args.parity and reference is not None and name in DROPLESS:  # capacity drops by design
                     error = parity_error(metrics, reference, rtol)
                     if error:
                         raise AssertionError(error)
@@ -276,7 +278,8 @@ def main(argv=None) -> int:
         finally:
             write_partial(args.out, result)
         print(f"{label:20s} compiled in {time.perf_counter() - t0:5.1f}s, {step_bytes / 2**30:6.2f} GiB"
-              + (" (parity ok)" if args.parity and label in result["parity"] and reference is not None else ""),
+              + (" (parity ok)" if args.parity and name in DROPLESS and label in result["parity"]
+                 and reference is not None else ""),
               flush=True)
 
     per_round = {label: [] for label in compiled}

@@ -39,6 +39,8 @@ mkdir -p "$OUT"
 exec > >(tee -a "$OUT/check.log") 2>&1
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 failed=0
+# TIMEOUT_SCALE (default 1) stretches every stage's limit: only for a rehearsal on a loaded CPU.
+T() { echo $(( $1 * ${TIMEOUT_SCALE:-1} )); }
 stage() { echo "== stage $1 ($(date -u +%T)): $2"; }
 verdict() {  # stage number, exit code
   if [ "$2" = 0 ]; then echo "== stage $1 passed"; else echo "== stage $1 FAILED (exit $2${3:+, $3})"; failed=1; fi
@@ -46,13 +48,13 @@ verdict() {  # stage number, exit code
 
 stage 0 "install the carried wheels ($WHEELS -> $SITE), offline"
 ls "$WHEELS"/*.whl >/dev/null 2>&1 || { echo "no wheels in $WHEELS: run bash benchmarks/gpu_wheels.sh first"; exit 1; }
-timeout 30 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
+timeout "$(T 30)" "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
   "$WHEELS"/*.whl
 verdict 0 $?
 export PYTHONPATH="$PWD:$SITE"
 
 stage 1 "environment"
-SMOKE=$SMOKE timeout 30 "$PY" - <<'PYEOF' | tee "$OUT/env.txt"
+SMOKE=$SMOKE timeout "$(T 30)" "$PY" - <<'PYEOF' | tee "$OUT/env.txt"
 import importlib.metadata as md, os, platform, sys
 from moe import runtime
 runtime.set_xla_flags()
@@ -79,15 +81,15 @@ print(f"dispatchers: {', '.join(DISPATCHERS)}; auto here: {select_dispatch('auto
 if os.environ["SMOKE"] != "1" and jax.default_backend() != "gpu":
     sys.exit(f"no GPU backend ({jax.devices()}): is the CUDA plugin installed?")
 PYEOF
-verdict 1 $?
+verdict 1 "${PIPESTATUS[0]}"
 
 stage 2 "dispatch parity tests at highest precision"
-JAX_DEFAULT_MATMUL_PRECISION=highest timeout 150 "$PY" -m pytest -q -x -p no:cacheprovider -n 0 \
+JAX_DEFAULT_MATMUL_PRECISION=highest timeout "$(T 150)" "$PY" -m pytest -q -x -p no:cacheprovider -n 0 \
   tests/test_dispatch.py 2>&1 | tee "$OUT/tests.txt"
 verdict 2 "${PIPESTATUS[0]}"
 
 stage 3 "bfloat16 parity of every dispatcher against dense (smoke size, one step each)"
-timeout 90 "$PY" benchmarks/dispatch_bench.py --size=smoke --dtype=bfloat16 --rounds=0 --block_sizes=128 \
+timeout "$(T 90)" "$PY" benchmarks/dispatch_bench.py --size=smoke --dtype=bfloat16 --rounds=0 --block_sizes=128 \
   --max_gib=100 --out="$OUT/parity_bf16.json"
 verdict 3 $?
 
@@ -98,7 +100,7 @@ else
 fi
 stage 4 "dispatch_bench ${SHAPE[*]}"
 # --max_gib: run every entry (an H200 has room); --budget_gib: the 8 GiB question.
-timeout 180 "$PY" benchmarks/dispatch_bench.py "${SHAPE[@]}" --max_gib=100 --budget_gib=8 --save \
+timeout "$(T 180)" "$PY" benchmarks/dispatch_bench.py "${SHAPE[@]}" --max_gib=100 --budget_gib=8 --save \
   --out="$OUT/bench.json"
 code=$?
 verdict 4 $code "$([ $code = 124 ] && echo 'timed out: bench.json holds the entries that finished')"

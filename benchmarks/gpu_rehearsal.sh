@@ -16,11 +16,12 @@ VENV=${REHEARSAL_VENV:-${CACHEABLE_MOE_CACHE:-$HOME/.cache/cacheable-moe}/gpu-re
 # releases for jax 0.11.2 and numpy 2.5 on Python 3.12.
 GPU_MACHINE_PACKAGES=(jax==0.11.2 jaxlib==0.11.2 "numpy>=2.5,<2.6" flax optax orbax-checkpoint chex absl-py
   pandas scipy matplotlib rich tensorboard tabulate pytest pytest-xdist hypothesis filelock jaxtyping tqdm)
-if [ ! -x "$VENV/bin/python3" ]; then
+if [ ! -f "$VENV/.complete" ]; then
   PY312=$(command -v python3.12 2>/dev/null || ls "$(pyenv root 2>/dev/null)"/versions/3.12*/bin/python3.12 | head -1)
   echo "rehearsal: building $VENV (once) with $PY312"
   "$PY312" -m venv "$VENV"
   "$VENV/bin/python3" -m pip install -q "${GPU_MACHINE_PACKAGES[@]}"
+  touch "$VENV/.complete"
 fi
 [ -d .whl ] || bash benchmarks/gpu_wheels.sh
 if "$VENV/bin/python3" -c 'import grain' 2>/dev/null || "$VENV/bin/python3" -c 'import ml_collections' 2>/dev/null; then

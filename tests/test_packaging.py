@@ -1,5 +1,6 @@
 """Packaging by convention: ranges in pyproject.toml, exact pins in the locks; the GPU check's contract."""
 
+import json
 import pathlib
 import re
 import shutil
@@ -65,6 +66,13 @@ def test_wheel_has_ranges_that_hold_the_locked_pins(tmp_path):
     assert by_extra["gpu"] == ["tokamax"]
     assert re.search(r"^cacheable-moe = launch\.cli:main$", entry_points, re.M)
     assert {"moe/dispatch.py", "configs/arm_b.py", "launch/cli.py", "cachesim/cli_util.py"} <= set(files)
+    # `pip install .` into this environment (which holds the locked versions, inside the ranges)
+    # installs the project alone: nothing is up- or downgraded, and nothing is fetched.
+    report = tmp_path / "report.json"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--no-index", "--no-build-isolation",
+                    "--quiet", "--report", str(report), str(tmp_path / "src")], check=True, capture_output=True)
+    installs = [item["metadata"]["name"] for item in json.loads(report.read_text())["install"]]
+    assert installs == ["cacheable-moe"], installs
 
 
 def test_locks_pin_jax_0_11_and_its_cuda13_build():
@@ -77,7 +85,7 @@ def test_locks_pin_jax_0_11_and_its_cuda13_build():
 
 def test_gpu_check_fits_its_budget_and_writes_only_under_out():
     check = (REPO / "benchmarks" / "gpu_check.sh").read_text()
-    timeouts = [int(t) for t in re.findall(r"\btimeout (\d+)", check)]
+    timeouts = [int(t) for t in re.findall(r'\btimeout "\$\(T (\d+)\)"', check)]
     assert len(timeouts) == 5 and sum(timeouts) <= 480, timeouts
     code = "\n".join(line for line in check.splitlines() if not line.lstrip().startswith("#"))
     writes = re.findall(r"(?:\btee(?: -a)?|--out=|(?<![-&\d>])>) *\"?([^\s\"&(>]+)", code)
