@@ -24,13 +24,17 @@ def test_a_failing_entry_is_reported_and_the_rest_run_and_save(bench, monkeypatc
         raise RuntimeError("this kernel does not lower here")
 
     monkeypatch.setitem(moe.dispatch.DISPATCHERS, "broken", broken)
+    monkeypatch.delitem(moe.dispatch.DISPATCHERS, "tokamax", raising=False)  # an optional one, not installed
     monkeypatch.setattr(bench, "RESULTS", tmp_path)
-    code = bench.main(["--quick", "--dispatchers=broken,dense", "--save", f"--out={tmp_path / 'partial.json'}"])
+    code = bench.main(["--quick", "--dispatchers=broken,dense,tokamax", "--save",
+                       f"--out={tmp_path / 'partial.json'}"])
     lines = capsys.readouterr().out.strip().splitlines()
     result = json.loads(lines[-1])
     assert code == 1 and set(result) == set(bench.KEYS)
-    assert result["entries"] == ["dense", "broken"]  # dense first: the parity reference
-    assert result["failed"] == {"broken": "RuntimeError: this kernel does not lower here"}
+    assert result["entries"] == ["dense", "broken", "tokamax"]  # dense first: the parity reference
+    assert result["failed"] == {"broken": "RuntimeError: this kernel does not lower here",
+                                "tokamax": "ModuleNotFoundError: tokamax is not installed here "
+                                           "(pip install -r requirements-gpu.lock)"}
     assert set(result["tokens_per_s"]) == {"dense"} and result["tokens_per_s"]["dense"] > 0
     assert result["fastest_dropless"] == "dense" and result["fits_budget"] == {"dense": True}
     saved = json.loads((tmp_path / f"dispatch_{result['backend']}.json").read_text())
