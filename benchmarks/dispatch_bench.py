@@ -1,52 +1,67 @@
 """Train-step tokens/s, compiled memory and executed expert FLOPs of every dispatcher, side by side.
 
-    python benchmarks/dispatch_bench.py [--size smoke] [--batch B] [--dtype float32|bfloat16]
-        [--remat none|full|dots] [--steps 10] [--rounds 3] [--block_sizes 32,64,128] [--save]
+    python benchmarks/dispatch_bench.py [--size=smoke] [--batch=B] [--dtype=float32|bfloat16]
+        [--remat=none|full|dots] [--steps=10] [--rounds=3] [--block_sizes=32,64,128] [--save]
+    python benchmarks/dispatch_bench.py --quick      # tiny size, 1 round: seconds to a minute
 
 One process, one train state shared by every dispatcher's compiled step (the
 parameter tree does not depend on the dispatcher), the same random batches;
 the compiling step is excluded and the dispatchers are timed in alternating
 rounds, each keeping its best round, so load on a shared machine hits them
 alike (``vs_dense_median``: the median of the per-round ratios to dense, for
-load that drifts within a round). The sparse dispatchers run once per block size. An entry whose compiled
-step exceeds --max_gib is compiled (its memory is reported) but not run, with
-the reason printed.
+load that drifts within a round). The sparse dispatchers run once per block
+size. An entry whose compiled step exceeds --max_gib is compiled (its memory
+is reported) but not run, with the reason printed. Parity: every entry's
+first step starts from the same state and batch, and its loss and gradient
+norm must match dense's within --parity_rtol (the kernel that is timed is the
+one that was checked; ``capacity`` drops assignments, so it is recorded, not checked). An entry that fails (compile, run or parity) is
+reported under ``failed``; the others still run and ``--save`` still saves;
+the exit code is then 1.
 
 Per entry: tokens/s, MFU (routed model FLOPs / peak, where the peak of the
 device is known), compiled step bytes, and ``expert_flop_ratio`` = rows that
 go through an expert's SwiGLU ÷ the N·k routed rows (padding rows counted;
-the routing is the model's own on the first batch). The last line is JSON;
-``auto`` is moe.dispatch.AUTO_DISPATCH for this backend and
-``auto_is_fastest`` whether it is the fastest dropless entry of this run.
-``--save`` merges the JSON into benchmarks/results/dispatch_<backend>.json,
-the file AUTO_DISPATCH is derived from.
+the routing is the model's own on the first batch). ``auto`` is
+moe.dispatch.AUTO_DISPATCH for this backend and ``auto_is_fastest`` whether
+it is the fastest dropless entry of this run. ``--save`` merges the JSON into
+benchmarks/results/dispatch_<backend>.json, the file AUTO_DISPATCH is derived from.
+
+The last line printed is one JSON object with these keys (``--quick`` too):
+backend, device, size, batch, dtype, remat, steps, rounds, tag, entries,
+tokens_per_s, tokens_per_s_rounds, vs_dense_median, mfu, compiled_bytes,
+expert_flop_ratio, parity, skipped, failed, model_flops_per_token,
+fastest_dropless, auto, auto_is_fastest, auto_vs_fastest, auto_vs_dense,
+budget_gib, fits_budget, fastest_fits_budget.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import pathlib
 import sys
 import time
 
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                           " --xla_cpu_scheduler_type=CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED").strip()
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from moe import runtime  # noqa: E402
+
+runtime.set_xla_flags()  # before jax starts: the numerics and memory settings of a training run
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
+from cachesim.cli_util import CLI, UsageError, comma_list, fail  # noqa: E402
 from configs import arm_b  # noqa: E402
 from configs.base import num_train_steps  # noqa: E402
-from moe.dispatch import (AUTO_DISPATCH, DISPATCHERS, DROPLESS, expert_capacity, padded_rows,  # noqa: E402
-                          padded_rows_bound)
+from moe.dispatch import (DISPATCHERS, DROPLESS, expert_capacity, padded_rows,  # noqa: E402
+                          padded_rows_bound, select_block_size, select_dispatch)
 from moe.model import build_model, param_counts  # noqa: E402
 from moe.run import compiled_memory  # noqa: E402
 from moe.train import init_state, make_optimizer, make_train_step  # noqa: E402
+
+runtime.set_gpu_precision()  # full-float32 matmuls on GPU, as in training
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 SPARSE = ("sparse", "sparse_batched")  # the dispatchers that take a block size
@@ -145,82 +160,158 @@ def step_throughput(size: str, dispatch: str, steps: int) -> float:
     return steps * config.train.batch_size * config.model.context / seconds
 
 
+KEYS = ("backend", "device", "size", "batch", "dtype", "remat", "steps", "rounds", "tag", "entries",
+        "tokens_per_s", "tokens_per_s_rounds", "vs_dense_median", "mfu", "compiled_bytes", "expert_flop_ratio",
+        "parity", "skipped", "failed", "model_flops_per_token", "fastest_dropless", "auto", "auto_is_fastest",
+        "auto_vs_fastest", "auto_vs_dense", "budget_gib", "fits_budget", "fastest_fits_budget")
+QUICK = {"size": "tiny", "steps": 2, "rounds": 1, "block_sizes": "32"}  # --quick: every dispatcher, seconds
+OPTIONAL = ("tokamax",)  # registered only where its extra is installed: absent is a failed entry, not a typo
+PARITY_RTOL = {"float32": 1e-4, "bfloat16": 1e-2, "float16": 1e-2}  # loss and grad norm vs dense, per dtype
+
+
 def entries(args) -> list[tuple[str, int | None]]:
-    names = args.dispatchers.split(",") if args.dispatchers else list(DISPATCHERS)
-    unknown = [n for n in names if n not in DISPATCHERS]
+    names = comma_list(args.dispatchers, str, "--dispatchers") if args.dispatchers else list(DISPATCHERS)
+    unknown = [n for n in names if n not in DISPATCHERS and n not in OPTIONAL]
     if unknown:
-        raise SystemExit(f"unknown dispatchers {unknown}; registered here: {', '.join(DISPATCHERS)}")
-    blocks = [int(b) for b in args.block_sizes.split(",")]
+        raise UsageError(f"--dispatchers: unknown {unknown}; registered here: {', '.join(DISPATCHERS)}")
+    blocks = comma_list(args.block_sizes, int, "--block_sizes")
+    if any(b <= 0 for b in blocks):
+        raise UsageError(f"--block_sizes: {args.block_sizes!r}: block sizes are positive integers")
+    # dense first: it is the parity reference and the baseline of every ratio.
+    names.sort(key=lambda n: n != "dense")
     return [(n, b) for n in names for b in (blocks if n in SPARSE else [None])]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--size", default="smoke")
-    parser.add_argument("--batch", type=int, default=0, help="rows of context tokens (0: the size's default)")
-    parser.add_argument("--dtype", default="", help="compute dtype (default: the size's)")
-    parser.add_argument("--remat", default="", help="remat policy (default: the size's)")
-    parser.add_argument("--steps", type=int, default=10, help="timed steps per round")
-    parser.add_argument("--rounds", type=int, default=3, help="0: compile only (memory, FLOP ratios)")
-    parser.add_argument("--dispatchers", default="", help="comma list (default: every registered one)")
-    parser.add_argument("--block_sizes", default="32,64,128", help="block sizes of the sparse dispatchers")
-    parser.add_argument("--max_gib", type=float, default=8.0, help="compile but do not run larger steps")
-    parser.add_argument("--peak_tflops", type=float, default=0.0, help="device peak for MFU (default: by kind)")
-    parser.add_argument("--save", action="store_true", help="merge into benchmarks/results/dispatch_<backend>.json")
-    parser.add_argument("--tag", default="", help="suffix of the saved run's key (several runs of one shape)")
-    args = parser.parse_args()
+def cli() -> CLI:
+    c = CLI("benchmarks/dispatch_bench.py", __doc__.split("\n\n")[0])
+    c.define("string", "size", "smoke", "config size (smoke, tiny, 137m, 340m)")
+    c.define("integer", "batch", 0, "rows of context tokens (0: the size's default)")
+    c.define("string", "dtype", "", "compute dtype (default: the size's)")
+    c.define("string", "remat", "", "remat policy (default: the size's)")
+    c.define("integer", "steps", 10, "timed steps per round")
+    c.define("integer", "rounds", 3, "timed rounds (0: compile and parity only: memory, FLOP ratios)")
+    c.define("string", "dispatchers", "", "comma list (default: every registered one)")
+    c.define("string", "block_sizes", "32,64,128", "block sizes of the sparse dispatchers")
+    c.define("float", "max_gib", 8.0, "compile but do not run steps larger than this (GiB)")
+    c.define("float", "budget_gib", 8.0, "the memory budget the fits_budget answer is about (GiB)")
+    c.define("float", "peak_tflops", 0.0, "device peak for MFU (default: by device kind)")
+    c.define("bool", "parity", True, "check each entry's first step (loss, grad norm) against dense")
+    c.define("float", "parity_rtol", 0.0, "relative tolerance of the parity check (0: by dtype)")
+    c.define("bool", "save", False, "merge into benchmarks/results/dispatch_<backend>.json")
+    c.define("string", "tag", "", "suffix of the saved run's key (several runs of one shape)")
+    c.define("string", "out", "", "also write the JSON (so far) to this file after every entry and round")
+    c.define("bool", "quick", False, f"smoke check: {QUICK} unless given (the same JSON keys)")
+    for old in ("block_sizes", "max_gib", "budget_gib", "peak_tflops", "parity_rtol"):
+        c.deprecated(old.replace("_", "-"), old)
+    return c
 
+
+def parity_error(metrics, reference, rtol: float) -> str | None:
+    """Why a first step's (loss, grad norm) differs from dense's beyond ``rtol``, else None."""
+    for key in ("loss", "grad_norm"):
+        got, want = float(metrics[key]), float(reference[key])
+        if not (np.isfinite(got) and abs(got - want) <= rtol * abs(want)):
+            return f"parity: {key} {got:.6g} vs dense {want:.6g} (rtol {rtol:g})"
+    return None
+
+
+def main(argv=None) -> int:
+    c = cli()
+    try:
+        args = c.parse(argv)
+        if args.positional:
+            raise UsageError(f"unexpected arguments {args.positional} (see --help)")
+        if args.quick:
+            for name, value in QUICK.items():
+                if not c.present(name):
+                    setattr(args, name, value)
+        todo = entries(args)
+        first = bench_config(args, *todo[0])
+    except (UsageError, ValueError) as e:
+        fail(str(e))
     backend = jax.default_backend()
-    todo = entries(args)
-    first = bench_config(args, *todo[0])
     tx = make_optimizer(first.optim, num_train_steps(first))
     graphdef, state = init_state(first, tx)
     batches = random_batches(first)
     topk = routing(graphdef, state["params"], batches[0]["tokens"][:, :-1])
     tokens_per_step = first.train.batch_size * first.model.context
     routed_rows = topk.size
+    dtype = first.model.compute_dtype
+    rtol = args.parity_rtol or PARITY_RTOL.get(dtype, 1e-2)
     print(f"{backend} {jax.devices()[0].device_kind}: {args.size} {first.train.batch_size}x{first.model.context} "
-          f"{first.model.compute_dtype} remat={first.model.remat}", flush=True)
+          f"{dtype} remat={first.model.remat}", flush=True)
 
-    compiled, result = {}, {"tokens_per_s": {}, "compiled_bytes": {}, "expert_flop_ratio": {}, "skipped": {}}
+    result = {"entries": [entry_label(*e) for e in todo], "tokens_per_s": {}, "compiled_bytes": {},
+              "expert_flop_ratio": {}, "parity": {}, "skipped": {}, "failed": {}}
+    compiled, reference = {}, None
     for name, block in todo:
         label, config = entry_label(name, block), bench_config(args, name, block)
-        g = nnx.graphdef(nnx.eval_shape(lambda c=config: build_model(c.model, c.seed)))
         t0 = time.perf_counter()
-        step = make_train_step(g, tx, config).lower(state, batches[0]).compile()
-        step_bytes = compiled_memory(step)[0]
-        rows = executed_rows(name, block, topk, config)
-        result["compiled_bytes"][label] = step_bytes
-        result["expert_flop_ratio"][label] = None if rows is None else rows / routed_rows
-        if step_bytes > args.max_gib * 2**30:
-            result["skipped"][label] = f"compiled step {step_bytes / 2**30:.1f} GiB > --max_gib {args.max_gib:g}"
-            print(f"{label:20s} skipped: {result['skipped'][label]}", flush=True)
+        try:
+            if name not in DISPATCHERS:
+                raise ModuleNotFoundError(f"{name} is not installed here (pip install -r requirements-gpu.lock)")
+            g = nnx.graphdef(nnx.eval_shape(lambda c=config: build_model(c.model, c.seed)))
+            step = make_train_step(g, tx, config).lower(state, batches[0]).compile()
+            step_bytes = compiled_memory(step)[0]
+            rows = executed_rows(name, block, topk, config)
+            result["compiled_bytes"][label] = step_bytes
+            result["expert_flop_ratio"][label] = None if rows is None else rows / routed_rows
+            if step_bytes > args.max_gib * 2**30:
+                result["skipped"][label] = f"compiled step {step_bytes / 2**30:.1f} GiB > --max_gib {args.max_gib:g}"
+                print(f"{label:20s} skipped: {result['skipped'][label]}", flush=True)
+                continue
+            if args.parity or args.rounds:
+                # The first run (allocation, caches) from the one shared state and batch: the parity check.
+                fresh = jax.tree.map(jnp.copy, state)  # the step donates its input
+                _, metrics = step(fresh, batches[0])
+                metrics = {k: float(metrics[k]) for k in ("loss", "grad_norm")}
+                result["parity"][label] = metrics
+                if args.parity and name == "dense":
+                    reference = metrics
+                elif args.parity and reference is not None and name in DROPLESS:  # capacity drops by design
+                    error = parity_error(metrics, reference, rtol)
+                    if error:
+                        raise AssertionError(error)
+            if args.rounds:
+                compiled[label] = step
+        except Exception as e:  # noqa: BLE001 — one broken kernel must not cost the other entries
+            result["failed"][label] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:500]
+            print(f"{label:20s} FAILED: {result['failed'][label]}", flush=True)
             continue
-        if args.rounds:
-            state, _ = timed_steps(step, state, batches, 1)  # first run: allocation, caches
-            compiled[label] = step
-        print(f"{label:20s} compiled in {time.perf_counter() - t0:5.1f}s, {step_bytes / 2**30:6.2f} GiB", flush=True)
+        finally:
+            write_partial(args.out, result)
+        print(f"{label:20s} compiled in {time.perf_counter() - t0:5.1f}s, {step_bytes / 2**30:6.2f} GiB"
+              + (" (parity ok)" if args.parity and name in DROPLESS and label in result["parity"]
+                 and reference is not None else ""),
+              flush=True)
 
     per_round = {label: [] for label in compiled}
     for r in range(args.rounds):
-        for label, step in compiled.items():
-            state, seconds = timed_steps(step, state, batches, args.steps)
+        for label, step in list(compiled.items()):
+            try:
+                state, seconds = timed_steps(step, state, batches, args.steps)
+            except Exception as e:  # noqa: BLE001 — as above; the state it donated is gone: start afresh
+                result["failed"][label] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:500]
+                print(f"{label:20s} FAILED in round {r + 1}: {result['failed'][label]}", flush=True)
+                del compiled[label], per_round[label]
+                _, state = init_state(first, tx)
+                continue
             per_round[label].append(args.steps * tokens_per_step / seconds)
         print(f"round {r + 1}/{args.rounds}: " + ", ".join(f"{k} {v[-1]:,.0f}" for k, v in per_round.items()),
               flush=True)
-    best = {label: max(v) for label, v in per_round.items()}
+        write_partial(args.out, dict(result, tokens_per_s_rounds=per_round))
+    best = {label: max(v) for label, v in per_round.items() if v}
     result["tokens_per_s_rounds"] = per_round
     # The load of a shared machine drifts over minutes, so a best round can fall in a
     # quiet spell for one entry and not another: also the median of each round's ratio
     # to dense (the entries of one round ran close together).
-    if "dense" in per_round:
-        result["vs_dense_median"] = {k: float(np.median(np.divide(v, per_round["dense"])))
-                                     for k, v in per_round.items()}
+    result["vs_dense_median"] = ({k: float(np.median(np.divide(v, per_round["dense"]))) for k, v in per_round.items()}
+                                 if "dense" in per_round else {})
 
     peak, flops = peak_flops(args.peak_tflops), model_flops_per_token(first)
     result["tokens_per_s"] = best
     result["mfu"] = {k: (v * flops / peak if peak else None) for k, v in best.items()}
-    base, median = best.get("dense"), result.get("vs_dense_median", {})
+    base, median = best.get("dense"), result["vs_dense_median"]
     for label, tps in best.items():
         ratio = result["expert_flop_ratio"][label]
         print(f"{label:20s} {tps:10,.1f} tokens/s" + (f"  {tps / base:5.2f}x dense" if base else "")
@@ -230,24 +321,43 @@ def main() -> None:
               + (f"  MFU {result['mfu'][label]:.1%}" if peak else ""))
     dropless = {k: v for k, v in best.items() if k.split("/")[0] in DROPLESS}
     fastest = max(dropless, key=dropless.get) if dropless else None
-    auto_name, auto_block = AUTO_DISPATCH.get(backend, (None, None))
-    auto = entry_label(auto_name, auto_block if auto_name in SPARSE else None) if auto_name else None
+    auto_name = select_dispatch("auto", backend)
+    auto = entry_label(auto_name, select_block_size(0, backend) if auto_name in SPARSE else None)
+    budget = args.budget_gib * 2**30
+    fits = {k: v <= budget for k, v in result["compiled_bytes"].items()}
     result.update({
         "backend": backend, "device": jax.devices()[0].device_kind, "size": args.size,
-        "batch": [first.train.batch_size, first.model.context], "dtype": first.model.compute_dtype,
+        "batch": [first.train.batch_size, first.model.context], "dtype": dtype,
         "remat": first.model.remat, "steps": args.steps, "rounds": args.rounds, "tag": args.tag,
         "model_flops_per_token": flops, "fastest_dropless": fastest, "auto": auto,
         "auto_is_fastest": auto == fastest,
         "auto_vs_fastest": best[auto] / best[fastest] if auto in best and fastest else None,
         "auto_vs_dense": best[auto] / base if auto in best and base else None,
+        "budget_gib": args.budget_gib, "fits_budget": fits,
+        "fastest_fits_budget": fits.get(fastest) if fastest else None,
     })
     if fastest:
         print(f"fastest dropless: {fastest}; auto = {auto}: "
               + ("still the fastest" if result["auto_is_fastest"] else "NOT the fastest")
               + (f" ({result['auto_vs_fastest']:.2f}x the fastest)" if result["auto_vs_fastest"] else ""))
+        print(f"{fastest}'s compiled step: {result['compiled_bytes'][fastest] / 2**30:.2f} GiB: "
+              + ("fits" if fits[fastest] else "does NOT fit") + f" the {args.budget_gib:g} GiB budget")
+    if result["failed"]:
+        print(f"FAILED entries: {', '.join(result['failed'])}", flush=True)
     if args.save:
         save(result)
+    assert set(result) == set(KEYS), sorted(set(result) ^ set(KEYS))
+    write_partial(args.out, result)
     print(json.dumps(result))
+    return 1 if result["failed"] else 0
+
+
+def write_partial(out: str, result: dict) -> None:
+    """Writes ``result`` to ``out`` (when set) atomically: a run stopped by a timeout leaves what finished."""
+    if out:
+        tmp = pathlib.Path(f"{out}.tmp")
+        tmp.write_text(json.dumps(result, indent=1) + "\n")
+        tmp.replace(out)
 
 
 def run_key(result: dict) -> str:
@@ -265,4 +375,4 @@ def save(result: dict) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

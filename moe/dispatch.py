@@ -360,11 +360,13 @@ AUTO_DISPATCH: dict[str, tuple[str, int]] = {
 }
 # The benchmark run (key in benchmarks/results/dispatch_<backend>.json) each measured entry comes from.
 AUTO_SOURCE = {"cpu": "137m/1x1024/float32/remat=none"}
-_AUTO_FALLBACK = ("sparse_batched", 128)  # any other backend: dropless everywhere
+_AUTO_FALLBACK = ("sparse_batched", 128)  # any other backend, or a measured choice not installed: dropless, built in
 
 
 def _auto(backend: str | None) -> tuple[str, int]:
-    return AUTO_DISPATCH.get(backend or jax.default_backend(), _AUTO_FALLBACK)
+    """AUTO_DISPATCH's entry, or the fallback where that dispatcher is not installed here (tokamax)."""
+    name, block = AUTO_DISPATCH.get(backend or jax.default_backend(), _AUTO_FALLBACK)
+    return (name, block) if name in DISPATCHERS else _AUTO_FALLBACK
 
 
 def select_dispatch(name: str, backend: str | None = None) -> str:

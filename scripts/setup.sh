@@ -6,7 +6,7 @@
 # unchanged.
 #
 #   bash scripts/setup.sh           # CPU (the default)
-#   bash scripts/setup.sh --cuda    # also the CUDA build of the pinned jax and the gpu extra (tokamax)
+#   bash scripts/setup.sh --cuda    # also the CUDA 13 build of the pinned jax and the gpu extra (tokamax)
 #
 # (CUDA=1 bash scripts/setup.sh does the same as --cuda.)
 set -euo pipefail
@@ -21,10 +21,25 @@ for arg in "$@"; do
   esac
 done
 
-PY=${PYTHON:-python3}
-if ! "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
-  echo "setup: Python >= 3.11 is required (found: $("$PY" --version 2>&1)); set PYTHON=/path/to/python3.11" >&2
+# Python >= 3.12 (jax 0.11's floor): $PYTHON, else the first of these that is new enough
+# (pyenv keeps versions that are not on the PATH).
+pick_python() {
+  local cand
+  for cand in ${PYTHON:-} python3.12 python3.13 python3 "$(pyenv root 2>/dev/null)"/versions/3.1[23]*/bin/python3; do
+    if [ -n "$cand" ] && "$cand" -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; then
+      echo "$cand"; return 0
+    fi
+  done
+  return 1
+}
+if ! PY=$(pick_python); then
+  echo "setup: Python >= 3.12 is required (found: $(python3 --version 2>&1)); set PYTHON=/path/to/python3.12" >&2
   exit 1
+fi
+# A .venv of an older Python (made before the move to jax 0.11) is made anew.
+if [ -e .venv ] && ! .venv/bin/python -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; then
+  echo "setup: .venv's Python is older than 3.12: making it anew with $PY"
+  rm -rf .venv
 fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 
@@ -36,10 +51,15 @@ if [ ! -f "$stamp" ]; then
   .venv/bin/python -m pip install -q --upgrade pip
   .venv/bin/python -m pip install -q -r requirements.lock -r requirements-test.lock
   if [ "$CUDA" = 1 ]; then
-    # The CUDA build of exactly the pinned jax (its plugin and CUDA wheels), then the gpu extra's closure.
+    # The CUDA 13 build of exactly the pinned jax (its plugin and CUDA wheels), then the gpu
+    # extra's closure as locked (--no-deps: tokamax's xprof is replaced by an import stub).
     jax_pin=$(sed -n 's/^jax==\(.*\)$/\1/p' requirements.lock)
-    .venv/bin/python -m pip install -q "jax[cuda12]==${jax_pin}" "jaxlib==${jax_pin}"
-    .venv/bin/python -m pip install -q -r requirements-gpu.lock
+    .venv/bin/python -m pip install -q "jax[cuda13]==${jax_pin}" "jaxlib==${jax_pin}"
+    .venv/bin/python -m pip install -q --no-deps -r requirements-gpu.lock
+    stub_dir=$(mktemp -d)
+    .venv/bin/python scripts/xprof_stub.py "$stub_dir" >/dev/null
+    .venv/bin/python -m pip install -q --no-deps "$stub_dir"/xprof-*.whl
+    rm -rf "$stub_dir"
   fi
   .venv/bin/python -m pip install -q --no-deps -e .
   rm -f .venv/.installed-*

@@ -236,3 +236,13 @@ def test_auto_dispatch_is_dropless_and_resolves_block_size():
     if not (RESULTS / "dispatch_gpu.json").exists():  # unmeasured: the sparse layout until gpu_check.sh runs
         assert AUTO_DISPATCH["gpu"][0].startswith("sparse")
     assert select_dispatch("capacity") == "capacity"
+
+
+def test_auto_names_only_an_installed_dispatcher(monkeypatch):
+    """A measured choice that is not installed here (tokamax without the gpu extra) falls back to a built-in one."""
+    import moe.dispatch as dispatch
+    monkeypatch.setitem(dispatch.AUTO_DISPATCH, "gpu", ("tokamax", 256))
+    monkeypatch.delitem(dispatch.DISPATCHERS, "tokamax", raising=False)
+    assert select_dispatch("auto", "gpu") == "sparse_batched" and select_block_size(0, "gpu") == 128
+    monkeypatch.setitem(dispatch.DISPATCHERS, "tokamax", dispatch.ragged_dispatch)
+    assert select_dispatch("auto", "gpu") == "tokamax" and select_block_size(0, "gpu") == 256

@@ -1,0 +1,57 @@
+"""benchmarks/dispatch_bench.py: a failing entry is reported, the others run, --save saves, the JSON keys hold."""
+
+import importlib.util
+import json
+import pathlib
+
+import pytest
+
+import moe.dispatch
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("dispatch_bench", REPO / "benchmarks" / "dispatch_bench.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_failing_entry_is_reported_and_the_rest_run_and_save(bench, monkeypatch, tmp_path, capsys):
+    def broken(*args, **kwargs):
+        raise RuntimeError("this kernel does not lower here")
+
+    monkeypatch.setitem(moe.dispatch.DISPATCHERS, "broken", broken)
+    monkeypatch.delitem(moe.dispatch.DISPATCHERS, "tokamax", raising=False)  # an optional one, not installed
+    monkeypatch.setattr(bench, "RESULTS", tmp_path)
+    code = bench.main(["--quick", "--dispatchers=broken,dense,tokamax", "--save",
+                       f"--out={tmp_path / 'partial.json'}"])
+    lines = capsys.readouterr().out.strip().splitlines()
+    result = json.loads(lines[-1])
+    assert code == 1 and set(result) == set(bench.KEYS)
+    assert result["entries"] == ["dense", "broken", "tokamax"]  # dense first: the parity reference
+    assert result["failed"] == {"broken": "RuntimeError: this kernel does not lower here",
+                                "tokamax": "ModuleNotFoundError: tokamax is not installed here "
+                                           "(pip install -r requirements-gpu.lock)"}
+    assert set(result["tokens_per_s"]) == {"dense"} and result["tokens_per_s"]["dense"] > 0
+    assert result["fastest_dropless"] == "dense" and result["fits_budget"] == {"dense": True}
+    saved = json.loads((tmp_path / f"dispatch_{result['backend']}.json").read_text())
+    assert list(saved["runs"].values()) == [result]
+    assert json.loads((tmp_path / "partial.json").read_text()) == result
+    assert any("broken" in line and "FAILED" in line for line in lines)
+
+
+def test_parity_error_names_the_metric(bench):
+    assert bench.parity_error({"loss": 2.0, "grad_norm": 1.0}, {"loss": 2.001, "grad_norm": 1.0}, 1e-3) is None
+    error = bench.parity_error({"loss": 2.0, "grad_norm": 1.5}, {"loss": 2.0, "grad_norm": 1.0}, 1e-2)
+    assert error.startswith("parity: grad_norm 1.5 vs dense 1")
+    assert bench.parity_error({"loss": float("nan"), "grad_norm": 1.0}, {"loss": 2.0, "grad_norm": 1.0}, 1.0)
+
+
+def test_bad_flags_are_one_line_and_exit_2(bench, capsys):
+    for argv in (["--dispatchers=nope"], ["--block_sizes=0"], ["--steps=x"]):
+        with pytest.raises(SystemExit) as e:
+            bench.main(argv)
+        assert e.value.code == 2 and capsys.readouterr().err.startswith("error: ")
