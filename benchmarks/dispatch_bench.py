@@ -26,8 +26,9 @@ moe.dispatch.AUTO_DISPATCH for this backend and ``auto_is_fastest`` whether
 it is the fastest dropless entry of this run. ``--save`` merges the JSON into
 benchmarks/results/dispatch_<backend>.json, the file AUTO_DISPATCH is derived from.
 
-The last line printed is one JSON object with these keys (``--quick`` too):
-backend, device, size, batch, dtype, remat, steps, rounds, tag, entries,
+The last line printed is one JSON object (``--quick`` too, and KEYS below must equal this list).
+
+JSON keys: backend, device, size, batch, dtype, remat, steps, rounds, tag, entries,
 tokens_per_s, tokens_per_s_rounds, vs_dense_median, mfu, compiled_bytes,
 expert_flop_ratio, parity, skipped, failed, model_flops_per_token,
 fastest_dropless, auto, auto_is_fastest, auto_vs_fastest, auto_vs_dense,

@@ -31,7 +31,9 @@ from bench_common import documented_keys, script_doc  # noqa: E402
 SCRIPTS = sorted(p.name for p in BENCHMARKS.glob("*.py") if p.name != "bench_common.py")
 # Quick modes that still cost minutes of CPU (compiles and subprocess start-ups: measured in
 # benchmarks/results/quick_modes.md); the suite's 15-minute budget runs them only on request.
-HEAVY = ("analysis_bench.py", "arm_m_bench.py", "data_bench.py", "frontier_bench.py", "launch_bench.py")
+# dispatch_bench's paths are also covered by tests/test_dispatch_bench.py.
+HEAVY = ("analysis_bench.py", "arm_m_bench.py", "data_bench.py", "dispatch_bench.py", "frontier_bench.py",
+         "launch_bench.py")
 RUN_HEAVY = os.environ.get("CACHEABLE_MOE_HEAVY_BENCHMARKS") == "1"
 PENDING = {s: "a heavy quick mode: CACHEABLE_MOE_HEAVY_BENCHMARKS=1 runs it" for s in HEAVY if not RUN_HEAVY}
 
