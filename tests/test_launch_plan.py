@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from ml_collections import config_flags
 
+from configs.base import ConfigError
 from launch import plan
 from launch_fixtures import ARM_B
 
@@ -63,7 +64,7 @@ def test_only_filters_by_pattern_and_rejects_no_match(tmp_path):
 
 
 def test_bad_inputs_name_the_problem(tmp_path):
-    with pytest.raises(plan.PlanError, match="does not exist"):
+    with pytest.raises(ConfigError, match="no config file 'configs/nope.py'; use one of arm_a, arm_b"):
         plan.expand("configs/nope.py", tmp_path)
     with pytest.raises(plan.PlanError, match="run_name cannot be set"):
         plan.expand(ARM_B, tmp_path, {"run_name": "x"})
