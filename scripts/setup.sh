@@ -25,7 +25,8 @@ done
 # (pyenv keeps versions that are not on the PATH).
 pick_python() {
   local cand
-  for cand in ${PYTHON:-} python3.12 python3.13 python3 "$(pyenv root 2>/dev/null)"/versions/3.1[23]*/bin/python3; do
+  for cand in ${PYTHON:-} python3.12 python3.13 python3 "$(pyenv root 2>/dev/null)"/versions/3.1[23]*/bin/python3 \
+      "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.1[23]*/bin/python3; do
     if [ -n "$cand" ] && "$cand" -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; then
       echo "$cand"; return 0
     fi
