@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from cachesim import cli_util
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 # The README first, then the package READMEs and the docs, in the order a new user reads them.
@@ -204,7 +206,8 @@ def _collect(node: ast.AST, into: Flags) -> set[tuple[str, str]]:
             accepted = _literal(call.args[1] if len(call.args) > 1 else _kw_node(call, "accepted"))
             into.names.add("format")
             if isinstance(accepted, (list, tuple)):
-                into.enums["format"] = tuple(accepted) + (("table",) if "text" in accepted else ())
+                old = tuple(word for word, new in cli_util.FORMAT_ALIASES.items() if new in accepted)
+                into.enums["format"] = tuple(accepted) + old
         elif attr == "deprecated" and args and args[0]:
             into.names.add(args[0])
             into.deprecated.add(args[0])
