@@ -299,10 +299,7 @@ class Progress:
 
     def eta(self, step: int) -> str:
         r = self.rate(step)
-        if not math.isfinite(r) or r <= 0:
-            return "?"
-        secs = int((self.total_steps - step) * self.tokens_per_step / r)
-        return f"{secs // 3600}:{secs // 60 % 60:02d}:{secs % 60:02d}"
+        return rundir.format_duration((self.total_steps - step) * self.tokens_per_step / r if r > 0 else None)
 
 
 class Preemption:
