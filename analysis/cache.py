@@ -8,7 +8,7 @@ evaluation window that the bootstrap resamples; reuse at lags 1..1024 is added
 when a figure first asks for it) are stored as ``<sha256>.<fingerprint>.json``,
 keyed by the SHA-256 of the trace file and the fingerprint of the metric code,
 in the user cache directory only: ``--cache_dir``, else
-``$CACHEABLE_MOE_CACHE/analysis``, else ``~/.cache/cacheable-moe/analysis``.
+``$CACHEABLE_MOE_CACHE/analysis`` (see moe.runtime.cache_root: else under ``$XDG_CACHE_HOME`` or ``~/.cache``).
 Analysis never writes into the run directories it reads (the released
 reference runs included). A changed trace has a new hash and is recomputed; so
 is every trace after a change to the cachesim sources the metrics come from
@@ -34,11 +34,11 @@ from typing import Any
 import numpy as np
 
 from analysis.progress import progress
-from moe import rundir
+from moe import rundir, runtime
 
 # Bump when the cached fields or the metric semantics they come from change.
 CACHE_VERSION = 3
-ENV_CACHE_DIR = "CACHEABLE_MOE_CACHE"
+ENV_CACHE_DIR = runtime.CACHE_ENV
 
 
 # Where the metrics are computed: the fingerprint covers these modules and everything they import.
@@ -106,9 +106,8 @@ def cachesim_fingerprint() -> str:
 
 
 def default_cache_dir() -> Path:
-    """``$CACHEABLE_MOE_CACHE/analysis``, else ``~/.cache/cacheable-moe/analysis`` (as the data cache)."""
-    env = os.environ.get(ENV_CACHE_DIR)
-    return (Path(env) if env else Path.home() / ".cache" / "cacheable-moe") / "analysis"
+    """``analysis`` in the project's cache folder (moe.runtime.cache_root)."""
+    return runtime.cache_root() / "analysis"
 
 
 def entry_path(cache_dir: Path, sha: str) -> Path:

@@ -17,7 +17,7 @@ def run_command(prog: str, description: str) -> CLI:
     command = CLI(prog, description, positional="RUN_DIR [RUN_DIR ...]",
                   positional_help="run directories, or folders searched recursively for them")
     command.define("string", "cache_dir", None,
-                   f"the metric cache (default ${cache.ENV_CACHE_DIR}/analysis or ~/.cache/cacheable-moe/analysis); "
+                   f"the metric cache (default: analysis/ in the project cache folder, ${cache.ENV_CACHE_DIR}); "
                    "run directories are never written")
     command.deprecated("cache-dir", "cache_dir")
     command.define("integer", "jobs", default_jobs(), "worker processes for computing missing metrics")

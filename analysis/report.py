@@ -520,18 +520,13 @@ def render_page(*, name: str, root_label: str, command: str, rows, found: Sequen
     out += [TIMINGS_HEADING, "",
             "Measured wall times (the only lines that change when the page is regenerated).", "",
             f"* Study wall time (sweep start to the last run's end): "
-            f"{_duration(wall_s) if wall_s is not None else 'unknown (no status.json)'}.", "",
+            f"{rundir.format_duration(wall_s) if wall_s is not None else 'unknown (no status.json)'}.", "",
             "| run | steps | tokens | wall | tokens/s (median) |", "|---|---|---|---|---|"]
     for t in timings.itertuples():
         out.append(f"| {t.run} | {t.steps} | {summary.format_tokens(t.tokens)} | "
-                   f"{_duration(t.wall_s) if pd.notna(t.wall_s) else '—'} | "
+                   f"{rundir.format_duration(t.wall_s) if pd.notna(t.wall_s) else '—'} | "
                    f"{f'{t.tok_s:,.0f}' if pd.notna(t.tok_s) else '—'} |")
     return "\n".join(out) + "\n"
-
-
-def _duration(seconds: float) -> str:
-    minutes, secs = divmod(int(round(seconds)), 60)
-    return f"{minutes // 60}h{minutes % 60:02d}m{secs:02d}s" if minutes >= 60 else f"{minutes}m{secs:02d}s"
 
 
 def strip_timings(page: str) -> str:

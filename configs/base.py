@@ -72,11 +72,21 @@ def parse_arg(arg: str | None) -> dict[str, str]:
     return out
 
 
-def _set_dotted(config: ml_collections.ConfigDict, dotted: str, raw: str, option: str | None = None) -> None:
-    *parents, leaf = dotted.split(".")
+def dotted_field(config: ml_collections.ConfigDict, key: str) -> tuple[ml_collections.ConfigDict, str]:
+    """``(parent, leaf)`` of ``"a.b.c"`` in the config; an unknown part is a ConfigError naming it."""
+    *parents, leaf = key.split(".")
     node = config
-    for p in parents:
-        node = node[p]
+    for part in parents:
+        if part not in node:
+            raise ConfigError(f"unknown config key {key!r}: {part!r} is not a field of the config")
+        node = node[part]
+    if leaf not in node:
+        raise ConfigError(f"unknown config key {key!r}: {leaf!r} is not a field of the config")
+    return node, leaf
+
+
+def _set_dotted(config: ml_collections.ConfigDict, dotted: str, raw: str, option: str | None = None) -> None:
+    node, leaf = dotted_field(config, dotted)
     current = node[leaf]
     name = f"{option}= ({dotted})" if option else dotted
     kind = ("an integer" if isinstance(current, int) and not isinstance(current, bool) else

@@ -22,6 +22,7 @@ from typing import Any
 import ml_collections
 
 from configs import locate
+from configs.base import ConfigError, dotted_field
 
 # What a worker runs: the training entry point as a module of the installed package, so a sweep
 # works from any directory and from a non-editable install (`pip install .`).
@@ -101,14 +102,10 @@ def build_config(config_file: str, overrides: Iterable[tuple[str, Any]] | Mappin
 
 
 def set_dotted(config: ml_collections.ConfigDict, key: str, value: Any) -> None:
-    *parents, leaf = key.split(".")
-    node = config
-    for part in parents:
-        if part not in node:
-            raise PlanError(f"unknown config key {key!r}: {part!r} is not a field of the config")
-        node = node[part]
-    if leaf not in node:
-        raise PlanError(f"unknown config key {key!r}: {leaf!r} is not a field of the config")
+    try:
+        node, leaf = dotted_field(config, key)
+    except ConfigError as e:
+        raise PlanError(str(e)) from None
     try:
         node[leaf] = value
     except TypeError as e:
@@ -116,10 +113,8 @@ def set_dotted(config: ml_collections.ConfigDict, key: str, value: Any) -> None:
 
 
 def get_dotted(config: ml_collections.ConfigDict, key: str) -> Any:
-    node = config
-    for part in key.split("."):
-        node = node[part]
-    return node
+    node, leaf = dotted_field(config, key)
+    return node[leaf]
 
 
 # ---------------------------------------------------------------- naming

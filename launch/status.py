@@ -122,13 +122,6 @@ def sweep_status(views: Sequence[RunView], *, parallel: int, meta: dict[str, Any
     return {**(meta or {}), "updated": rundir.now_iso(), "counts": counts, "eta_s": eta, "runs": runs}
 
 
-def format_duration(seconds: float | None) -> str:
-    if seconds is None or not math.isfinite(seconds):
-        return "?"
-    s = int(round(seconds))
-    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
-
-
 def format_table(status: dict[str, Any]) -> str:
     """A table of the runs (through pandas), then one summary line."""
     import pandas as pd  # here: a finished sweep's restart should not pay pandas' import
@@ -138,12 +131,12 @@ def format_table(status: dict[str, Any]) -> str:
         pct = f"{100 * r['progress']:3.0f}%" if r["progress"] is not None else "   ?"
         if r["state"] == "done":
             note = (f"ppl {r['ppl_mean']:.2f}" if r.get("ppl_mean") else "") + (
-                f", {format_duration(r['wall_s'])} wall" if r.get("wall_s") else "")
+                f", {rundir.format_duration(r['wall_s'])} wall" if r.get("wall_s") else "")
         elif r["state"] in ("failed", "stopped") or r.get("error"):
             note = r.get("error") or ""
         else:
             note = f"{r['tok_s']:,.0f} tok/s" if r.get("tok_s") else ""
-        eta = format_duration(r["eta_s"]) if r["state"] == "running" else "-"
+        eta = rundir.format_duration(r["eta_s"]) if r["state"] == "running" else "-"
         rows.append({"run": r["name"], "state": r["state"], "progress": f"{r['step']}/{r['total_steps']} {pct}",
                      "ETA": eta, "tries": r["attempts"], "note": note.lstrip(", ")})
     frame = pd.DataFrame(rows, columns=["run", "state", "progress", "ETA", "tries", "note"])
@@ -152,7 +145,7 @@ def format_table(status: dict[str, Any]) -> str:
     c = status["counts"]
     stopped = f", {c['stopped']} stopped (no live process)" if c.get("stopped") else ""
     summary = (f"{len(status['runs'])} runs: {c['done']} done, {c['running']} running{stopped}, {c['failed']} "
-               f"failed, {c['pending']} pending; ETA {format_duration(status['eta_s'])}")
+               f"failed, {c['pending']} pending; ETA {rundir.format_duration(status['eta_s'])}")
     return "\n".join(line.rstrip() for line in [*table.splitlines(), summary]) + "\n"
 
 

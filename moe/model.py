@@ -247,7 +247,7 @@ class Block(nnx.Module):
         """The block up to its experts: (x + Attn(RMSNorm(x)), the MoE layer's input, updated cache or None).
 
         A decode that fetches expert weights between routing and mixing calls
-        this, then ``moe.route`` and ``finish``; ``__call__`` is the same three
+        this, then ``self.moe.route`` and ``finish``; ``__call__`` is the same three
         pieces in one go.
         """
         out = self.attn(self.attn_norm(x), cache=cache)

@@ -204,6 +204,14 @@ def now_iso() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
+def format_duration(seconds: float | None) -> str:
+    """``H:MM:SS`` (``?`` when unknown): the one spelling of a duration or ETA in logs, status and pages."""
+    if seconds is None or not math.isfinite(seconds):
+        return "?"
+    s = int(round(seconds))
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
+
+
 # ---------------------------------------------------------------- what a run holds
 
 

@@ -24,6 +24,7 @@ run before jax is imported.
 from __future__ import annotations
 
 import os
+import pathlib
 import sys
 
 CPU_SCHEDULER_FLAG = "--xla_cpu_scheduler_type=CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED"
@@ -34,9 +35,15 @@ GPU_MATMUL_PRECISION = "highest"
 CACHE_ENV = "CACHEABLE_MOE_CACHE"
 
 
-def cache_root() -> str:
-    """The project's cache folder: prepared corpora, tokenizer ranks, compiled steps, metrics."""
-    return os.environ.get(CACHE_ENV, os.path.expanduser("~/.cache/cacheable-moe"))
+def cache_root() -> pathlib.Path:
+    """The project's one cache folder (corpora, tokenizer ranks, compiled steps, expert stores, metrics).
+
+    ``$CACHEABLE_MOE_CACHE``, else ``$XDG_CACHE_HOME/cacheable-moe``, else ``~/.cache/cacheable-moe``.
+    """
+    if os.environ.get(CACHE_ENV):
+        return pathlib.Path(os.environ[CACHE_ENV]).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (pathlib.Path(xdg).expanduser() if xdg else pathlib.Path.home() / ".cache") / "cacheable-moe"
 
 
 def set_xla_flags() -> None:

@@ -19,25 +19,7 @@ How the S seeds share the jit (``batching``):
   ``UNROLLED_MIN_STEPS_CPU`` (50) steps to run, else ``vmap``; ``vmap`` on
   GPU/TPU (not measured here: wide batched kernels are what accelerators do best).
 
-Measured on this 2-core CPU while shared (load average 3-5, so ±20%), ``tiny``
-config, S=4; whole ``python -m launch.vmap_seeds`` processes with a fresh
-compile cache, two interleaved rounds:
-
-==========  =====================  ======================  ==========================
-steps       vmap                   unrolled                steady step, unrolled/vmap
-==========  =====================  ======================  ==========================
-12 (tiny)   23.6 s, 29.0 s         26.6 s, 37.3 s          —
-100         81.2 s, 87.5 s         74.8 s, 79.7 s          1.19x, 1.21x
-==========  =====================  ======================  ==========================
-
-(first step incl. compile: vmap 6.3-8.6 s, unrolled 8.9-15.5 s). On ``smoke``
-(4x the tokens per step) the two step equally fast (1888 vs 1934 ms per 4 seeds).
-Against S solo steps back to back, vmap measured 0.64-1.11x and unrolled
-0.65-1.34x per step depending on load: a tiny step is compute- and
-memory-bound in the LM head, not dispatch-bound, so batching seeds saves little
-per step. What a batched group saves is per-process fixed cost — start-up, the
-first init's eager compiles, the step's compile, evaluation's compile — paid
-once instead of S times (``benchmarks/launch_bench.py``: the sweep-level figure).
+The measurements behind ``auto`` are in ``benchmarks/results/seed_batching_cpu.md``.
 """
 
 from __future__ import annotations

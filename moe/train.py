@@ -299,10 +299,7 @@ class Progress:
 
     def eta(self, step: int) -> str:
         r = self.rate(step)
-        if not math.isfinite(r) or r <= 0:
-            return "?"
-        secs = int((self.total_steps - step) * self.tokens_per_step / r)
-        return f"{secs // 3600}:{secs // 60 % 60:02d}:{secs % 60:02d}"
+        return rundir.format_duration((self.total_steps - step) * self.tokens_per_step / r if r > 0 else None)
 
 
 class Preemption:
@@ -475,9 +472,8 @@ class SoloLayout:
 
     def combine(self, states: list) -> Any:
         (state,) = states
-        # Committed to this run's devices even on one device: fine-tuning's base weights arrive
-        # uncommitted, and a first step on uncommitted arrays compiled the step a second time at
-        # step 2, when the step's own (committed) outputs came back in.
+        # Committed to this run's devices even on one device, so the first step's inputs and the
+        # step's own outputs lower to one program (fine-tuning's base weights arrive uncommitted).
         return jax.device_put(state, self.placement)
 
     def split(self, state) -> list:
@@ -508,9 +504,8 @@ class _Stacked:
         return seeds_lib.make_seed_step(train_step_fn(graphdef, tx, config), self.seeds, self.batching)
 
     def combine(self, states: list) -> Any:
-        # Committed, as SoloLayout's: a fresh group's stack is uncommitted and a resumed one (restored
-        # onto the placement) is not, and the two lowered to different programs, so every
-        # resume of a seed group compiled its step again instead of reading the compile cache.
+        # Committed, as SoloLayout's, so a fresh group's stack and a resumed (restored) one lower to one
+        # program and a resume reads the step from the compile cache.
         return jax.device_put(seeds_lib.stack(states), self.placement)
 
     def split(self, state) -> list:

@@ -4,12 +4,9 @@ import os
 
 # Must precede jax initialisation (see main.py): XLA:CPU honours remat only with the first flag.
 # The second lowers LLVM's optimisation level from 2 to 1: on 2 cores compiling dominates a cold
-# suite, and tests check semantics (parity, exact resumes), never speed. Measured on an empty
-# compile cache: the dispatch, model and router-loss tests 107 s instead of 164 s; a tiny main.py
-# run 14 s instead of 22 s; the compiled code is no slower (a tiny step, and paper_metrics on a
-# 500k-token reference trace: 1.8 s vs 2.1 s). Level 0 compiles as fast but runs training 2-3x
-# slower. Performance figures come from benchmarks/, which compile as users do. The subprocesses
-# the tests start (main.py, launch) inherit both flags through the environment.
+# suite, and tests check semantics (parity, exact resumes), never speed (benchmarks/ compile as users
+# do; the measurement is in benchmarks/results/test_compile_flags.md). The subprocesses the tests start
+# (main.py, launch) inherit both flags through the environment.
 _TEST_FLAGS = ("--xla_cpu_scheduler_type=CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED", "--xla_backend_optimization_level=1")
 for _flag in _TEST_FLAGS:
     if _flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):

@@ -96,3 +96,12 @@ def test_run_directory_names_are_spelled_in_one_module():
     offenders = sorted(f"{path.relative_to(REPO)}: {name}" for path in _modules().values() if path.name != "rundir.py"
                        for name in names if name in path.read_text())
     assert not offenders, "\n".join(offenders)
+
+
+def test_the_project_cache_folder_is_found_in_one_function():
+    """Data, compiled steps, expert stores and analysis metrics share moe.runtime.cache_root alone."""
+    spellings = ('"cacheable-moe"', "XDG_CACHE_HOME", '".cache"', "~/.cache")
+    offenders = sorted(f"{path.relative_to(REPO)}: {s}" for path in _modules().values() if path.name != "runtime.py"
+                       for s in spellings if s in "".join(line for line in path.read_text().splitlines(True)
+                                                          if not line.lstrip().startswith(("#", "``", "\""))))
+    assert not offenders, "\n".join(offenders)

@@ -134,8 +134,8 @@ def test_status_cli(tmp_path, capsys):
 
 
 def test_format_duration():
-    assert status.format_duration(3725.4) == "1:02:05"
-    assert status.format_duration(None) == "?"
-    assert status.format_duration(float("inf")) == "?"
+    assert rundir.format_duration(3725.4) == "1:02:05"
+    assert rundir.format_duration(None) == "?"
+    assert rundir.format_duration(float("inf")) == "?"
 
 

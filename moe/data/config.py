@@ -20,6 +20,7 @@ import ml_collections
 from configs.data import PAPER_SOURCES, data_config  # noqa: F401 — the defaults, re-exported
 from moe.data.errors import DataError
 from moe.rundir import DOMAINS  # domain id = index
+from moe.runtime import CACHE_ENV, cache_root  # noqa: F401 — the one cache folder, used by the data modules
 CORPORA: tuple[str, ...] = ("embedded", "paper", "local", "synthetic")
 TOKENIZERS: tuple[str, ...] = ("gpt2", "byte")
 
@@ -28,7 +29,6 @@ TOKENIZERS: tuple[str, ...] = ("gpt2", "byte")
 # directories then get a new default name instead of being silently reused.
 FORMAT_VERSION = 1
 
-CACHE_ENV = "CACHEABLE_MOE_CACHE"
 
 # (train tokens per domain, validation tokens per domain) used when the config
 # leaves a budget at 0. None = every token the source has (finite sources only).
@@ -101,15 +101,6 @@ def recipe(data_cfg: Any) -> dict[str, Any]:
 
 def recipe_digest(rec: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(rec, sort_keys=True).encode()).hexdigest()
-
-
-def cache_root() -> pathlib.Path:
-    """``$CACHEABLE_MOE_CACHE``, else ``$XDG_CACHE_HOME/cacheable-moe``, else ``~/.cache/cacheable-moe``."""
-    if os.environ.get(CACHE_ENV):
-        return pathlib.Path(os.environ[CACHE_ENV]).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = pathlib.Path(xdg).expanduser() if xdg else pathlib.Path.home() / ".cache"
-    return base / "cacheable-moe"
 
 
 def default_dir(data_cfg: Any) -> pathlib.Path:

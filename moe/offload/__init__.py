@@ -10,7 +10,7 @@
 | `calibrate` | the tier's latency, stream and link bandwidth, measured through the read path |
 | `measure` | per-step and per-layer records in the timed model's terms and JSON Lines schema |
 | `records` | one reader of that schema for measured and modelled traces |
-| `model_check` | the one adapter to `cachesim.stall_*` |
+| `model_check` | the one adapter to `cachesim.timed` |
 | `session` | a session: store, pool, calibration, one measured + modelled decode per policy |
 | `report` | the comparison table and JSON |
 """

@@ -1,4 +1,4 @@
-"""The one adapter between the measured decode and the timed model (`cachesim.stall_*`).
+"""The one adapter between the measured decode and the timed model (`cachesim.timed`).
 
 Every import of the timed model by `moe.offload` and `moe.decode` is here, so
 when the model moves only this file changes. It builds, from a measured

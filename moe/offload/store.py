@@ -29,6 +29,7 @@ from typing import Sequence
 import jax
 import numpy as np
 
+from moe import runtime
 from moe.decode.loop import flat_expert
 from moe.decode.restore import DecodeError
 from moe.dispatch import ExpertWeights
@@ -98,9 +99,8 @@ def expert_path(directory: pathlib.Path, layer: int, expert: int) -> pathlib.Pat
 
 def default_store_dir(run_path: pathlib.Path, step: int) -> pathlib.Path:
     """``$CACHEABLE_MOE_CACHE/expert_store/<hash of the run path and checkpoint step>``."""
-    root = pathlib.Path(os.environ.get("CACHEABLE_MOE_CACHE", pathlib.Path.home() / ".cache" / "cacheable-moe"))
     key = hashlib.sha256(f"{pathlib.Path(run_path).resolve()}:{step}".encode()).hexdigest()[:16]
-    return root / "expert_store" / key
+    return runtime.cache_root() / "expert_store" / key
 
 
 def _read_manifest(directory: pathlib.Path) -> dict | None:
