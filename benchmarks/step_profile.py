@@ -23,7 +23,8 @@ threads at once, so the sum can exceed the step's wall time (``wall_ms``),
 and tracing adds a little to every op: the shares are of the summed op time.
 The machine's f32/bf16 matmul peak (dispatch_bench's measurement) is measured
 in the same run; the table gives each category's GFLOP/s as a fraction of it.
-``--md`` writes the table, the command and the machine's load average to a file.
+``--md`` writes the table, the command and the machine's load average to a file
+(benchmarks/results/step_profile_*.md).
 
 JSON keys: size, dispatch, block_size, batch, dtype, remat, steps, wall_ms, op_ms, load_avg,
 peak_gflops, categories, top_ops, unmatched_ops.
@@ -276,7 +277,10 @@ def main(argv=None) -> None:
 
 
 def write_markdown(path: str, result: dict, lines: list[str]) -> None:
-    commandline = shlex.join(["python", "benchmarks/step_profile.py", *sys.argv[1:]])
+    # The command that makes this table (where the file goes is not part of it).
+    argv = sys.argv[1:]
+    flags = [a for i, a in enumerate(argv) if not (a.startswith("--md") or i and argv[i - 1] == "--md")]
+    commandline = shlex.join(["python", "benchmarks/step_profile.py", *flags])
     peak = ", ".join(f"{d} {v:,.1f}" for d, v in result["peak_gflops"].items())
     block = f"/b{result['block_size']}" if result["block_size"] else ""
     text = [f"# Train-step profile: {result['size']} {result['batch'][0]}x{result['batch'][1]} {result['dtype']} "
