@@ -9,7 +9,8 @@ dispatch_bench) runs once untraced, then --steps times under
 ``jax.profiler.trace``. XLA:CPU's runtime records every op it executes (a
 thunk, named by its HLO instruction), with its wall time on the thread that
 ran it; ops inside a loop are recorded once per iteration. Each op is put in a
-category by the name scopes in its HLO metadata (the model opens them:
+category by the name scopes in its HLO metadata (a fusion that holds a dot: the
+dot's, not its root's; the model opens them:
 ``attention``, ``router``, ``experts`` and ``layout`` inside it, ``lm_head``,
 ``router_losses``, ``optimizer``); the outermost scope decides, and an op under
 ``rematted_computation`` (jax's name for a remat block's recomputation) before
@@ -103,7 +104,7 @@ def _dims(text: str) -> list[int]:
 
 def hlo_ops(hlo_text: str) -> dict[str, dict]:
     """Every instruction of an optimized HLO module: name -> {opcode, op_name, flops (dots, fused ones too)}."""
-    ops, shapes, dot_flops, calls = {}, {}, defaultdict(float), {}
+    ops, shapes, dot_flops, calls, dot_name = {}, {}, defaultdict(float), {}, {}
     computation = None
     for line in hlo_text.splitlines():
         header = _COMPUTATION.match(line)
@@ -142,8 +143,11 @@ def hlo_ops(hlo_text: str) -> dict[str, dict]:
             flops = 2.0 * float(np.prod(shape)) * k
             ops[name]["flops"] = flops
             dot_flops[computation] += flops
+            dot_name.setdefault(computation, ops[name]["op_name"])
     for name, op in ops.items():
         op.setdefault("flops", dot_flops.get(calls.get(name), 0.0))  # a fusion: the dots of its computation
+        if calls.get(name) in dot_name:  # a fusion is named by its root (e.g. a residual add): use its dot's scope
+            op["op_name"] = dot_name[calls[name]] or op["op_name"]
     return ops
 
 

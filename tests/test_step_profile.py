@@ -24,14 +24,14 @@ HLO = """HloModule jit_train_step, entry_computation_layout={()->()}
 %fused_computation (param_0: f32[32,64], param_1: f32[64,128]) -> f32[32,128] {
   %param_0 = f32[32,64]{1,0} parameter(0)
   %param_1 = f32[64,128]{1,0} parameter(1)
-  ROOT %dot_general.1 = f32[32,128]{1,0} dot(%param_0, %param_1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  ROOT %dot_general.1 = f32[32,128]{1,0} dot(%param_0, %param_1), lhs_contracting_dims={1}, rhs_contracting_dims={0}, metadata={op_name="jit(train_step)/jvp()/experts/while/body/dot_general"}
 }
 
 ENTRY %main.9 (p0: f32[32,64], p1: f32[64,128], p2: f32[4,8,16]) -> f32[32,128] {
   %p0 = f32[32,64]{1,0} parameter(0)
   %p1 = f32[64,128]{1,0} parameter(1)
   %p2 = f32[4,8,16]{2,1,0} parameter(2)
-  %ynn_fusion = f32[32,128]{1,0} fusion(%p0, %p1), kind=kCustom, calls=%fused_computation, metadata={op_name="jit(train_step)/jvp()/experts/while/body/dot_general" stack_frame_id=4}
+  %ynn_fusion = f32[32,128]{1,0} fusion(%p0, %p1), kind=kCustom, calls=%fused_computation, metadata={op_name="jit(train_step)/add_any" stack_frame_id=4}
   %dot.2 = f32[4,8,8]{2,1,0} dot(%p2, %p2), lhs_batch_dims={0}, lhs_contracting_dims={2}, rhs_batch_dims={0}, rhs_contracting_dims={2}, metadata={op_name="jit(train_step)/transpose(jvp(attention))/dot_general"}
   %while.1 = (s32[], /*index=1*/f32[2]{0}) while(%tuple), condition=%c, body=%b, metadata={op_name="jit(train_step)/experts/while"}
   ROOT %add.3 = f32[32,128]{1,0} add(%ynn_fusion, %ynn_fusion), metadata={op_name="jit(train_step)/add"}
@@ -43,6 +43,7 @@ def test_dots_count_their_flops_and_fusions_their_dots(profile):
     ops = profile.hlo_ops(HLO)
     assert ops["ynn_fusion"]["flops"] == 2 * 32 * 128 * 64 and ops["dot.2"]["flops"] == 2 * (4 * 8 * 8) * 16
     assert ops["while.1"]["opcode"] == "while" and ops["add.3"]["flops"] == 0
+    # A fusion with a dot is named by its dot's scope, not by its root's (here a residual add).
     assert ops["ynn_fusion"]["op_name"] == "jit(train_step)/jvp()/experts/while/body/dot_general"
 
 
