@@ -415,7 +415,7 @@ def main(argv=None) -> int:
               + (f"  MFU {result['mfu'][label]:.1%}" if peak and peak_source != "measured GEMM peak" else ""))
     print(f"measured peak: {measured:,.1f} GFLOP/s (best {'x'.join(map(str, result['peak_shape']))} matmul, "
           + ", ".join(f"{d} {v:,.1f}" for d, v in result["peak_gflops"].items()) + "); per round: "
-          + "; ".join(f"{d} " + ", ".join(f"{x:,.0f}" for x in v) for d, v in round_peaks.items()))
+          + "; ".join(f"{d} " + ", ".join(f"{x:,.1f}" for x in v) for d, v in round_peaks.items()))
     dropless = {k: v for k, v in best.items() if k.split("/")[0] in DROPLESS}
     fastest = max(dropless, key=dropless.get) if dropless else None
     auto_name = select_dispatch("auto", backend)
