@@ -1,8 +1,8 @@
 """Train-step tokens/s, compiled memory and executed expert FLOPs of every dispatcher, side by side.
 
     python benchmarks/dispatch_bench.py [--size=smoke] [--batch=B] [--dtype=float32|bfloat16]
-        [--remat=none|full|dots] [--steps=10] [--rounds=3] [--block_sizes=32,64,128] [--save]
-    python benchmarks/dispatch_bench.py --quick      # tiny size, 1 round: seconds to a minute
+        [--remat=none|full|dots] [--steps=10] [--rounds=3] [--block_sizes=32,64,128] [--peak_size=2048] [--save]
+    python benchmarks/dispatch_bench.py --quick      # tiny size, 1 round, a 256³ peak: seconds to a minute
 
 One process, one train state shared by every dispatcher's compiled step (the
 parameter tree does not depend on the dispatcher), the same random batches;
@@ -18,8 +18,19 @@ one that was checked; ``capacity`` drops assignments, so it is recorded, not che
 reported under ``failed``; the others still run and ``--save`` still saves;
 the exit code is then 1.
 
-Per entry: tokens/s, MFU (routed model FLOPs / peak, where the peak of the
-device is known), compiled step bytes, and ``expert_flop_ratio`` = rows that
+The peak is measured in the same run: the best GFLOP/s of one XLA matmul at
+a --peak_size cube in float32 and bfloat16, once before the entries and once
+in every round (so the per-round peak sees the same load as that round's
+steps), and once at each of the step's own matmul shapes (``gemm_gflops``:
+expert blocks, QKV projection, attention scores, LM head chunk; off with
+--nogemm_shapes). ``fraction_of_peak`` = routed model FLOPs/s at the best
+round ÷ the best measured peak (the faster dtype: float32 on XLA:CPU);
+``fraction_of_peak_median``: the median over rounds of the same ratio with
+that round's peak.
+
+Per entry: tokens/s, MFU (routed model FLOPs / peak: --peak_tflops, else the
+device's table peak, else the measured one; ``peak_source`` says which),
+compiled step bytes, and ``expert_flop_ratio`` = rows that
 go through an expert's SwiGLU ÷ the N·k routed rows (padding rows counted;
 the routing is the model's own on the first batch). ``auto`` is
 moe.dispatch.AUTO_DISPATCH for this backend and ``auto_is_fastest`` whether
@@ -32,7 +43,8 @@ JSON keys: backend, device, size, batch, dtype, remat, steps, rounds, tag, entri
 tokens_per_s, tokens_per_s_rounds, vs_dense_median, mfu, compiled_bytes,
 expert_flop_ratio, parity, skipped, failed, model_flops_per_token,
 fastest_dropless, auto, auto_is_fastest, auto_vs_fastest, auto_vs_dense,
-budget_gib, fits_budget, fastest_fits_budget.
+budget_gib, fits_budget, fastest_fits_budget, peak_source, peak_shape, peak_gflops,
+peak_gflops_rounds, gemm_gflops, fraction_of_peak, fraction_of_peak_median.
 """
 
 from __future__ import annotations
@@ -118,11 +130,60 @@ def model_flops_per_token(config) -> float:
     return 6.0 * param_counts(model)["params_active"] + 12.0 * m.n_layers * m.d_model * m.context
 
 
-def peak_flops(override_tflops: float) -> float | None:
+def peak_flops(override_tflops: float, measured_gflops: float | None = None) -> tuple[float | None, str | None]:
+    """(peak FLOP/s for MFU, where it comes from): --peak_tflops, the device table, else the measured GEMM peak."""
     if override_tflops:
-        return override_tflops * 1e12
+        return override_tflops * 1e12, "--peak_tflops"
     kind = jax.devices()[0].device_kind
-    return next((tf * 1e12 for key, tf in PEAK_TFLOPS.items() if key in kind), None)
+    table = next((tf * 1e12 for key, tf in PEAK_TFLOPS.items() if key in kind), None)
+    if table:
+        return table, f"device table ({kind})"
+    return (measured_gflops * 1e9, "measured GEMM peak") if measured_gflops else (None, None)
+
+
+def gemm_gflops(shape: tuple[int, int, int, int], dtype: str, min_seconds: float = 0.3, min_reps: int = 3) -> float:
+    """Best GFLOP/s of one XLA matmul (batch, m, k, n) -> (batch, m, n) in ``dtype``, compile excluded.
+
+    Best of at least ``min_reps`` calls and ``min_seconds``: on a loaded machine the
+    fastest call is the closest to what the machine can do.
+    """
+    batch, m, k, n = shape
+    rng = np.random.default_rng(0)
+    a = jnp.asarray(rng.standard_normal((batch, m, k), np.float32), dtype)
+    b = jnp.asarray(rng.standard_normal((batch, k, n), np.float32), dtype)
+    matmul = jax.jit(jnp.matmul).lower(a, b).compile()
+    jax.block_until_ready(matmul(a, b))
+    best, spent, reps = float("inf"), 0.0, 0
+    while reps < min_reps or spent < min_seconds:
+        t0 = time.perf_counter()
+        jax.block_until_ready(matmul(a, b))
+        seconds = time.perf_counter() - t0
+        best, spent, reps = min(best, seconds), spent + seconds, reps + 1
+    return 2.0 * batch * m * k * n / best / 1e9
+
+
+PEAK_DTYPES = ("float32", "bfloat16")
+
+
+def measure_peak(size: int, into: dict[str, list[float]]) -> None:
+    """Appends the GFLOP/s of a ``size``-cube matmul in each of PEAK_DTYPES to ``into[dtype]``."""
+    for dtype in PEAK_DTYPES:
+        into.setdefault(dtype, []).append(gemm_gflops((1, size, size, size), dtype))
+
+
+def step_gemm_shapes(config, block_sizes: list[int]) -> dict[str, tuple[int, int, int, int]]:
+    """The train step's own matmuls as (batch, m, k, n): expert blocks, QKV, attention scores, an LM-head chunk."""
+    m, tr = config.model, config.train
+    rows, heads = tr.batch_size * m.context, m.d_model // m.head_dim
+    shapes = {f"expert_b{b}_up": (1, b, m.d_model, m.d_ff) for b in block_sizes}
+    shapes.update({f"expert_b{b}_down": (1, b, m.d_ff, m.d_model) for b in block_sizes})
+    shapes.update({
+        "expert_dense_up": (1, rows, m.d_model, m.d_ff),
+        "qkv": (1, rows, m.d_model, 3 * m.d_model),
+        "attention_scores": (tr.batch_size * heads, m.context, m.head_dim, m.context),
+        "lm_head_chunk": (1, tr.batch_size * min(config.loss.ce_chunk, m.context), m.d_model, m.vocab_size),
+    })
+    return shapes
 
 
 def routing(graphdef, params, tokens) -> np.ndarray:
@@ -164,8 +225,11 @@ def step_throughput(size: str, dispatch: str, steps: int) -> float:
 KEYS = ("backend", "device", "size", "batch", "dtype", "remat", "steps", "rounds", "tag", "entries",
         "tokens_per_s", "tokens_per_s_rounds", "vs_dense_median", "mfu", "compiled_bytes", "expert_flop_ratio",
         "parity", "skipped", "failed", "model_flops_per_token", "fastest_dropless", "auto", "auto_is_fastest",
-        "auto_vs_fastest", "auto_vs_dense", "budget_gib", "fits_budget", "fastest_fits_budget")
-QUICK = {"size": "tiny", "steps": 2, "rounds": 1, "block_sizes": "32"}  # --quick: every dispatcher, seconds
+        "auto_vs_fastest", "auto_vs_dense", "budget_gib", "fits_budget", "fastest_fits_budget", "peak_source",
+        "peak_shape", "peak_gflops", "peak_gflops_rounds", "gemm_gflops", "fraction_of_peak",
+        "fraction_of_peak_median")
+# --quick: every dispatcher, seconds; the peak at a small cube, not at the step's shapes.
+QUICK = {"size": "tiny", "steps": 2, "rounds": 1, "block_sizes": "32", "peak_size": 256, "gemm_shapes": False}
 OPTIONAL = ("tokamax",)  # registered only where its extra is installed: absent is a failed entry, not a typo
 PARITY_RTOL = {"float32": 1e-4, "bfloat16": 1e-2, "float16": 1e-2}  # loss and grad norm vs dense, per dtype
 
@@ -195,7 +259,9 @@ def cli() -> CLI:
     c.define("string", "block_sizes", "32,64,128", "block sizes of the sparse dispatchers")
     c.define("float", "max_gib", 8.0, "compile but do not run steps larger than this (GiB)")
     c.define("float", "budget_gib", 8.0, "the memory budget the fits_budget answer is about (GiB)")
-    c.define("float", "peak_tflops", 0.0, "device peak for MFU (default: by device kind)")
+    c.define("float", "peak_tflops", 0.0, "device peak for MFU (default: by device kind, else the measured one)")
+    c.define("integer", "peak_size", 2048, "edge of the square matmul whose GFLOP/s is the measured peak")
+    c.define("bool", "gemm_shapes", True, "also measure GFLOP/s at the step's own matmul shapes")
     c.define("bool", "parity", True, "check each entry's first step (loss, grad norm) against dense")
     c.define("float", "parity_rtol", 0.0, "relative tolerance of the parity check (0: by dtype)")
     c.define("bool", "save", False, "merge into benchmarks/results/dispatch_<backend>.json")
@@ -226,6 +292,8 @@ def main(argv=None) -> int:
             for name, value in QUICK.items():
                 if not c.present(name):
                     setattr(args, name, value)
+        if args.peak_size <= 0:
+            raise UsageError(f"--peak_size={args.peak_size}: the edge of the peak's square matmul is positive")
         todo = entries(args)
         first = bench_config(args, *todo[0])
     except (UsageError, ValueError) as e:
@@ -244,6 +312,16 @@ def main(argv=None) -> int:
 
     result = {"entries": [entry_label(*e) for e in todo], "tokens_per_s": {}, "compiled_bytes": {},
               "expert_flop_ratio": {}, "parity": {}, "skipped": {}, "failed": {}}
+    # The machine's matmul peak, here and again in every round (see the docstring).
+    peaks: dict[str, list[float]] = {}
+    measure_peak(args.peak_size, peaks)
+    blocks = sorted({b for _, b in todo if b})
+    shapes = step_gemm_shapes(first, blocks) if args.gemm_shapes else {}
+    result["gemm_gflops"] = {label: {"shape": list(shape), "dtype": dtype, "gflops": gemm_gflops(shape, dtype)}
+                             for label, shape in shapes.items()}
+    print(f"GEMM peak at {args.peak_size}³: " + ", ".join(f"{d} {v[0]:,.1f} GFLOP/s" for d, v in peaks.items())
+          + "".join(f"\n  {label:22s} {'x'.join(map(str, g['shape']))} {dtype}: {g['gflops']:8,.1f} GFLOP/s"
+                    for label, g in result["gemm_gflops"].items()), flush=True)
     compiled, reference = {}, None
     for name, block in todo:
         label, config = entry_label(name, block), bench_config(args, name, block)
@@ -287,7 +365,9 @@ def main(argv=None) -> int:
               flush=True)
 
     per_round = {label: [] for label in compiled}
+    round_peaks: dict[str, list[float]] = {}
     for r in range(args.rounds):
+        measure_peak(args.peak_size, round_peaks)  # this round's load, next to its steps
         for label, step in list(compiled.items()):
             try:
                 state, seconds = timed_steps(step, state, batches, args.steps)
@@ -309,9 +389,19 @@ def main(argv=None) -> int:
     result["vs_dense_median"] = ({k: float(np.median(np.divide(v, per_round["dense"]))) for k, v in per_round.items()}
                                  if "dense" in per_round else {})
 
-    peak, flops = peak_flops(args.peak_tflops), model_flops_per_token(first)
+    flops = model_flops_per_token(first)
+    for dtype, values in round_peaks.items():
+        peaks[dtype] += values
+    measured = max(max(v) for v in peaks.values())  # the faster dtype's best: the machine's practical peak
+    peak, peak_source = peak_flops(args.peak_tflops, measured)
+    round_peak = [max(per_dtype) for per_dtype in zip(*round_peaks.values())]  # each round's faster dtype
     result["tokens_per_s"] = best
     result["mfu"] = {k: (v * flops / peak if peak else None) for k, v in best.items()}
+    result["fraction_of_peak"] = {k: v * flops / (measured * 1e9) for k, v in best.items()}
+    result["fraction_of_peak_median"] = {
+        k: float(np.median([t * flops / (p * 1e9) for t, p in zip(v, round_peak)])) for k, v in per_round.items() if v}
+    result.update(peak_source=peak_source, peak_shape=[args.peak_size] * 3,
+                  peak_gflops={d: max(v) for d, v in peaks.items()}, peak_gflops_rounds=round_peaks)
     base, median = best.get("dense"), result["vs_dense_median"]
     for label, tps in best.items():
         ratio = result["expert_flop_ratio"][label]
@@ -319,7 +409,13 @@ def main(argv=None) -> int:
               + (f" (median round {median[label]:4.2f}x)" if label in median else "")
               + f"  {result['compiled_bytes'][label] / 2**30:6.2f} GiB"
               + (f"  expert FLOPs {ratio:5.2f}x routed" if ratio else "")
-              + (f"  MFU {result['mfu'][label]:.1%}" if peak else ""))
+              + f"  {result['fraction_of_peak'][label]:5.1%} of the measured peak"
+              + (f" (median round {result['fraction_of_peak_median'][label]:5.1%})"
+                 if label in result["fraction_of_peak_median"] else "")
+              + (f"  MFU {result['mfu'][label]:.1%}" if peak and peak_source != "measured GEMM peak" else ""))
+    print(f"measured peak: {measured:,.1f} GFLOP/s (best {'x'.join(map(str, result['peak_shape']))} matmul, "
+          + ", ".join(f"{d} {v:,.1f}" for d, v in result["peak_gflops"].items()) + "); per round: "
+          + "; ".join(f"{d} " + ", ".join(f"{x:,.1f}" for x in v) for d, v in round_peaks.items()))
     dropless = {k: v for k, v in best.items() if k.split("/")[0] in DROPLESS}
     fastest = max(dropless, key=dropless.get) if dropless else None
     auto_name = select_dispatch("auto", backend)

@@ -88,9 +88,10 @@ def dense_dispatch(x, topk, gates, experts: ExpertWeights, *, capacity_factor: f
 
 def _sorted_assignments(topk):
     """Flattens (N, k) assignments and sorts them by expert (stable)."""
-    flat_expert = topk.reshape(-1)
-    order = jnp.argsort(flat_expert, stable=True)
-    token_of = order // topk.shape[1]
+    with jax.named_scope("layout"):
+        flat_expert = topk.reshape(-1)
+        order = jnp.argsort(flat_expert, stable=True)
+        token_of = order // topk.shape[1]
     return flat_expert, order, token_of
 
 
@@ -312,11 +313,13 @@ def _batched_blocks(xs, layout: BlockLayout, experts: ExpertWeights, block_size:
 def block_sparse(blocks_fn, x, topk, gates, experts: ExpertWeights, block_size: int):
     """The block-sparse dispatch around ``blocks_fn(xs (R, d), layout, experts, b) -> (R, d)``: sort, pad, combine."""
     n, k = topk.shape
-    layout = block_layout(topk, experts.w_gate.shape[0], block_size)
-    xs = permute_rows(jnp.repeat(x, k, axis=0), layout.source_of, layout.row_of)  # (R, d)
+    with jax.named_scope("layout"):  # the sort, the moves and the combine, apart from the SwiGLU in profiles
+        layout = block_layout(topk, experts.w_gate.shape[0], block_size)
+        xs = permute_rows(jnp.repeat(x, k, axis=0), layout.source_of, layout.row_of)  # (R, d)
     out = blocks_fn(xs, layout, experts, block_size)
-    per_choice = permute_rows(out, layout.row_of, layout.source_of).reshape(n, k, -1)
-    y = jnp.einsum("nk,nkd->nd", gates.astype(jnp.float32), per_choice.astype(jnp.float32))
+    with jax.named_scope("layout"):
+        per_choice = permute_rows(out, layout.row_of, layout.source_of).reshape(n, k, -1)
+        y = jnp.einsum("nk,nkd->nd", gates.astype(jnp.float32), per_choice.astype(jnp.float32))
     return y.astype(x.dtype), jnp.zeros((), jnp.int32)
 
 

@@ -203,10 +203,11 @@ class MoELayer(nnx.Module):
 
     def route(self, x) -> Routing:
         """The router's decision for x (..., d): logits, p, top-k and gates (float32)."""
-        x32 = x.astype(jnp.float32)
-        logits = self.router(x32)
-        probs, topk, gates = route(logits, self.k)
-        base_probs = None if self.base_router is None else jax.nn.softmax(self.base_router(x32), axis=-1)
+        with jax.named_scope("router"):  # the scopes name ops in profiles (benchmarks/step_profile.py)
+            x32 = x.astype(jnp.float32)
+            logits = self.router(x32)
+            probs, topk, gates = route(logits, self.k)
+            base_probs = None if self.base_router is None else jax.nn.softmax(self.base_router(x32), axis=-1)
         return Routing(logits, probs, topk, gates, base_probs)
 
     def mix(self, x, topk, gates, weights: ExpertWeights | None = None) -> tuple[jax.Array, jax.Array]:
@@ -218,9 +219,10 @@ class MoELayer(nnx.Module):
         lead, d = x.shape[:-1], x.shape[-1]
         weights = self.expert_weights() if weights is None else weights
         weights = ExpertWeights(*(w.astype(self.dtype) for w in weights))
-        y, dropped = self.dispatch(x.reshape(-1, d).astype(self.dtype), topk.reshape(-1, topk.shape[-1]),
-                                   gates.reshape(-1, gates.shape[-1]), weights, capacity_factor=self.capacity_factor,
-                                   block_size=self.block_size)
+        with jax.named_scope("experts"):
+            y, dropped = self.dispatch(x.reshape(-1, d).astype(self.dtype), topk.reshape(-1, topk.shape[-1]),
+                                       gates.reshape(-1, gates.shape[-1]), weights,
+                                       capacity_factor=self.capacity_factor, block_size=self.block_size)
         return y.reshape(*lead, d).astype(x.dtype), dropped
 
     def __call__(self, x, route_fn: RouteFn | None = None) -> tuple[jax.Array, RouterOutput]:
@@ -250,7 +252,9 @@ class Block(nnx.Module):
         this, then ``self.moe.route`` and ``finish``; ``__call__`` is the same three
         pieces in one go.
         """
-        out = self.attn(self.attn_norm(x), cache=cache)
+        normed = self.attn_norm(x)
+        with jax.named_scope("attention"):
+            out = self.attn(normed, cache=cache)
         attended, cache = (out, None) if cache is None else out
         x = x + attended
         return x, self.moe_norm(x), cache

@@ -143,14 +143,16 @@ def compute_loss(model: MoETransformer, batch: dict[str, jax.Array], config: ml_
     tokens, domains = batch["tokens"], batch["domains"]
     inputs, targets, in_domains = tokens[:, :-1], tokens[:, 1:], domains[:, :-1]
     hidden, router = model(inputs)
-    ce_sum, count = chunked_cross_entropy(hidden, model.head_weights(), targets,
-                                          chunk_size=config.loss.ce_chunk, compute_dtype=model.dtype)
+    with jax.named_scope("lm_head"):  # the scopes name ops in profiles (benchmarks/step_profile.py)
+        ce_sum, count = chunked_cross_entropy(hidden, model.head_weights(), targets,
+                                              chunk_size=config.loss.ce_chunk, compute_dtype=model.dtype)
     lm = ce_sum / count
     pair_mask = None
     if config.loss.loc_boundary_mask:  # the tokenizer's own end-of-text id (GPT-2: 50256, byte: 0)
         pair_mask = boundary_pair_mask(inputs, in_domains, tokenizer_record(config.data.tokenizer)["eot_id"])
     allowed = jnp.asarray(domain_slices(config.model.num_experts))
-    aux = router_losses(router.probs, router.topk, domains=in_domains, pair_mask=pair_mask, allowed=allowed)
+    with jax.named_scope("router_losses"):
+        aux = router_losses(router.probs, router.topk, domains=in_domains, pair_mask=pair_mask, allowed=allowed)
     lo = config.loss
     total = lm + lo.alpha_balance * aux["balance"] + lo.lambda_loc * aux["locality"] + lo.mu_dom * aux["domain"]
     metrics = {"loss": total, "lm": lm, "bal": aux["balance"], "loc": aux["locality"], "dom": aux["domain"]}
@@ -191,8 +193,9 @@ def train_step_fn(graphdef, tx: optax.GradientTransformation, config: ml_collect
         # Differentiate the trainable params only, so frozen weights cost no weight gradients.
         params, frozen = split_trainable(state["params"], trainable)
         (_, (metrics, router)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch, frozen)
-        updates, opt_state = tx.update(grads, state["opt_state"], params)
-        params = optax.apply_updates(params, updates)
+        with jax.named_scope("optimizer"):
+            updates, opt_state = tx.update(grads, state["opt_state"], params)
+            params = optax.apply_updates(params, updates)
         # Whether the new state may be checkpointed, reduced here on device, so the host
         # reads one bool where it syncs anyway (log and save steps). Frozen weights never change.
         state_finite = all_finite((params, opt_state))

@@ -36,6 +36,11 @@ def test_a_failing_entry_is_reported_and_the_rest_run_and_save(bench, monkeypatc
                                 "tokamax": "ModuleNotFoundError: tokamax is not installed here "
                                            "(pip install -r requirements-gpu.lock)"}
     assert set(result["tokens_per_s"]) == {"dense"} and result["tokens_per_s"]["dense"] > 0
+    # The peak is measured in the run: a fraction of it (and an MFU) on any backend, one peak per round.
+    peak = max(result["peak_gflops"].values())
+    assert result["fraction_of_peak"]["dense"] == pytest.approx(
+        result["tokens_per_s"]["dense"] * result["model_flops_per_token"] / (peak * 1e9))
+    assert result["mfu"]["dense"] > 0 and [len(v) for v in result["peak_gflops_rounds"].values()] == [1, 1]
     assert result["fastest_dropless"] == "dense" and result["fits_budget"] == {"dense": True}
     saved = json.loads((tmp_path / f"dispatch_{result['backend']}.json").read_text())
     assert list(saved["runs"].values()) == [result]
