@@ -147,9 +147,12 @@ def summary_metrics(config, final_eval: dict, traces: dict, last_train: dict,
         "final_train": last_train,
     }
     if config.eval.cache_metrics:
-        from cachesim.metrics import paper_metrics
-        # The paper's static pin is in-sample; train_traces give the out-of-sample one beside it.
-        out["domains"] = {d: paper_metrics(t, fit=(train_traces or {}).get(d)) for d, t in traces.items()}
+        from cachesim import facts
+        # The paper's static pin is in-sample; train_traces give the out-of-sample one beside it. The facts
+        # are the ones analysis reads (cachesim.facts, one code path); write_evaluation stamps the files' hashes.
+        computed = {d: facts.trace_facts(t, fit=(train_traces or {}).get(d), segment_tokens=config.model.context)
+                    for d, t in traces.items()}
+        out["domains"], out[facts.RECORD_KEY] = facts.run_record(computed)
     return out
 
 
@@ -297,6 +300,7 @@ def write_evaluation(workdir: pathlib.Path, final_eval: dict, traces: dict, wind
     """Publishes one evaluation as a unit (:func:`moe.rundir.publish_evaluation`): trace_<domain>.npz (and
     trace_<domain>_train.npz), eval_windows.npz (per-window mean CE, when given), final_eval.json,
     metrics.json and ``extra`` JSON files, staged with their manifest, then renamed into ``workdir``."""
+    from cachesim.facts import RECORD_KEY, stamp_files
     from cachesim.trace import save_trace
 
     staging = rundir.staging_dir(workdir)
@@ -310,6 +314,10 @@ def write_evaluation(workdir: pathlib.Path, final_eval: dict, traces: dict, wind
     for name, obj in (extra or {}).items():
         rundir.write_json(staging / name, obj)
     if metrics is not None:
+        if RECORD_KEY in metrics:  # the hashes of the trace files the cache facts were computed from
+            metrics = {**metrics, RECORD_KEY: stamp_files(
+                metrics[RECORD_KEY], {d: staging / rundir.trace_file(d) for d in traces},
+                {d: staging / rundir.train_trace_file(d) for d in train_traces or {}})}
         rundir.write_json(staging / rundir.METRICS, metrics)
     rundir.write_manifest(staging, {d: int(v["tokens"]) for d, v in final_eval.items()})
     rundir.publish_evaluation(workdir)
