@@ -63,16 +63,13 @@ def _enable_compile_cache() -> None:
 
 def compute_trace_facts(trace_path: str | os.PathLike, segment_tokens: int | None = None,
                         fit_path: str | os.PathLike | None = None) -> dict[str, Any]:
-    """:func:`cachesim.facts.trace_facts` of a trace file (and its training-split trace), as the run computes them.
+    """:func:`cachesim.facts.file_facts` of a trace file (and its training-split trace), as the run computes them.
 
     cachesim's simulator (and with it JAX) is imported here, not at module
     level: a warm table rebuild reads JSON only and should not pay JAX's start-up.
     """
     _enable_compile_cache()
-    from cachesim import trace as cs_trace
-
-    fit = cs_trace.load_trace(fit_path) if fit_path is not None else None
-    return cs_facts.trace_facts(cs_trace.load_trace(trace_path), fit, segment_tokens)
+    return cs_facts.file_facts(trace_path, fit_path, segment_tokens)
 
 
 def compute_reuse_by_lag(trace_path: str | os.PathLike) -> dict[str, float]:

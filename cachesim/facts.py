@@ -4,10 +4,10 @@ The *facts* of a trace are everything the analysis reads of it: ``paper_metrics`
 (optionally with the pin fitted on the training split), the per-layer expert
 usage counts (pooled collapse, heat-maps) and the LRU@25% demand misses of each
 evaluation window (the bootstrap's unit). A run computes them at the end of its
-evaluation and writes them into ``metrics.json`` (:func:`run_record`, stamped
-with each trace file's SHA-256 by :func:`stamp_files`); the analysis reads them
+evaluation from the trace files it wrote and records them in ``metrics.json``
+with each file's SHA-256 (:func:`run_metrics`); the analysis reads them
 there while the fingerprint of this code and the traces' hashes still match
-(:func:`facts_from_record`), else computes them with :func:`trace_facts` into
+(:func:`facts_from_record`), else computes them with :func:`file_facts` into
 the user's cache (``analysis.cache``).
 
 JAX-free at import: the simulator loads when facts are computed.
@@ -134,6 +134,15 @@ def trace_facts(trace: Any, fit: Any | None = None, segment_tokens: int | None =
     return facts
 
 
+def file_facts(trace_path: str | os.PathLike, fit_path: str | os.PathLike | None = None,
+               segment_tokens: int | None = None) -> dict[str, Any]:
+    """:func:`trace_facts` of a trace file (and its training-split trace file): the run and the analysis both
+    compute from the files, so every value (the fit's name in ``static_fit`` included) is the same."""
+    from cachesim.trace import load_trace
+
+    return trace_facts(load_trace(trace_path), None if fit_path is None else load_trace(fit_path), segment_tokens)
+
+
 # -- the record in a run's metrics.json -------------------------------------------------------------
 # metrics.json keeps paper_metrics where it always was ({"domains": {d: paper_metrics}}); the record
 # holds the rest of each domain's facts with the hashes of the files they were computed from:
@@ -142,22 +151,17 @@ def trace_facts(trace: Any, fit: Any | None = None, segment_tokens: int | None =
 _FILE_KEYS = ("trace_sha256", "fit_sha256")
 
 
-def run_record(facts: Mapping[str, dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``({domain: paper_metrics}, record)`` of a run's per-domain facts, for metrics.json.
+def run_metrics(traces: Mapping[str, Path], fits: Mapping[str, Path], segment_tokens: int | None) -> dict[str, Any]:
+    """metrics.json's cache part for a run's trace files: ``{"domains": {d: paper_metrics}, RECORD_KEY: record}``.
 
-    The record's file hashes are added by :func:`stamp_files` once the traces are written.
+    ``fits``: ``{domain: training-split trace file}`` (domains without one: in-sample pin only).
     """
+    facts = {d: file_facts(path, fits.get(d), segment_tokens) for d, path in traces.items()}
     record = {"version": VERSION, "cachesim": fingerprint(),
-              "domains": {d: {k: v for k, v in f.items() if k != "paper_metrics"} for d, f in facts.items()}}
-    return {d: f["paper_metrics"] for d, f in facts.items()}, record
-
-
-def stamp_files(record: dict[str, Any], traces: Mapping[str, Path], fits: Mapping[str, Path]) -> dict[str, Any]:
-    """The record with the SHA-256 of each domain's written trace file and training-split trace (None: none)."""
-    domains = {d: {**entry, "trace_sha256": file_sha256(traces[d]),
-                   "fit_sha256": file_sha256(fits[d]) if d in fits else None}
-               for d, entry in record["domains"].items()}
-    return {**record, "domains": domains}
+              "domains": {d: {"trace_sha256": file_sha256(traces[d]),
+                              "fit_sha256": file_sha256(fits[d]) if d in fits else None,
+                              **{k: v for k, v in f.items() if k != "paper_metrics"}} for d, f in facts.items()}}
+    return {"domains": {d: f["paper_metrics"] for d, f in facts.items()}, RECORD_KEY: record}
 
 
 def facts_from_record(metrics: Any, trace_sha256: str, fit_sha256: str | None) -> dict[str, Any] | None:
