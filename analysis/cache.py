@@ -1,28 +1,28 @@
-"""Computes per-trace cache metrics once and keeps them in the user's cache.
+"""Gets each trace's cache facts: from the run's own metrics.json, else computed once into the user's cache.
 
-Simulating five cache policies at three capacities over a 500k-token trace
-takes seconds; rebuilding tables must not. Each trace's *facts* (cachesim's
-``paper_metrics``, the per-layer expert usage counts that the pooled
-collapse clause and the heat-maps need, and the LRU@25% demand misses of each
-evaluation window that the bootstrap resamples; reuse at lags 1..1024 is added
-when a figure first asks for it) are stored as ``<sha256>.<fingerprint>.json``,
-keyed by the SHA-256 of the trace file and the fingerprint of the metric code,
-in the user cache directory only: ``--cache_dir``, else
-``$CACHEABLE_MOE_CACHE/analysis`` (see moe.runtime.cache_root: else under ``$XDG_CACHE_HOME`` or ``~/.cache``).
-Analysis never writes into the run directories it reads (the released
-reference runs included). A changed trace has a new hash and is recomputed; so
-is every trace after a change to the cachesim sources the metrics come from
-(their fingerprint is part of each entry) or to what is cached here
-(:data:`CACHE_VERSION`): stale numbers are never served.
+A trace's *facts* (:mod:`cachesim.facts`: ``paper_metrics``, the per-layer
+expert usage counts that the pooled collapse clause and the heat-maps need,
+and the LRU@25% demand misses of each evaluation window that the bootstrap
+resamples) are computed by one function, ``cachesim.facts.trace_facts``. A run
+calls it at the end of its evaluation and records the result in its
+``metrics.json`` with the SHA-256 of each trace file and the fingerprint of
+the metric code; analysis reads them there while both still match. Otherwise
+(runs written before that record, such as the released reference runs; a
+change to the cachesim sources the facts come from; a replaced trace) the same
+function computes them here, stored as ``<sha256>.<fingerprint>.json`` in the
+user cache directory only: ``--cache_dir``, else
+``analysis`` in the project cache folder (moe.runtime.cache_root)
+(simulating five cache policies at three capacities over a 500k-token trace
+takes seconds; rebuilding tables must not). Reuse at lags 1..1024 is added to
+the user-cache entry when a figure first asks for it. Analysis never writes
+into the run directories it reads (the released reference runs included), and
+stale numbers are never served.
 """
 
 from __future__ import annotations
 
-import ast
 import concurrent.futures
-import functools
 import hashlib
-import importlib.util
 import json
 import multiprocessing
 import os
@@ -31,78 +31,14 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from analysis.progress import progress
+from cachesim import facts as cs_facts
 from moe import rundir, runtime
 
-# Bump when the cached fields or the metric semantics they come from change.
-CACHE_VERSION = 3
+# Bump when the cached fields or the metric semantics they come from change (cachesim.facts owns both).
+CACHE_VERSION = cs_facts.VERSION
 ENV_CACHE_DIR = runtime.CACHE_ENV
-
-
-# Where the metrics are computed: the fingerprint covers these modules and everything they import.
-_METRIC_ENTRY_POINTS = ("cachesim.metrics", "cachesim.trace", "cachesim.segments")
-# The cache whose per-window misses are kept (RQ1's metric: LRU miss/token at 25% of E, SPEC §9).
-WINDOW_POLICY, WINDOW_FRACTION = "lru", "0.25"
-
-
-def _package_dir() -> Path:
-    spec = importlib.util.find_spec("cachesim")
-    if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("cannot locate the cachesim package; is the project installed (pip install -e .)?")
-    return Path(next(iter(spec.submodule_search_locations)))
-
-
-def _module_file(package: Path, name: str) -> Path | None:
-    """The source of module ``cachesim.a.b`` (a module file or a package's __init__), or None."""
-    parts = name.split(".")[1:]
-    base = package.joinpath(*parts)
-    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
-        if candidate.is_file():
-            return candidate
-    return None
-
-
-def metric_sources() -> list[Path]:
-    """Every cachesim source file the cached metrics are computed with, sorted.
-
-    The import closure of :data:`_METRIC_ENTRY_POINTS` within cachesim (a leaf
-    package: it imports nothing else of the project), read from the sources'
-    import statements, so nothing is imported (cachesim's package imports JAX,
-    and a warm rebuild must not pay its start-up). The packages on the way
-    (``cachesim/__init__.py``) count too: importing a module runs them.
-    """
-    package = _package_dir()
-    todo, seen = list(_METRIC_ENTRY_POINTS), set()
-    while todo:
-        name = todo.pop()
-        if name in seen:
-            continue
-        seen.add(name)
-        path = _module_file(package, name)
-        if path is None:
-            continue
-        parents = name.split(".")
-        todo += [".".join(parents[:i]) for i in range(1, len(parents))]
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Import):
-                todo += [a.name for a in node.names if a.name.split(".")[0] == "cachesim"]
-            elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "cachesim":
-                todo.append(node.module)
-                todo += [f"{node.module}.{a.name}" for a in node.names]  # `from cachesim import stack`
-    files = {_module_file(package, name) for name in seen}
-    return sorted(f for f in files if f is not None)
-
-
-@functools.cache
-def cachesim_fingerprint() -> str:
-    """SHA-256 over the source of every cachesim module the metrics are computed with."""
-    package = _package_dir()
-    digest = hashlib.sha256()
-    for path in metric_sources():
-        digest.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes())
-    return digest.hexdigest()
+file_sha256 = cs_facts.file_sha256
 
 
 def default_cache_dir() -> Path:
@@ -113,13 +49,7 @@ def default_cache_dir() -> Path:
 def entry_path(cache_dir: Path, sha: str) -> Path:
     """``<sha256>.<fingerprint>.json``: keyed by both, so checkouts with other metric code (other
     worktrees, branches, versions) sharing one user cache never overwrite each other's entries."""
-    return cache_dir / f"{sha}.{cachesim_fingerprint()[:16]}.json"
-
-
-def file_sha256(path: str | os.PathLike) -> str:
-    """Hex SHA-256 of a file's bytes (the cache key: content, not name or mtime)."""
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
+    return cache_dir / f"{sha}.{cs_facts.fingerprint()[:16]}.json"
 
 
 def _enable_compile_cache() -> None:
@@ -130,57 +60,15 @@ def _enable_compile_cache() -> None:
     runtime.enable_compile_cache()
 
 
-def window_misses(trace: Any, paper_metrics: dict[str, Any], segment_tokens: int | None) -> dict[str, Any] | None:
-    """LRU@25% demand misses of each ``segment_tokens``-token window (summed over layers), or why not.
-
-    The cache persists across windows (SPEC §7): these are the shares of the
-    one replay whose total paper_metrics reports, and that is checked.
-    """
-    if segment_tokens is None:
-        return None
-    from cachesim import segments
-    from cachesim.policies import CacheSpec
-
-    entry: dict[str, Any] = {"policy": WINDOW_POLICY, "fraction": WINDOW_FRACTION, "segment_tokens": segment_tokens,
-                             "misses": None, "reason": ""}
-    if trace.num_tokens % segment_tokens:
-        entry["reason"] = (f"the trace has {trace.num_tokens} tokens, not a multiple of the {segment_tokens}-token "
-                           "evaluation window")
-        return entry
-    misses = segments.segment_misses(trace, CacheSpec(WINDOW_POLICY, fraction=float(WINDOW_FRACTION)),
-                                     segment_tokens)
-    expected = paper_metrics["cache"][WINDOW_POLICY][WINDOW_FRACTION]["misses_per_token"] * trace.num_tokens
-    if abs(int(misses.sum()) - expected) > 1e-6 * max(1.0, expected):
-        raise RuntimeError(f"cachesim disagrees with itself on {trace.name!r}: per-window LRU misses sum to "
-                           f"{int(misses.sum())}, the grid simulator counts {expected:.0f}")
-    entry["misses"] = misses.tolist()
-    return entry
-
-
 def compute_trace_facts(trace_path: str | os.PathLike, segment_tokens: int | None = None,
                         fit_path: str | os.PathLike | None = None) -> dict[str, Any]:
-    """Everything analysis needs from one trace, as plain JSON-able values.
+    """:func:`cachesim.facts.file_facts` of a trace file (and its training-split trace), as the run computes them.
 
-    ``segment_tokens``: the run's evaluation window length, for the per-window
-    misses (None: not computed). ``fit_path``: the domain's training-split trace
-    (``trace_<d>_train.npz``): paper_metrics then scores the out-of-sample pin
-    (``static_train``) exactly as the run's metrics.json does (one code path). cachesim (and with it JAX) is imported here,
-    not at module level: a warm table rebuild reads cached JSON only and should
-    not pay JAX's start-up.
+    cachesim's simulator (and with it JAX) is imported here, not at module
+    level: a warm table rebuild reads JSON only and should not pay JAX's start-up.
     """
     _enable_compile_cache()
-    from cachesim import metrics as cs_metrics
-    from cachesim import trace as cs_trace
-
-    trace = cs_trace.load_trace(trace_path)
-    fit = cs_trace.load_trace(fit_path) if fit_path is not None else None
-    paper = cs_metrics.paper_metrics(trace, fit=fit)
-    facts = {"paper_metrics": paper,
-             "expert_counts": np.asarray(cs_metrics.expert_counts(trace), dtype=np.int64).tolist()}
-    windows = window_misses(trace, paper, segment_tokens)
-    if windows is not None:
-        facts["window_misses"] = windows
-    return facts
+    return cs_facts.file_facts(trace_path, fit_path, segment_tokens)
 
 
 def compute_reuse_by_lag(trace_path: str | os.PathLike) -> dict[str, float]:
@@ -197,12 +85,12 @@ _ENTRY_KEYS = ("version", "cachesim", "trace_sha256")
 
 
 def _entry(sha: str, facts: dict[str, Any]) -> dict[str, Any]:
-    return {"version": CACHE_VERSION, "cachesim": cachesim_fingerprint(), "trace_sha256": sha, **facts}
+    return {"version": CACHE_VERSION, "cachesim": cs_facts.fingerprint(), "trace_sha256": sha, **facts}
 
 
 def _valid(entry: Any, sha: str) -> bool:
     return (isinstance(entry, dict) and entry.get("version") == CACHE_VERSION
-            and entry.get("cachesim") == cachesim_fingerprint()
+            and entry.get("cachesim") == cs_facts.fingerprint()
             and entry.get("trace_sha256") == sha and isinstance(entry.get("paper_metrics"), dict)
             and isinstance(entry.get("expert_counts"), list))
 
@@ -249,6 +137,7 @@ class MetricsStore:
         self.console = console
         self.computed = 0
         self._memo: dict[str, dict[str, Any]] = {}
+        self._records: dict[Path, Any] = {}  # run directory -> its parsed metrics.json (None: none)
         self._sha_memo: dict[tuple[str, int, int], str] = {}
         self._warned = False
 
@@ -261,14 +150,42 @@ class MetricsStore:
         return self._sha_memo[key]
 
     # -- lookup ---------------------------------------------------------------------------
-    def _lookup(self, sha: str) -> dict | None:
-        """The trace's facts from this process's memo or the user cache (None: not computed yet)."""
-        if sha not in self._memo:
-            entry = _read_json_or_none(entry_path(self.cache_dir, sha))
-            if not _valid(entry, sha):
-                return None
-            self._memo[sha] = _facts(entry)
-        return self._memo[sha]
+    def _known(self, key: str, path: Path, fit: Path | None, segment_tokens: int | None) -> dict | None:
+        """The trace's facts with the wanted windows, or None when they must be computed.
+
+        From this process's memo, else the run's own metrics.json, else the user
+        cache. What is found is memoised even without the windows, so that a
+        recomputation for another window length keeps a figure's reuse curve.
+        """
+        memo = self._memo.get(key)
+        if memo is not None and has_windows(memo, segment_tokens):
+            return memo
+        for source in (lambda: self._from_run(path, fit), lambda: self._from_user_cache(key)):
+            found = source()
+            if found is not None:
+                memo = self._memo[key] = {**(memo or {}), **found}
+                if has_windows(memo, segment_tokens):
+                    return memo
+        return None
+
+    def _from_run(self, path: Path, fit: Path | None) -> dict | None:
+        """The facts the run recorded for this trace in its metrics.json, while they still hold.
+
+        :func:`cachesim.facts.facts_from_record` checks the run's metric-code
+        fingerprint against this checkout's and the trace's (and training-split
+        trace's) SHA-256 against the files here. Runs written before metrics.json
+        carried the record (the released reference runs among them) have no
+        fingerprint: their facts are recomputed into the user cache.
+        """
+        run_dir = Path(path).resolve().parent  # a trace lives in its run directory (moe.rundir)
+        if run_dir not in self._records:
+            self._records[run_dir] = _read_json_or_none(run_dir / rundir.METRICS)
+        return cs_facts.facts_from_record(self._records[run_dir], self.sha256(path),
+                                          None if fit is None else self.sha256(fit))
+
+    def _from_user_cache(self, key: str) -> dict | None:
+        entry = _read_json_or_none(entry_path(self.cache_dir, key))
+        return _facts(entry) if _valid(entry, key) else None
 
     def key(self, path: str | os.PathLike, fit: str | os.PathLike | None = None) -> str:
         """The cache key of a trace's facts: its SHA-256, or with a fit trace the SHA-256 of both hashes."""
@@ -317,8 +234,7 @@ class MetricsStore:
             for domain, path in traces.items():
                 fit = fits.get(domain)
                 sha = self.key(path, fit)
-                known = self._lookup(sha)
-                if known is None or not has_windows(known, segment_tokens):
+                if self._known(sha, Path(path), None if fit is None else Path(fit), segment_tokens) is None:
                     previous = todo.get(sha, (Path(path), None, None))[1]
                     todo[sha] = (Path(path), segment_tokens if segment_tokens is not None else previous,
                                  None if fit is None else Path(fit))

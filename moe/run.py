@@ -135,8 +135,8 @@ def dry_run(config: ml_collections.ConfigDict) -> dict[str, Any]:
 # ---------------------------------------------------------------- the run
 
 
-def summary_metrics(config, final_eval: dict, traces: dict, last_train: dict,
-                    train_traces: dict | None = None) -> dict[str, Any]:
+def summary_metrics(config, final_eval: dict, last_train: dict) -> dict[str, Any]:
+    """metrics.json's quality part; write_evaluation adds the cache metrics of the trace files it writes."""
     ppls = [v["val_ppl"] for v in final_eval.values()]
     tokens = [v["tokens"] for v in final_eval.values()]
     losses = [v["val_loss"] for v in final_eval.values()]
@@ -146,10 +146,6 @@ def summary_metrics(config, final_eval: dict, traces: dict, last_train: dict,
         "ppl_token_weighted": float(np.exp(np.average(losses, weights=tokens))),
         "final_train": last_train,
     }
-    if config.eval.cache_metrics:
-        from cachesim.metrics import paper_metrics
-        # The paper's static pin is in-sample; train_traces give the out-of-sample one beside it.
-        out["domains"] = {d: paper_metrics(t, fit=(train_traces or {}).get(d)) for d, t in traces.items()}
     return out
 
 
@@ -264,10 +260,11 @@ def _run_locked(configs: list[ml_collections.ConfigDict], workdirs: list[pathlib
         if finetune and "predictor" in c and c.predictor.enabled:
             from moe.transfers import transfer_study
             extra[rundir.TRANSFERS] = transfer_study(c, result.graphdef, params, base, log)
-        metrics = summary_metrics(c, final_eval, traces, last, train_traces)
+        metrics = summary_metrics(c, final_eval, last)
         if lead:
-            write_evaluation(w, final_eval, traces, window_losses, window_tokens=c.model.context,
-                             train_traces=train_traces, metrics=metrics, extra=extra)
+            metrics = write_evaluation(w, final_eval, traces, window_losses, window_tokens=c.model.context,
+                                       train_traces=train_traces, metrics=metrics, extra=extra,
+                                       cache_metrics=c.eval.cache_metrics)
             rundir.write_progress(w, phase="done", step=num_train_steps(c), pid=os.getpid())
         for line in collapse_warnings(metrics):
             log(line)
@@ -293,10 +290,16 @@ def check_finite_evaluation(final_eval: dict, workdir: pathlib.Path, step: int) 
 
 def write_evaluation(workdir: pathlib.Path, final_eval: dict, traces: dict, window_losses: dict | None = None,
                      *, window_tokens: int | None = None, train_traces: dict | None = None,
-                     metrics: dict | None = None, extra: dict[str, Any] | None = None) -> None:
+                     metrics: dict | None = None, extra: dict[str, Any] | None = None,
+                     cache_metrics: bool = False) -> dict | None:
     """Publishes one evaluation as a unit (:func:`moe.rundir.publish_evaluation`): trace_<domain>.npz (and
     trace_<domain>_train.npz), eval_windows.npz (per-window mean CE, when given), final_eval.json,
-    metrics.json and ``extra`` JSON files, staged with their manifest, then renamed into ``workdir``."""
+    metrics.json and ``extra`` JSON files, staged with their manifest, then renamed into ``workdir``.
+
+    ``cache_metrics``: metrics.json gets the cache facts of the staged trace files (cachesim.facts: the
+    function, the files and so the numbers the analysis would recompute). Returns the metrics written.
+    """
+    from cachesim import facts
     from cachesim.trace import save_trace
 
     staging = rundir.staging_dir(workdir)
@@ -310,9 +313,14 @@ def write_evaluation(workdir: pathlib.Path, final_eval: dict, traces: dict, wind
     for name, obj in (extra or {}).items():
         rundir.write_json(staging / name, obj)
     if metrics is not None:
+        if cache_metrics:  # the static pin in-sample, and out-of-sample where a training-split trace exists
+            metrics = {**metrics, **facts.run_metrics(
+                {d: staging / rundir.trace_file(d) for d in traces},
+                {d: staging / rundir.train_trace_file(d) for d in train_traces or {}}, window_tokens)}
         rundir.write_json(staging / rundir.METRICS, metrics)
     rundir.write_manifest(staging, {d: int(v["tokens"]) for d, v in final_eval.items()})
     rundir.publish_evaluation(workdir)
+    return metrics
 
 
 def prepare_data_once(data_cfg, lead: bool) -> pathlib.Path:

@@ -9,6 +9,7 @@ from analysis_fixtures import alternating_experts, block_experts, spread_experts
 
 import cachesim.metrics
 from analysis import cache, summary
+from cachesim import facts as cs_facts
 from analysis.runs import load_run, load_runs
 
 DOMAINS = ("prose", "code", "math")
@@ -165,13 +166,13 @@ def test_a_cachesim_change_invalidates_the_cache(tmp_path, count_calls, monkeypa
     load_run(path, store=cache.MetricsStore(tmp_path / "user"))
     assert len(count_calls) == 3
     entry = user_entry(tmp_path / "user", path / "trace_code.npz")
-    assert entry["cachesim"] == cache.cachesim_fingerprint() and len(entry["cachesim"]) == 64
-    real = cache.cachesim_fingerprint
-    monkeypatch.setattr(cache, "cachesim_fingerprint", lambda: "0" * 64)  # the simulator's code changed
+    assert entry["cachesim"] == cs_facts.fingerprint() and len(entry["cachesim"]) == 64
+    real = cs_facts.fingerprint
+    monkeypatch.setattr(cs_facts, "fingerprint", lambda: "0" * 64)  # the simulator's code changed
     load_run(path, store=cache.MetricsStore(tmp_path / "user"))
     assert len(count_calls) == 6
     # Another checkout with the first code, sharing the user cache: its entries were kept, not overwritten.
-    monkeypatch.setattr(cache, "cachesim_fingerprint", real)
+    monkeypatch.setattr(cs_facts, "fingerprint", real)
     store = cache.MetricsStore(tmp_path / "user")
     load_run(path, store=store)
     assert store.computed == 0 and len(list((tmp_path / "user").glob("*.json"))) == 6
@@ -183,21 +184,21 @@ def test_the_fingerprint_covers_every_module_the_metrics_run():
     import sys
 
     script = ("import sys, numpy as np\n"
-              "from cachesim.metrics import paper_metrics\n"
               "from cachesim.trace import make_trace\n"
               "rng = np.random.default_rng(0)\n"
               "experts = np.stack([[rng.choice(8, 2, replace=False) for _ in range(64)] for _ in range(2)])\n"
               "trace = make_trace(experts.astype(np.int16), 8)\n"
-              "from analysis.cache import window_misses\n"
-              "window_misses(trace, paper_metrics(trace), 16)\n"
+              "from cachesim.facts import trace_facts\n"
+              "trace_facts(trace, fit=trace, segment_tokens=16)\n"
               "print('\\n'.join(m.__file__ for n, m in sys.modules.items()\n"
               "                 if n.split('.')[0] == 'cachesim' and getattr(m, '__file__', None)))\n")
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     loaded = {pathlib.Path(p).resolve() for p in proc.stdout.split()}
-    covered = {p.resolve() for p in cache.metric_sources()}
+    covered = {p.resolve() for p in cs_facts.metric_sources()}
     assert loaded and loaded <= covered, f"not fingerprinted: {sorted(map(str, loaded - covered))}"
     names = {p.name for p in covered}
-    assert {"stack.py", "simulate.py", "metrics.py", "policies.py", "trace.py", "segments.py", "online.py"} <= names
+    assert {"facts.py", "stack.py", "simulate.py", "metrics.py", "policies.py", "trace.py", "segments.py",
+            "online.py"} <= names
 
 
 def test_window_misses_are_each_windows_share_of_one_replay(tmp_path):
@@ -253,3 +254,110 @@ def test_the_out_of_sample_pin_comes_from_the_training_split_trace(tmp_path):
     (run / rundir.train_trace_file("code")).unlink()
     (plain,) = load_runs([tmp_path / "runs"], store=cache.MetricsStore(cache_dir=tmp_path / "user"))
     assert summary.run_values(plain)["static_hit_50_oos"] is None
+
+
+# -- the facts a run recorded in its own metrics.json ------------------------------------------------
+PUBLISHED_LOSSES = {"prose": 4.0, "code": 1.5, "math": 3.0}
+
+
+def publish(root: pathlib.Path, name: str, *, experts, shift: float = 0.0, fits=None, **config) -> pathlib.Path:
+    """A run directory as main.py writes it: moe.run's evaluation writer, metrics.json and its cache facts.
+
+    8 windows of 8 tokens per domain (the 64-token traces), each window's CE ``shift`` above arm A's;
+    ``fits``: {domain: experts} of training-split traces.
+    """
+    from analysis_fixtures import E
+    from cachesim.trace import load_trace, make_trace
+    from moe.run import write_evaluation
+
+    windows = {d: [loss + shift + 0.1 * (i % 3 - 1) for i in range(8)] for d, loss in PUBLISHED_LOSSES.items()}
+    # Expert ids shifted per domain: every trace file has its own content (the record matches by content).
+    path = write_run(root, name, traces={d: (experts() + i) % E for i, d in enumerate(windows)},
+                     window_losses=windows, window_tokens=8, **config)
+    final_eval = json.loads((path / "final_eval.json").read_text())
+    traces = {d: load_trace(path / f"trace_{d}.npz") for d in windows}
+    fits = {d: make_trace(e, E, model="synthetic", name=d) for d, e in (fits or {}).items()}
+    write_evaluation(path, final_eval, traces, windows, window_tokens=8, train_traces=fits, metrics={"run": name},
+                     cache_metrics=True)
+    return path
+
+
+@pytest.fixture(scope="module")
+def published(tmp_path_factory) -> pathlib.Path:
+    """Two arm-A seeds, two arm-B seeds (local routing, one with a training-split trace) and an arm-C run."""
+    root = tmp_path_factory.mktemp("published")
+    train = {d: sticky_experts(tokens=16) for d in DOMAINS}
+    publish(root, "a-s1", experts=spread_experts)
+    publish(root, "a-s2", experts=spread_experts, seed=2, shift=0.01)
+    publish(root, "b-s1", experts=block_experts, arm="B", lam=0.02, shift=0.004, fits={"code": train["code"]})
+    publish(root, "b-s2", experts=block_experts, arm="B", lam=0.02, seed=2, shift=0.012)
+    publish(root, "c-s1", experts=block_experts, arm="C", mu=0.1, shift=0.02, fits=train)
+    return root
+
+
+def test_analysis_prints_from_the_runs_metrics_json_exactly_what_a_recompute_prints(published, tmp_path,
+                                                                                    count_calls, monkeypatch, capsys):
+    from analysis import cli, tables, verdict
+
+    printed = {}
+    for how in ("recorded", "recomputed"):
+        if how == "recomputed":  # the metric code changed: the recorded facts no longer count
+            monkeypatch.setattr(cs_facts, "fingerprint", lambda: "0" * 64)
+        texts = []
+        for main, fmt in ((tables.main, "markdown"), (tables.main, "json"), (verdict.main, "text"),
+                          (verdict.main, "json")):
+            assert cli.run_main(main, [str(published), "--format", fmt, "--cache_dir", str(tmp_path / how),
+                                       "--jobs", "1"]) == 0
+            texts.append(capsys.readouterr().out)
+        printed[how] = texts
+        if how == "recorded":  # every fact read from metrics.json: nothing simulated, nothing cached
+            assert count_calls == [] and not (tmp_path / how).exists()
+    assert len(count_calls) == len(list((tmp_path / "recomputed").glob("*.json"))) > 0
+    assert printed["recorded"] == printed["recomputed"]
+    assert "static_hit_50_oos" in printed["recorded"][1]  # the training-split pin reached the tables
+
+
+def test_the_runs_facts_are_recomputed_when_the_trace_the_fit_or_the_code_changed(published, tmp_path,
+                                                                                  count_calls, monkeypatch):
+    import shutil
+
+    from moe import rundir
+
+    run = shutil.copytree(published / "b-s1", tmp_path / "b-s1")  # a copy: the record matches by content
+    traces = {d: run / f"trace_{d}.npz" for d in DOMAINS}
+    fits = {"code": run / rundir.train_trace_file("code")}
+
+    def facts(case: str) -> dict:
+        return cache.MetricsStore(tmp_path / case).trace_facts(traces, 8, fits)
+
+    recorded = facts("same")
+    assert count_calls == [] and recorded["code"]["paper_metrics"]["cache"]["static_train"]
+    # Asked without the training-split trace the run scored code's pin with: recomputed.
+    assert cache.MetricsStore(tmp_path / "nofit").trace_facts(traces, 8)["prose"] == recorded["prose"]
+    assert count_calls == ["trace_code"]
+    # Another window length than the run's evaluation windows: recomputed (per-window misses of 16 tokens).
+    assert cache.MetricsStore(tmp_path / "w16").trace_facts(traces, 16)["math"]["window_misses"]["misses"] == [8] * 4
+    count_calls.clear()
+    # A replaced trace: that trace alone.
+    write_run(tmp_path / "other", "r", traces={"math": sticky_experts(tokens=64)}, losses={"math": 1.0})
+    os.replace(tmp_path / "other" / "r" / "trace_math.npz", traces["math"])
+    changed = facts("trace")
+    assert count_calls == ["trace_math"] and changed["math"] == cache.compute_trace_facts(traces["math"], 8)
+    assert {d: changed[d] for d in ("prose", "code")} == {d: recorded[d] for d in ("prose", "code")}
+    count_calls.clear()
+    # A replaced training-split trace: the domain scored with it (the new math trace: in the user cache now).
+    shutil.copy(traces["prose"], fits["code"])
+    facts("trace")
+    assert count_calls == ["trace_code"]
+    count_calls.clear()
+    # Another metric code, or a run written before metrics.json carried the record: everything.
+    real = cs_facts.fingerprint
+    monkeypatch.setattr(cs_facts, "fingerprint", lambda: "0" * 64)
+    facts("code")
+    assert len(count_calls) == 3
+    monkeypatch.setattr(cs_facts, "fingerprint", real)
+    count_calls.clear()
+    metrics = json.loads((run / rundir.METRICS).read_text())
+    (run / rundir.METRICS).write_text(json.dumps({k: v for k, v in metrics.items() if k != cs_facts.RECORD_KEY}))
+    facts("old")
+    assert len(count_calls) == 3

@@ -47,7 +47,7 @@ def uninterrupted(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_run_directory_contract(uninterrupted):
+def test_run_directory_contract(uninterrupted, tmp_path):
     names = {p.name for p in uninterrupted.iterdir()}
     assert {"config.json", "final_eval.json", "log.jsonl", "metrics.json", "checkpoints",
             "trace_prose.npz", "trace_code.npz", "trace_math.npz"} <= names
@@ -91,6 +91,19 @@ def test_run_directory_contract(uninterrupted):
     assert set(code["cache"]["static_train"]) == {"0.125", "0.25", "0.5"}
     assert code["static_fit"]["static_w1.0"].startswith("in-sample")
     assert code["static_fit"]["static_train"].startswith("out-of-sample")
+    # The cache facts the analysis reads, stamped with the metric code's fingerprint and the traces' hashes:
+    # the analysis uses them as written (nothing simulated), and they equal a recompute from the files.
+    from analysis import cache
+    from analysis.runs import load_run
+    from cachesim import facts
+    record = metrics[facts.RECORD_KEY]
+    assert record["cachesim"] == facts.fingerprint()
+    assert record["domains"]["code"]["trace_sha256"] == facts.file_sha256(uninterrupted / "trace_code.npz")
+    store = cache.MetricsStore(tmp_path / "user")
+    run = load_run(uninterrupted, store=store)
+    assert store.computed == 0 and run.domains["code"].facts["window_misses"]["segment_tokens"] == cfg["seq"]
+    assert run.domains["code"].facts == cache.compute_trace_facts(uninterrupted / "trace_code.npz", cfg["seq"],
+                                                                  uninterrupted / "trace_code_train.npz")
 
 
 @pytest.mark.slow
