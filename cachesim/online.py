@@ -1,22 +1,10 @@
 """A token-by-token expert cache in JAX, for code that routes *through* a cache.
 
-`simulate` (cachesim.simulate) replays recorded traces for whole grids of
-capacities at once. Cache-coupled evaluation — rerouting toward resident
-experts, elision, prefetch — instead needs one cache of one capacity whose
-state it can read before each token and advance inside its own `lax.scan`.
-This module is that cache: a dense state over the E experts, with exactly the
-semantics of `cachesim.policies` (parity-tested against `cachesim.reference`).
-
-The state per cache is a resident mask, an eviction key per expert and the
-resident count. The victim of a miss is the resident expert with the smallest
-(key, id):
-
-* LRU keys are last-use times (request index t·k+j, or the token index t in
-  `token` recency mode, where the id then breaks ties);
-* LFU keys are request counts, never reset;
-* Belady keys are `horizon − next request`, refreshed for all of a token's
-  experts before its first request is served (so the next request is counted
-  strictly after the current token).
+Cache-coupled evaluation (rerouting toward resident experts, elision, prefetch) needs one cache whose state it
+reads before each token and advances inside its own `lax.scan`: a dense state over the E experts, with the
+rules of `cachesim.policies` (parity-tested against `cachesim.reference`). A miss evicts the resident expert
+of smallest (key, id); each policy's record says how a request updates its key, and a clairvoyant policy's
+keys (Belady's) are refreshed for all of a token's experts before its first request is served.
 """
 
 from __future__ import annotations
@@ -27,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cachesim.policies import BELADY, LFU, LRU_TOKEN
+from cachesim.policies.record import REPLAYED, Request
 
 _NOT_RESIDENT = int(np.iinfo(np.int32).max)
 
@@ -46,6 +34,14 @@ class CacheState(NamedTuple):
     size: jax.Array
 
 
+def by_policy(policy: jax.Array, value, default):
+    """`value(record)` of the replayed policy whose code is `policy` (traced), else `default`."""
+    out = default
+    for p in REPLAYED:
+        out = jnp.where(policy == p.code, value(p), out)
+    return out
+
+
 def init_cache_state(num_experts: int, batch_shape: tuple[int, ...] = ()) -> CacheState:
     """An empty cache (or a batch of them)."""
     return CacheState(
@@ -62,13 +58,10 @@ def cache_token_step(state: CacheState, experts: jax.Array, next_use: jax.Array,
     Args:
       state: the cache before this token (resident (E,)).
       experts: (k,) int32 expert ids; -1 marks padding (no request).
-      next_use: (k,) int32, for each requested expert the next token index
-        strictly after t requesting it, else `horizon`. Read only by Belady.
-      t: the token's index.
-      policy: LRU_REQUEST, LRU_TOKEN, LFU or BELADY.
-      capacity: the capacity (>= 0; >= E never evicts).
-      horizon: an int larger than every token index ("never again").
-        Keys are packed with ids in int32: keep horizon · k · E below 2**31.
+      next_use: (k,) int32, each expert's next token strictly after t, else `horizon`
+        (read by clairvoyant policies); t: the token's index.
+      policy: a replayed policy's code (`policy_code`); capacity: >= 0 (>= E never evicts).
+      horizon: larger than every token index; keep horizon · k · E below 2**31 (int32 keys).
 
     Returns:
       The cache after the token and (k,) bool demand-miss flags.
@@ -77,10 +70,12 @@ def cache_token_step(state: CacheState, experts: jax.Array, next_use: jax.Array,
     k = experts.shape[0]
     ids = jnp.arange(num_experts, dtype=jnp.int32)
     onehot = experts[:, None] == ids  # (k, E); all False for padding
-    # Belady ranks by the next request strictly after this token: refresh the
-    # keys of all k experts before serving any of them.
-    refreshed = jnp.sum(jnp.where(onehot, horizon - next_use[:, None], 0), axis=0)
-    key = jnp.where((policy == BELADY) & jnp.any(onehot, axis=0), refreshed, state.key)
+    key = state.key
+    for p in REPLAYED:  # clairvoyant keys: refreshed for all k experts before any is served
+        if p.clairvoyant:
+            fresh = p.key(Request(t * k + jnp.arange(k), t, None, next_use, horizon))
+            refreshed = jnp.sum(jnp.where(onehot, fresh[:, None], 0), axis=0)
+            key = jnp.where((policy == p.code) & jnp.any(onehot, axis=0), refreshed, key)
     resident, size = state.resident, state.size
     misses = []
     for slot in range(k):
@@ -93,8 +88,8 @@ def cache_token_step(state: CacheState, experts: jax.Array, next_use: jax.Array,
         victim = jnp.min(packed) % num_experts
         resident = (resident & ~(evict & (ids == victim))) | (load & wanted)
         size = size + load.astype(jnp.int32) - evict.astype(jnp.int32)
-        stamp = jnp.where(policy == LRU_TOKEN, t, t * k + slot)
-        updated = jnp.where(policy == LFU, key + 1, jnp.where(policy == BELADY, key, stamp))
+        request = Request(t * k + slot, t, None, next_use[slot], horizon)
+        updated = by_policy(policy, lambda p: p.online(key, request), key)
         key = jnp.where(wanted, updated, key)
         misses.append(miss)
     return CacheState(resident, key, size), jnp.stack(misses)
@@ -103,23 +98,15 @@ def cache_token_step(state: CacheState, experts: jax.Array, next_use: jax.Array,
 def replay(state: CacheState, experts: jax.Array, next_use: jax.Array, policy: jax.Array,
            capacity: jax.Array, horizon: jax.Array, start: jax.Array | int = 0
            ) -> tuple[CacheState, jax.Array, jax.Array]:
-    """:func:`cache_token_step` over T tokens in order: the one token-by-token loop (a ``lax.scan``).
+    """:func:`cache_token_step` over T tokens in order (a ``lax.scan``): the one replay of a
+    fixed request stream through one cache (vmap it for more); code that *chooses* experts
+    from the cache state scans its own rule around ``cache_token_step``.
 
-    Every user that replays a fixed request stream through one cache — per-
-    sequence prefetched caches, the timed model's residency — runs this; vmap
-    it for more caches. Code that *chooses* experts from the cache state
-    (cache-aware routing) scans its own rule around ``cache_token_step``.
-
-    Args:
-      state: the cache before the first token.
-      experts, next_use: (T, k) request ids (-1 = none) and, for Belady, each
-        request's next token index strictly after its own (else ``horizon``).
-      policy, capacity, horizon: as for ``cache_token_step``.
-      start: the index of the first token (the LRU clock continues from it).
-
-    Returns:
-      (the cache after the last token, (T, k) bool demand-miss flags, (T, E)
-      bool resident masks before each token).
+    experts, next_use: (T, k) request ids (-1 = none) and each request's next token strictly
+    after its own (else ``horizon``; read by clairvoyant policies); policy, capacity, horizon:
+    as for ``cache_token_step``; start: the first token's index (the LRU clock continues).
+    Returns the cache after the last token, (T, k) bool demand-miss flags and (T, E) bool
+    resident masks before each token.
     """
     def body(carry, inputs):
         cache, t = carry

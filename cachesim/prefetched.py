@@ -20,8 +20,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cachesim.online import CacheState, replay
-from cachesim.policies import LFU, CacheSpec, policy_code
+from cachesim.online import CacheState, by_policy, replay
+from cachesim.policies import CacheSpec, policy_code
+from cachesim.policies.record import REPLAYED, Request
 
 
 class PrefetchError(ValueError):
@@ -32,8 +33,10 @@ class PrefetchError(ValueError):
 def _demand_misses(experts: jax.Array, prefetch: jax.Array, policy: jax.Array, capacity: jax.Array) -> jax.Array:
     """Demand misses per sequence: experts (S, T, k), prefetch (S, E) bool -> (S,) int32."""
     num_tokens = experts.shape[1]
-    # No history for prefetched experts: LFU count 0; LRU time −1, older than every request.
-    initial_key = jnp.where(prefetch & (policy != LFU), -1, 0).astype(jnp.int32)
+    # No history for prefetched experts: the key of a request at time −1 that counts none
+    # (LRU: older than every request; LFU: count 0).
+    before = by_policy(policy, lambda p: p.key(Request(-1, -1, 0, num_tokens, num_tokens)), 0)
+    initial_key = jnp.where(prefetch, before, 0).astype(jnp.int32)
     state = CacheState(resident=prefetch, key=initial_key, size=prefetch.sum(-1, dtype=jnp.int32))
     per_sequence = jax.vmap(replay, in_axes=(0, 0, 0, None, None, None))
     _, misses, _ = per_sequence(state, experts, jnp.zeros_like(experts), policy, capacity, jnp.int32(num_tokens))
@@ -60,7 +63,7 @@ def sequence_demand_loads(experts: np.ndarray, num_experts: int, spec: CacheSpec
       experts: (..., T, k) expert ids of each sequence's simulated tokens, top-1
         first (e.g. (L, S, T, k): one cache per layer per sequence).
       num_experts: E.
-      spec: an "lru" or "lfu" cache spec; fractional capacities resolve with E.
+      spec: a cache spec of a policy that reads no future (LRU, LFU); fractional capacities resolve with E.
       prefetch: optional (..., E) bool: the experts resident before the first
         token (at most the capacity of them); None = an empty cache.
 
@@ -71,8 +74,9 @@ def sequence_demand_loads(experts: np.ndarray, num_experts: int, spec: CacheSpec
     experts = np.asarray(experts)
     if experts.ndim < 2:
         raise PrefetchError(f"experts must be (..., T, k), got shape {experts.shape}")
-    if spec.policy not in ("lru", "lfu"):
-        raise PrefetchError(f"prefetch simulation supports the lru and lfu policies, not {spec.policy!r}")
+    usable = list(dict.fromkeys(p.name for p in REPLAYED if not p.clairvoyant))  # no future read here
+    if spec.policy not in usable:
+        raise PrefetchError(f"prefetch simulation supports the {' and '.join(usable)} policies, not {spec.policy!r}")
     if experts.size and (experts.min() < 0 or experts.max() >= num_experts):
         raise PrefetchError(f"expert ids must lie in [0, {num_experts}); got [{experts.min()}, {experts.max()}]")
     capacity = min(spec.capacity_for(num_experts), num_experts)

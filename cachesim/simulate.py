@@ -1,21 +1,11 @@
 """The grid simulator: every (trace, layer, cache spec) of a grid in one jit per policy.
 
-LRU, LFU and Belady are stack algorithms: one replay per (cache, policy)
-gives the misses of every capacity at once (`cachesim.stack`, which explains
-the method). The replay reads, per request, the expert's request history —
-number of earlier requests, next request — computed here in numpy by one
-stable sort per cache, and starts its time chunks from stacks guessed from
-the same sort. Caches (rows, `cachesim.scope`: one per layer, or one for all
-layers under the global scope) and time chunks run side by side as vector
-lanes; capacities are traced values and the shapes are the only static
-inputs, so new traces of the same shape reuse the compiled functions. Static
-pinning needs no replay (`cachesim.pinning`): the misses are the requests
-outside the pinned set. Policies cachesim does not implement run through
-libCacheSim (`cachesim.lcs`).
-
-`cachesim.online` holds the plain per-cache step (a dense state per cache)
-for code that routes through a cache token by token; both are parity-tested
-against `cachesim.reference`.
+Replayed policies are stack algorithms: one replay per (cache, policy) gives the misses of every capacity
+(`cachesim.stack`). It reads, per request, the key's history (earlier requests, next request) from one stable
+sort per cache in numpy, and starts its time chunks from stacks guessed from the same sort. Caches
+(`cachesim.scope` rows) and chunks run side by side as vector lanes; capacities are traced, so traces of one
+shape share the compiled replay. Static pinning needs no replay (`cachesim.policies.static`); libCacheSim's
+policies run through `cachesim.lcs`.
 """
 
 from __future__ import annotations
@@ -28,10 +18,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from cachesim import pinning, scope, stack
-from cachesim.pinning import pinned_sets  # noqa: F401  (the timed model's import)
-from cachesim.policies import (BELADY, LFU, LRU_REQUEST, LRU_TOKEN, CacheSpec,
-                               policy_code)
+from cachesim import scope, stack
+from cachesim.policies import EXTERNAL_POLICIES, CacheSpec, policy_code, policy_of, static
+from cachesim.policies.record import REPLAYED, Request
 from cachesim.trace import Trace
 
 # Key axes are padded to a multiple of this, so nearby E share one compile.
@@ -142,7 +131,7 @@ class ReplayInputs(NamedTuple):
     """What the priority-stack replays read of one row: `replay_inputs`."""
 
     requests: np.ndarray            # (T, k) int32 keys, -1 padding
-    keys: dict[int, np.ndarray]     # LFU, BELADY: (T, k) new-priority keys
+    keys: dict[int, np.ndarray]     # per variant: (T, k) each request's new priority key
     guesses: dict[int, np.ndarray]  # per variant: (starts, M) guessed stacks
 
 
@@ -150,12 +139,11 @@ def replay_inputs(experts: np.ndarray, starts: np.ndarray, depths: Mapping[int, 
                   num_experts: int, horizon: int) -> ReplayInputs:
     """What `cachesim.stack.replay` reads of one row's (T, k) keys, from one sort.
 
-    depths: {variant: M}, the stack depth of each priority variant (LRU with
-    token recency, LFU, Belady). Guesses are, at each step index of
-    `starts`, every key's true priority then, highest (top) first, the top M
-    of them, EMPTY below the keys seen so far — exact for any policy at step
-    0 (the empty cache); the replay verifies the rest. LFU's key is the
-    request's count (itself included), Belady's the next step requesting it.
+    depths: {variant: M}, the stack depth of each replayed policy (by code).
+    Guesses are, at each step index of `starts`, every key's true priority
+    then (the policy's key of its last request), highest (top) first, the top
+    M of them, EMPTY below the keys seen so far — exact for any policy at step
+    0 (the empty cache); the replay verifies the rest.
     """
     num_tokens, k = experts.shape
     flat = experts.reshape(-1).astype(np.int32)
@@ -164,18 +152,18 @@ def replay_inputs(experts: np.ndarray, starts: np.ndarray, depths: Mapping[int, 
     shift = stack.id_bits(num_experts)
     count, last, upcoming = history.before(np.asarray(starts, np.int64) * k)
     seen = count > 0
+    counts = np.empty(flat.shape, np.int32)
+    counts[history.order] = np.arange(flat.size) + 1 - np.maximum.accumulate(
+        np.where(history.first_sorted, np.arange(flat.size), 0))
+    index = np.arange(flat.size, dtype=np.int32)
+    at_start = Request(last, last // k, count, upcoming, horizon)
+    at_request = Request(index, index // k, counts, history.following, horizon)
     keys, guesses = {}, {}
     for variant in depths:
-        key = {LFU: count, LRU_TOKEN: last // k, BELADY: horizon - upcoming}[variant]
-        priority = np.where(seen, (key << shift) + history.ids, stack.EMPTY)
+        key = REPLAYED[variant].key
+        priority = np.where(seen, (key(at_start) << shift) + history.ids, stack.EMPTY)
         guesses[variant] = -np.sort(-priority.T, axis=1)[:, :depths[variant]].astype(np.int32)
-    if LFU in depths:
-        counts = np.empty(flat.shape, np.int32)
-        counts[history.order] = np.arange(flat.size) + 1 - np.maximum.accumulate(
-            np.where(history.first_sorted, np.arange(flat.size), 0))
-        keys[LFU] = np.where(padding, 0, counts).reshape(num_tokens, k)
-    if BELADY in depths:
-        keys[BELADY] = np.where(padding, horizon, history.following).reshape(num_tokens, k)
+        keys[variant] = np.where(padding, 0, key(at_request)).astype(np.int32).reshape(num_tokens, k)
     return ReplayInputs(np.where(padding, -1, flat).reshape(num_tokens, k), keys, guesses)
 
 
@@ -392,9 +380,9 @@ def _simulate_layout(traces, selections, specs, columns, layout, pad_tokens, sta
         rows.capacities = np.concatenate([rows.capacities, capacities])
     for (k, _, _), rows in groups.items():
         misses = _replay_rows(rows, specs, k, pad_tokens, stats)  # (rows, groups, specs)
-        static = [s for s, spec in enumerate(specs) if spec.policy == "static"]
-        if static:
-            misses[:, :, static] = _static_rows(rows, specs, static, traces, selections, layout,
+        pinned = [s for s, spec in enumerate(specs) if policy_of(spec).key is None]
+        if pinned:
+            misses[:, :, pinned] = _static_rows(rows, specs, pinned, traces, selections, layout,
                                                 fits)
         for r, (i, first) in enumerate(rows.owners):
             span = slice(first, first + rows.groups)
@@ -432,7 +420,7 @@ def _replay_rows(rows: _Rows, specs: Sequence[CacheSpec], k: int, pad_tokens: in
                  stats: dict | None) -> np.ndarray:
     """Misses (rows, groups, specs) of the replayed specs (static columns stay 0)."""
     misses = np.zeros((len(rows.requests), rows.groups, len(specs)), np.int64)
-    replayed = [s for s, spec in enumerate(specs) if spec.policy != "static"]
+    replayed = [s for s, spec in enumerate(specs) if policy_of(spec).key is not None]
     if not replayed:
         return misses
     longest = max(len(r) for r in rows.requests)
@@ -447,20 +435,22 @@ def _replay_rows(rows: _Rows, specs: Sequence[CacheSpec], k: int, pad_tokens: in
     for s in replayed:
         members.setdefault(policy_code(specs[s]), []).append(s)
     depths = {v: _depth(rows.capacities[:, cols], rows.num_keys) for v, cols in members.items()}
-    packed = LRU_REQUEST in depths and _packs(rows, depths)
+    # A policy whose every key is the largest yet (LRU) replays a stack of ids: a rotation.
+    recency = next((v for v in depths if REPLAYED[v].rotation), None)
+    packed = recency is not None and _word_fits(int(rows.capacities.max(initial=0)), rows.num_keys)
     if packed:
-        depths[LRU_REQUEST] = 32 // stack.slot_bits(rows.num_keys)
-    priority = [v for v in depths if v != LRU_REQUEST]
+        depths[recency] = 32 // stack.slot_bits(rows.num_keys)
+    priority = [v for v in depths if v != recency]
     # One word per lane counts as one entry: lanes are chosen by entries.
     lane_depth = max([depths[v] for v in priority]
-                     + ([1 if packed else depths[LRU_REQUEST]] if LRU_REQUEST in depths else []))
+                     + ([1 if packed else depths[recency]] if recency is not None else []))
     num_chunks, num_steps, warmup = chunking(len(rows.requests), requested, lane_depth,
                                              rows.groups)
     recency_chunks = num_chunks
-    if LRU_REQUEST in depths and priority:
+    if recency is not None and priority:
         # The recency replay needs no warm-up: more, shorter chunks pay. Its
         # chunks split the priority replays' chunks evenly.
-        entries = 1 if packed else depths[LRU_REQUEST]
+        entries = 1 if packed else depths[recency]
         wanted, _, _ = chunking(len(rows.requests), requested, entries, rows.groups)
         recency_chunks = num_chunks * max(1, wanted // num_chunks)
         num_steps = _padded(num_steps, recency_chunks * rows.groups)
@@ -484,10 +474,10 @@ def _replay_rows(rows: _Rows, specs: Sequence[CacheSpec], k: int, pad_tokens: in
     requests = np.stack([p.requests for p in prepared]) if priority else None
     for variant, cols in members.items():
         capacities = rows.capacities[:, cols]
-        if variant == LRU_REQUEST:
+        if variant == recency:
             flat, guesses = recency_inputs([row.reshape(-1) for row in rows.requests],
                                            recency_chunks, num_steps * k // recency_chunks,
-                                           depths[LRU_REQUEST], rows.num_keys)
+                                           depths[recency], rows.num_keys)
             if packed:
                 guesses = stack.pack_words(guesses, rows.num_keys)
             got, passes = stack.replay_recency(
@@ -495,7 +485,7 @@ def _replay_rows(rows: _Rows, specs: Sequence[CacheSpec], k: int, pad_tokens: in
                 per_group=k, groups=rows.groups, packed=packed)
         else:
             guesses = np.stack([p.guesses[variant] for p in prepared])
-            keys = np.stack([p.keys[variant] for p in prepared]) if variant in (LFU, BELADY) else None
+            keys = np.stack([p.keys[variant] for p in prepared])
             got, passes = stack.replay(requests, keys, guesses, capacities, variant=variant,
                                        num_experts=rows.num_keys, num_chunks=num_chunks,
                                        warmup=warmup, groups=rows.groups)
@@ -530,11 +520,6 @@ def lru_segment_misses(experts: np.ndarray, num_experts: int, capacity: int, seg
     return np.asarray(misses)[:, 0, 0, :].astype(np.int64)
 
 
-def _packs(rows: _Rows, depths: dict[int, int]) -> bool:
-    """LRU's recency stack fits one 32-bit word per lane for these capacities."""
-    return _word_fits(int(rows.capacities.max(initial=0)), rows.num_keys)
-
-
 def _word_fits(largest_capacity: int, num_keys: int) -> bool:
     """A recency word's slots cover the largest capacity, and every slot holds a distinct key
     (fewer keys than slots take the array form)."""
@@ -543,15 +528,18 @@ def _word_fits(largest_capacity: int, num_keys: int) -> bool:
 
 def _check_int32(rows: _Rows, variants: Sequence[int], num_steps: int, k: int) -> None:
     """Priorities pack (key, id) as key·P + id in int32 (P = 2**id_bits > keys)."""
+    if not variants:
+        return
     shift = stack.id_bits(rows.num_keys)
-    largest = {LRU_TOKEN: num_steps, BELADY: num_steps + 1}
-    if LFU in variants:  # a key's requests: at most one per step
-        largest[LFU] = max(int(np.max(np.bincount(r[r >= 0].ravel()), initial=0))
-                           for r in rows.requests) + 1
+    # A key's requests: at most one per step.
+    most = max(int(np.max(np.bincount(r[r >= 0].ravel()), initial=0)) for r in rows.requests) + 1
+    # Keys grow or shrink with each field: the largest is at one end of every field's range.
+    ends = (Request(0, 0, 0, -1, num_steps), Request(num_steps * k, num_steps, most, num_steps, num_steps))
     for variant in variants:
-        if (largest[variant] + 1) << shift >= 2**31:
+        largest = max(int(REPLAYED[variant].key(end)) for end in ends)
+        if (largest + 1) << shift >= 2**31:
             raise SimulationError(
-                f"trace too long for int32 priorities ({largest[variant]:,} steps x "
+                f"trace too long for int32 priorities ({largest:,} steps x "
                 f"2**{shift} keys >= 2**31); split it or use fewer layers")
 
 
@@ -571,7 +559,7 @@ def _static_rows(rows: _Rows, specs: Sequence[CacheSpec], columns: Sequence[int]
             index = (spec.fit, spec.warmup)
             if index not in curves:
                 fit_counts = scope.key_counts(fitted, members, layout, spec.warmup)[0]
-                curves[index] = pinning.served_curve(fit_counts, counts, rows.groups)
+                curves[index] = static.served_curve(fit_counts, counts, rows.groups)
             out[r, :, s] = totals - curves[index][:, rows.capacities[r, column]]
     return out
 
@@ -594,9 +582,7 @@ def miss_curves(traces: Sequence[Trace], specs: Sequence[CacheSpec], *,
             keys = spec.keys(len(selection), trace.num_experts)
             sizes = range(keys + 1)
             if spec.engine == "libcachesim":
-                from cachesim.lcs.registry import POLICIES as EXTERNAL
-
-                least = EXTERNAL[spec.policy].min_capacity
+                least = EXTERNAL_POLICIES[spec.policy].min_capacity
                 sizes = [c for c in sizes if c == 0 or c >= least]
             start = len(grid)
             grid += [dataclasses.replace(spec, capacity=c, fraction=None) for c in sizes]

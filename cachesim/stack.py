@@ -1,69 +1,26 @@
-"""One replay per (layer, policy) serves every capacity: the priority stack.
+"""One replay per (cache, policy) serves every capacity: the priority stack.
 
-LRU, LFU and Belady each evict the resident expert of lowest *priority*, and
-every priority here is a function of the trace alone, whatever the cache
-holds (SPEC §7; ties broken by id, lower id = lower priority):
+Every replayed policy evicts the resident key of lowest *priority*, a function of the trace alone
+(`cachesim.policies`: the policy's `key`, ties to the lower id), so each is a stack algorithm (Mattson et al.,
+1970): one ordering of the keys, the stack, holds for every capacity c at once the cache of capacity c as its
+top c entries. A request found at depth d (0 = top) hits every cache with c > d and misses the others. With q
+the priorities and m[i] the minimum of q[0..i]:
 
-  LRU (request)  index of the last request    LFU     number of requests
-  LRU (token)    index of the last token      Belady  minus the next token requesting
-                                                      it, strictly after the current one
-
-Such policies are *stack algorithms* (Mattson et al., 1970): one ordering of
-the experts — the stack — holds, for every capacity c at once, the contents
-of the cache of capacity c as its top c entries. A request for the expert at
-depth d (0 = top) hits every cache with c > d and misses the others; it then
-moves to the top, and each position above d keeps the higher-priority one of
-its old occupant and the lowest-priority expert met so far from the top (the
-one each smaller cache evicts). With q the stack's priorities and m[i] the
-minimum of q[0..i]:
-
-  q'[0] = the requested expert's new priority
+  q'[0] = the requested key's new priority
   q'[i] = max(m[i-1], q[i])     for 0 < i < d
   q'[d] = m[d-1]
   q'[i] = q[i]                  for i > d
 
-Positions above M depend only on positions above M, so a replay that only
-asks about capacities <= M keeps the top M entries (`depth`): an expert not
-among them has depth >= M and misses every such cache. The stack starts with
-M empty slots (`EMPTY`, below every priority), so an expert's first request
-needs no flag: it is never found. Each priority packs (key, id) as key·P + id
-with P the power of two > E, so an entry names its expert (id = q & (P-1);
-EMPTY's low bits are P-1, no expert's id) and ties break by id. New
-priorities come from the trace (`keys`: LFU's request count, Belady's next
-request), never from the stack, so the truncation is exact. Priorities may
-change without a request (Belady re-ranks a token's experts by their next
-request after it before serving the token): the rule compares the
-priorities current at each request, which is all the eviction rule reads.
+Only the top M entries are kept (`depth`): positions above M depend only on positions above M. Slots start
+EMPTY (below every priority); a priority packs key·P + id (P the power of two > E), so an entry names its key
+and ties break by id. A policy whose every new key is the largest yet (LRU) keeps a sorted stack, so the rule
+is a rotation on ids alone (`replay_recency`), one 32-bit word per lane when M ids fit.
 
-LRU with request recency is special: every request's new priority is the
-largest yet, so the stack is always sorted and the rule is a rotation — the
-requested expert to the top, the entries above its old depth one down
-(`replay_recency`). That stack needs no priorities, only ids in recency
-order, and when M ids fit in 32 bits it is one word per lane, served by a few
-bit operations (measured ~3x faster than M int32 rows on XLA:CPU). Its slots
-start filled with the smallest unseen ids, so first requests carry a flag.
-
-The replay is sequential in time, so each trace is cut into chunks replayed
-side by side. A chunk cannot know the stack its predecessor leaves, so it
-starts from a guess (every expert's true priority then, in priority order —
-exact for LRU with request recency, which therefore needs no warm-up; the
-others start `warmup` tokens early and replay them without counting). The
-result is checked, not assumed: chunks whose start differs from their
-predecessor's final stack are replayed again from it (all chunks when many
-are wrong, else the earliest wrong ones in a batch of 1/8 of the lanes),
-until every start matches — each round makes at least one more chunk exact,
-so the counts are always those of one sequential replay. On reference run
-a-main-s1 (E = 16) LRU needs one round, LFU and Belady two.
-
-Layout: a stack is an (M, lanes) array with lanes = (row × chunk) batched by
-hand on the minor axis, so each step is M short vector operations across
-lanes. Measured on XLA:CPU: ~6x faster than a lanes-major (lanes, M) array
-reduced over its minor axis, and 2.7-3.4x faster than `jax.vmap` of the
-per-lane request over the same (M, lanes) array.
-
-A row may hold several layers' caches' requests (the global scope: one
-(token, layer) step per scan step); `groups` attributes each step's misses
-to its layer, step s belonging to group s % groups.
+Traces are cut into chunks replayed side by side, each from a guessed start stack, then checked: chunks whose
+start differs from their predecessor's final stack are replayed again from it until every start holds, so the
+counts are those of one sequential replay. Lanes (row × chunk) sit on the minor axis of (M, lanes) arrays. A
+row may hold several layers' requests (the global scope): step s belongs to group s % groups. Measurements
+behind these choices: benchmarks/results/cachesim_stack.md.
 """
 
 from __future__ import annotations
@@ -75,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cachesim.policies import BELADY, LFU, LRU_TOKEN
+from cachesim.policies.record import REPLAYED
 
 _INT32_MAX = np.iinfo(np.int32).max
 # An empty slot of a priority stack: below every priority (all are >= 0), and
@@ -104,11 +61,6 @@ def id_bits(num_experts: int) -> int:
 def slot_bits(num_experts: int) -> int:
     """Bits of one id in a packed recency word."""
     return max(int(num_experts - 1).bit_length(), 1)
-
-
-def packs_in_a_word(num_experts: int, depth: int) -> bool:
-    """Whether `depth` ids of E experts fit one 32-bit recency word."""
-    return depth * slot_bits(num_experts) <= 32 and depth == 32 // slot_bits(num_experts)
 
 
 # ---------------------------------------------------------------- chunks, verified
@@ -216,24 +168,19 @@ def _stack_request(q, expert, new, shift: int):
     return jnp.where(iota == 0, new, moved), depth
 
 
-def token_step(variant: int, k: int, num_experts: int, horizon, capacities, groups: int = 1):
-    """The scan body over one token (or global step): k requests, after Belady's re-ranking.
+def token_step(variant: int, k: int, num_experts: int, capacities, groups: int = 1):
+    """The scan body over one token (or global step): k requests, after a clairvoyant re-ranking.
 
     capacities: (C, lanes) int32, or None to replay without counting (warm-up).
     Carry: (stack (M, lanes), misses (C, groups, lanes) or None); inputs:
-    (requests (k, lanes), keys (k, lanes) or None, token (lanes,), step ()).
+    (requests (k, lanes), keys (k, lanes), step ()).
     """
     shift = id_bits(num_experts)
+    clairvoyant = REPLAYED[variant].clairvoyant
 
-    def serve(slot, requests, keys, fresh, t, q, misses, group):
+    def serve(slot, requests, fresh, q, misses, group):
         x = requests[slot]
-        if variant == BELADY:
-            new = fresh[slot]
-        elif variant == LFU:
-            new = (keys[slot] << shift) + x
-        else:  # LRU_TOKEN (LRU_REQUEST has its own replay)
-            new = (t << shift) + x
-        q, depth = _stack_request(q, x, new, shift)
+        q, depth = _stack_request(q, x, fresh[slot], shift)
         if misses is not None:
             miss = (x >= 0)[None] & (depth[None] >= capacities)
             misses = _add_misses(misses, miss, group, groups)
@@ -241,23 +188,22 @@ def token_step(variant: int, k: int, num_experts: int, horizon, capacities, grou
 
     def body(carry, inputs):
         q, misses = carry
-        requests, keys, t, step = inputs
+        requests, keys, step = inputs
         group = step % groups
-        fresh = None
-        if variant == BELADY:
-            fresh = ((horizon - keys) << shift) + requests  # (k, lanes)
+        fresh = (keys << shift) + requests  # (k, lanes) new priorities
+        if clairvoyant:
             # Each of the token's experts requested before is ranked by its
-            # next request strictly after this token before any is served
-            # (the first needs no re-ranking: it leaves its place unread).
+            # key from the future before any is served (the first needs no
+            # re-ranking: it leaves its place unread).
             for slot in range(1, k):
                 refresh = ((q & ((1 << shift) - 1)) == requests[slot]) & (requests[slot] >= 0)
                 q = jnp.where(refresh, fresh[slot], q)
         if k == 1:
-            return serve(0, requests, keys, fresh, t, q, misses, group), None
+            return serve(0, requests, fresh, q, misses, group), None
         # A loop over the k requests, not unrolled: unrolled, XLA fuses
         # consecutive requests into chains it recomputes (measured 3.4x slower).
         return jax.lax.fori_loop(
-            0, k, lambda slot, state: serve(slot, requests, keys, fresh, t, *state, group),
+            0, k, lambda slot, state: serve(slot, requests, fresh, *state, group),
             (q, misses)), None
 
     return body
@@ -267,13 +213,12 @@ def token_step(variant: int, k: int, num_experts: int, horizon, capacities, grou
                                              "groups"))
 def replay(requests, keys, guesses, capacities, *, variant: int, num_experts: int,
            num_chunks: int, warmup: int, groups: int = 1):
-    """Demand misses of LRU (token recency), LFU or Belady for every (row, capacity).
+    """Demand misses of a replayed policy (code `variant`) for every (row, capacity).
 
     requests: (rows, T, k) int32 ids, -1 padding (T a multiple of num_chunks,
       the chunk length a multiple of groups).
-    keys: (rows, T, k) int32, the new priority's key: for LFU the expert's
-      requests so far including this one, for Belady the next token strictly
-      after this one requesting it (T if none); None for LRU.
+    keys: (rows, T, k) int32, each request's new priority key (the policy's
+      `key`: for LFU the expert's requests so far including this one).
     guesses: (rows, num_chunks, M) int32, each chunk's top-M stack `warmup`
       tokens before it starts (chunk 0: empty, exact); EMPTY pads.
     capacities: (rows, C) int32, each <= M.
@@ -285,35 +230,29 @@ def replay(requests, keys, guesses, capacities, *, variant: int, num_experts: in
         raise ValueError(f"chunks of {length} tokens: warm-up {warmup} must fit and "
                          f"groups {groups} divide them")
     lanes = rows * num_chunks
-    horizon = jnp.int32(num_tokens)
-    chunk_start = jnp.tile(jnp.arange(num_chunks, dtype=jnp.int32) * length, rows)
     steps = jnp.arange(length, dtype=jnp.int32)
     lane_inputs = {"requests": _lanes_last(requests, rows, num_chunks),
-                   "keys": None if keys is None else _lanes_last(keys, rows, num_chunks),
-                   "token": chunk_start + steps[:, None]}
+                   "keys": _lanes_last(keys, rows, num_chunks)}
 
     def scan(body, inputs, start, misses):
-        xs = (inputs["requests"], inputs["keys"], inputs["token"], steps[:inputs["token"].shape[0]])
+        xs = (inputs["requests"], inputs["keys"], steps[:inputs["requests"].shape[0]])
         return jax.lax.scan(body, (start, misses), xs)[0]
 
     def run(inputs, start, lane_capacities):
-        body = token_step(variant, k, num_experts, horizon, lane_capacities, groups)
+        body = token_step(variant, k, num_experts, lane_capacities, groups)
         zeros = jnp.zeros((lane_capacities.shape[0], groups, lane_capacities.shape[1]), jnp.int32)
         return scan(body, inputs, start, zeros)
 
     def tail_of_previous(a, pad):  # chunk i warms up on chunk i - 1's last tokens
-        if a is None:
-            return None
         tail = a[length - warmup:].reshape((warmup,) + a.shape[1:-1] + (rows, num_chunks))
         tail = tail[..., :-1]
         pad = jnp.full(tail.shape[:-1] + (1,), pad, a.dtype)
         return jnp.concatenate([pad, tail], -1).reshape((warmup,) + a.shape[1:])
 
     warm = {"requests": tail_of_previous(lane_inputs["requests"], -1),
-            "keys": tail_of_previous(lane_inputs["keys"], 0),
-            "token": chunk_start - warmup + steps[:warmup, None]}
+            "keys": tail_of_previous(lane_inputs["keys"], 0)}
     stack = jnp.transpose(guesses, (2, 0, 1)).reshape(guesses.shape[2], lanes)
-    start, _ = scan(token_step(variant, k, num_experts, horizon, None), warm, stack, None)
+    start, _ = scan(token_step(variant, k, num_experts, None), warm, stack, None)
     lane_capacities = jnp.repeat(capacities.T, num_chunks, axis=1)  # (C, lanes)
     misses, rounds = _verified(run, lane_inputs, start, lane_capacities, num_chunks)
     return _per_row(misses, rows, num_chunks), rounds

@@ -105,3 +105,14 @@ def test_the_project_cache_folder_is_found_in_one_function():
                        for s in spellings if s in "".join(line for line in path.read_text().splitlines(True)
                                                           if not line.lstrip().startswith(("#", "``", "\""))))
     assert not offenders, "\n".join(offenders)
+
+
+def test_prefetch_admission_is_planned_in_one_module():
+    """What to keep, re-key and cancel: `cachesim.timed.prefetch.plan_admission`, which the
+    timed model and the measured decode call, each applying its actions to its own queue."""
+    texts = {path.relative_to(REPO).as_posix(): path.read_text() for path in _modules().values()}
+    ranking = ("def plan_admission", "rank < room", "queue_slots - ", "sort(key=lambda entry")
+    planners = sorted(p for p, text in texts.items() if any(marker in text for marker in ranking))
+    assert planners == ["cachesim/timed/prefetch.py"], planners
+    callers = sorted(p for p, text in texts.items() if "plan_admission(" in text)
+    assert callers == ["cachesim/timed/engine.py", "cachesim/timed/prefetch.py", "moe/offload/admission.py"]

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from cachesim import reference as ref, simulate as sim
-from cachesim.lcs import engine, registry
+from cachesim.lcs import engine
+from cachesim.policies import external
 from cachesim.policies import CacheSpec, CacheSpecError
 from cachesim.trace import load_trace, make_trace
 from tests.cachesim_fixtures import random_trace
@@ -191,10 +192,10 @@ def test_belady_conventions_differ(flags):
 
 
 def test_small_capacities_are_refused_with_the_reason():
-    for policy, external in registry.POLICIES.items():
-        if external.min_capacity > 1:
-            with pytest.raises(CacheSpecError, match=f"at least {external.min_capacity}"):
-                CacheSpec(policy, capacity=external.min_capacity - 1)
+    for policy, entry in external.EXTERNAL.items():
+        if entry.min_capacity > 1:
+            with pytest.raises(CacheSpecError, match=f"at least {entry.min_capacity}"):
+                CacheSpec(policy, capacity=entry.min_capacity - 1)
     with pytest.raises(CacheSpecError, match="small FIFO"):
         CacheSpec("s3fifo", fraction=0.25).capacity_for(16)
     CacheSpec("s3fifo", capacity=0)  # 0 holds nothing: allowed for every policy
@@ -210,7 +211,7 @@ def test_missing_binding_names_the_extra(monkeypatch):
 @needs_lcs
 def test_a_libcachesim_abort_is_one_error_line(monkeypatch):
     """S3-FIFO below its minimum aborts the process it runs in: the worker's."""
-    monkeypatch.setitem(registry.POLICIES, "s3fifo", registry.ExternalPolicy("S3FIFO"))
+    monkeypatch.setitem(external.EXTERNAL, "s3fifo", external.ExternalPolicy("S3FIFO"))
     trace = random_trace(0, 1, 20, 1, 8)
     with pytest.raises(sim.SimulationError, match=r"libCacheSim stopped .* s3fifo at capacity 2"):
         sim.simulate([trace], [CacheSpec("s3fifo", capacity=2)])

@@ -5,7 +5,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cachesim import pinning, reference as ref, scope, simulate as sim
+from cachesim import reference as ref, scope, simulate as sim
+from cachesim.policies import static as pinning
 from cachesim.policies import (CacheSpec, CacheSpecError, layer_quotas, parse_capacities, parse_scopes,
                                parse_static_fits)
 from cachesim.trace import make_trace

@@ -166,16 +166,13 @@ def test_chunked_replay_rereplays_chunks_whose_guess_was_wrong(short_chunks):
         inputs = [sim.replay_inputs(trace.experts[layer].astype(np.int32), starts, {variant: 16},
                                     16, 64) for layer in rows]
         requests = np.stack([p.requests for p in inputs])
-        keys = np.stack([p.keys[variant] for p in inputs]) if variant in p_keys else None
+        keys = np.stack([p.keys[variant] for p in inputs])
         guesses = np.stack([p.guesses[variant] for p in inputs])
         guesses[:, 1:] = guesses[:, 1:, ::-1]  # chunk 0 starts empty: its guess is exact
         misses, rounds = stack.replay(requests, keys, guesses, capacities, variant=variant,
                                       num_experts=16, num_chunks=8, warmup=0)
         np.testing.assert_array_equal(np.asarray(misses)[:, 0, 0], want)
         assert int(rounds) > 1, spec
-
-
-p_keys = (policies.LFU, policies.BELADY)
 
 
 def test_chunking_is_a_function_of_shapes():

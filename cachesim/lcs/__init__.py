@@ -1,10 +1,9 @@
 """libCacheSim as a second engine: the classic cache policies cachesim does not implement.
 
-`registry` names the policies (pure data, importable without libCacheSim);
+`cachesim.policies.external` names the policies (importable without libCacheSim);
 `oracle_general` writes libCacheSim's binary trace format; `engine` runs
 specs through the `libcachesim` binding — an optional extra,
 ``pip install 'cacheable-moe[cache-policies]'`` — in a worker process, so that
 libCacheSim's aborts on configurations it rejects become one-line errors.
-This package's `__init__` imports nothing, so `cachesim.policies` can read
-the registry without loading the binding.
+This package's `__init__` imports nothing.
 """

@@ -26,8 +26,8 @@ import numpy as np
 
 from cachesim import scope
 from cachesim.lcs import oracle_general
-from cachesim.lcs.registry import POLICIES
 from cachesim.policies import CacheSpec
+from cachesim.policies.external import EXTERNAL as POLICIES
 from cachesim.trace import Trace
 
 EXTRA = "pip install 'cacheable-moe[cache-policies]'"

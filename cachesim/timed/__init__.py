@@ -11,9 +11,9 @@ Pipeline, one module per stage:
                  ``hardware/`` and ``models/``)
 * ``residency``  step plan (speculation), request unions, cache residency —
                  taken from the simulator itself (``cachesim.online.replay``,
-                 ``cachesim.simulate.pinned_sets``) — and expert placement
+                 ``cachesim.policies.static.pinned_sets``) — and expert placement
 * ``engine``     the event-driven timing pass (``io``: the I/O queue;
-                 ``prefetch``: prediction sources and admission policies)
+                 ``prefetch``: prediction sources and the admission planner)
 * ``metrics``    the metric set and its JSON Lines export
 * ``compare``    every admission policy x byte budget on one workload
 * ``bandwidth``  first-principles and path-mapped throughput from the same

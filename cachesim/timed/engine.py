@@ -1,7 +1,6 @@
 """The timed decode simulation of SPEC §8: stall per (step, layer), exactly.
 
-Timeline of one decode step j (positions evaluated together, see
-`cachesim.timed.residency`), layer by layer:
+Timeline of one decode step j (positions evaluated together, see `cachesim.timed.residency`), layer by layer:
 
 1. The layer's dense part (attention, router) computes for `attn_s`; its
    experts are needed at the end of it: need time n = layer start + attn_s.
@@ -21,11 +20,10 @@ Timeline of one decode step j (positions evaluated together, see
 5. After the last layer, `token_s` (LM head, sampling) ends the step; the step
    commits A_j tokens.
 
-Residency is the cachesim policy over the request stream (precomputed, shared
-by every admission policy); staging slots hold prefetched experts outside
-the cache until their target uses them, so prefetching changes *when* bytes
-arrive, never which experts the cache holds. Time is float seconds; JSON
-Lines export rounds to integer nanoseconds.
+Residency is the cachesim policy over the request stream (precomputed, shared by every admission policy);
+staging slots hold prefetched experts outside the cache until their target uses them, so prefetching changes
+*when* bytes arrive, never which experts the cache holds. Time is float seconds; JSON Lines export rounds to
+integer nanoseconds.
 """
 
 from __future__ import annotations
@@ -38,7 +36,8 @@ import numpy as np
 
 from cachesim.policies import CacheSpec
 from cachesim.timed.io import DONE, IOQueue, Transfer
-from cachesim.timed.prefetch import admission_key, check_admission, expected_avoided_s, make_source
+from cachesim.timed.prefetch import (admission_key, check_admission, expected_avoided_s, make_source,
+                                     plan_admission)
 from cachesim.timed.residency import (Residency, Speculation, StepPlan, home_tiers,
                                       make_step_plan, residency_pass, step_unions)
 from cachesim.timed.spec import (ComputeTimes, Hardware, ModelShape, StallConfigError,
@@ -434,26 +433,18 @@ class _Staging:
         self.seq = 0  # admission order: the last tie-break of every key
 
     def admit(self, proposal, *, now: float, order: int, gap: float) -> None:
-        """Ranks the proposal's candidates with the prefetches still queued and keeps
-        the best that fit the staging slots. ``order`` is the current (step, layer)
-        and ``gap`` the measured seconds between consecutive layers' need times."""
+        """Applies `cachesim.timed.prefetch.plan_admission` to one proposal. ``order`` is the
+        current (step, layer) and ``gap`` the measured seconds between consecutive layers' need times."""
         work, prefetch, io, pending = self.work, self.prefetch, self.io, self.pending
         expert_bytes, read_s, home, hardware = self.expert_bytes, self.read_s, self.home, work.hardware
         target_step, target_layer, candidates = proposal
         target = target_step * work.num_layers + target_layer
         policy = prefetch.admission
-        resident = work.residency.resident_before[target_step, target_layer]
-        already = pending.get(target, {})
-        if policy == "oracle":
-            needed = {e for e, m in zip(work.unions[target_step][target_layer],
-                                        work.misses[target_step][target_layer]) if m}
-            candidates = [(e, p) for e, p in candidates if e in needed]
-        fresh = [(e, p) for e, p in candidates if p > 0 and not resident[e] and e not in already]
+        needed = ({e for e, m in zip(work.unions[target_step][target_layer],
+                                     work.misses[target_step][target_layer]) if m}
+                  if policy == "oracle" else None)
         # Prefetches that have not moved a byte may still be displaced or re-ranked.
         queued = [tr for tr in io.queued if not tr.demand and not tr.charged]
-        if not fresh and not (policy == "esv_per_byte" and queued):
-            return
-
         # Unfinished prefetch bytes per tier with their deadlines (for esv_per_byte).
         backlog: list[list[tuple[int, float]]] = [[] for _ in hardware.tiers]
         if policy == "esv_per_byte":
@@ -463,8 +454,8 @@ class _Staging:
                         backlog[tr.tier].append((deadline, tr.remaining))
         ahead_cache: dict[tuple[int, int], float] = {}
 
-        def score(expert: int, prob: float, deadline: int, layer: int, tie: int,
-                  itself: Transfer | None):
+        def score(expert: int, prob: float, tie: int, itself: Transfer | None):
+            deadline, layer = (itself.order, itself.layer) if itself is not None else (target, target_layer)
             nbytes = expert_bytes[layer][expert]
             read = read_s[layer][expert]
             avoided = 0.0
@@ -480,31 +471,21 @@ class _Staging:
                                              now + (deadline - order) * gap)
             return admission_key(policy, prob, nbytes, deadline, tie, avoided, read)
 
-        pool = []
-        for tr in queued:  # only esv_per_byte keys change with time
-            key = (score(tr.expert, tr.prob, tr.order, tr.layer, tr.key[-1], tr)
-                   if policy == "esv_per_byte" else tr.key)
-            pool.append((key, tr, None))
-        for expert, prob in fresh:
-            key = score(expert, prob, target, target_layer, self.seq, None)
-            self.seq += 1
-            if key is not None:
-                pool.append((key, None, (expert, prob)))
-        in_use = self.alive - len(queued)
-        room = prefetch.queue_slots - in_use
-        pool.sort(key=lambda entry: (entry[0] is None, entry[0] or ()))
-        for rank, (key, tr, fresh_entry) in enumerate(pool):
-            keep = key is not None and rank < room
-            if tr is not None:
-                if keep:
-                    tr.key = key
-                else:  # displaced from the queue; it never moved a byte
-                    io.cancel(tr)
-                    del pending[tr.order][tr.expert]
-                    self.alive -= 1
-                continue
-            if keep:
-                expert, prob = fresh_entry
+        actions, self.seq = plan_admission(
+            policy, candidates, queued, resident=work.residency.resident_before[target_step, target_layer],
+            already=pending.get(target, {}), needed=needed, slots=prefetch.queue_slots, alive=self.alive,
+            score=score, seq=self.seq)
+        if actions is None:
+            return
+        for action, tr, key in actions:
+            if action == "keep":
+                tr.key = key
+            elif action == "cancel":
+                io.cancel(tr)
+                del pending[tr.order][tr.expert]
+                self.alive -= 1
+            else:
+                expert, prob = tr
                 transfer = Transfer(home[target_layer][expert], expert_bytes[target_layer][expert],
                                     key, False, now, order=target, layer=target_layer,
                                     expert=expert, prob=prob)

@@ -30,12 +30,10 @@ queue serves prefetches in the same order. Keys, smaller first:
                      read that should finish before its estimated need time
                      given the tier's backlog (SPEC §8 expected stall value);
                      candidates with no value are not admitted
-  oracle             hindsight replay: only candidates the target will really
-                     miss, (deadline, -read time). While the byte and queue
-                     budgets do not bind it bounds every policy on the same
-                     source (property-tested). Under a binding byte budget it
-                     is a reference, not a bound: refusing prefetches that
-                     cannot land in time (esv_per_byte) can beat it.
+  oracle             hindsight: only candidates the target will really miss,
+                     (deadline, -read time); a bound on every policy of the
+                     same source while the budgets do not bind (property-tested),
+                     a reference when they do (esv_per_byte can beat it)
   none               admits nothing
 """
 
@@ -199,6 +197,45 @@ def admission_key(policy: str, prob: float, nbytes: float, deadline: int, seq: i
     if policy == "oracle":
         return (1, deadline, -read_s, seq)
     raise StallConfigError(f"unknown admission policy {policy!r}; use one of {ADMISSIONS}")
+
+
+def plan_admission(policy: str, candidates: Candidates, queued: list, *, resident, already, needed,
+                   slots: int, alive: int, score, seq: int) -> tuple[list | None, int]:
+    """What one proposal changes in the staging slots: the one admission rule, applied by the
+    timed model (`cachesim.timed.engine`) and the measured decode (`moe.offload.admission`).
+
+    New candidates (probability > 0, not resident, not `already` prefetched for the target;
+    for "oracle" only those `needed`) are ranked with the `queued` prefetches (not started;
+    each has `expert`, `prob`, `key`) by `score(expert, prob, tie, itself)` (None refuses;
+    `itself`: the queued prefetch; only esv_per_byte re-scores those), and the best that
+    fit the free slots are kept. Returns (None when nothing is ranked, else the actions in
+    rank order: ("keep" | "cancel", queued, key) or ("admit", (expert, prob), key); the
+    next tie counter).
+    """
+    if policy == "oracle":
+        candidates = [(e, p) for e, p in candidates if e in needed]
+    fresh = [(e, p) for e, p in candidates if p > 0 and not resident[e] and e not in already]
+    if not fresh and not (policy == "esv_per_byte" and queued):
+        return None, seq
+    ranked = []
+    for item in queued:  # only esv_per_byte keys change with time
+        key = score(item.expert, item.prob, item.key[-1], item) if policy == "esv_per_byte" else item.key
+        ranked.append((key, item, None))
+    for expert, prob in fresh:
+        key = score(expert, prob, seq, None)
+        seq += 1
+        if key is not None:
+            ranked.append((key, None, (expert, prob)))
+    room = slots - (alive - len(queued))
+    ranked.sort(key=lambda entry: (entry[0] is None, entry[0] or ()))
+    actions = []
+    for rank, (key, item, new) in enumerate(ranked):
+        keep = key is not None and rank < room
+        if item is not None:  # a displaced prefetch never moved a byte
+            actions.append(("keep", item, key) if keep else ("cancel", item, None))
+        elif keep:
+            actions.append(("admit", new, key))
+    return actions, seq
 
 
 def check_admission(policy: str) -> None:

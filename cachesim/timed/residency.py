@@ -1,12 +1,9 @@
 """What each decode step requests, and what the expert cache holds (SPEC §7).
 
-The timed model separates *residency* from *timing*. Which experts are
-resident in the compute tier is decided by a cachesim policy (LRU, LFU,
-static pin, Belady) replayed over the request stream alone; prefetching never
-changes it, because prefetched bytes land in separate staging slots and reach
-the cache only through the demand request that uses them (see
-`cachesim.timed.engine`). So one residency pass serves every admission
-policy and prefetch budget of a comparison.
+Residency is separate from timing: a cachesim policy replayed over the request stream alone decides which
+experts are resident; prefetched bytes land in staging slots and reach the cache only through the demand
+request that uses them (`cachesim.timed.engine`), so one residency pass serves every admission policy and
+prefetch budget of a comparison.
 
 * `make_step_plan`: decode steps. Without speculation a step evaluates and
   commits one token. With speculative width w a step evaluates w positions
@@ -19,7 +16,7 @@ policy and prefetch budget of a comparison.
   flag, and the resident set before the step, from the simulator itself:
   `cachesim.online.replay` (the one implementation of the replayed rules),
   vmapped over layers and cache specs (e.g. a sweep of VRAM budgets in one
-  pass), and `cachesim.simulate.pinned_sets` for static pinning.
+  pass), and `cachesim.policies.static.pinned_sets` for static pinning.
 * `home_tiers`: the storage tier each expert is streamed from.
 """
 
@@ -30,7 +27,8 @@ import functools
 
 import numpy as np
 
-from cachesim.policies import CacheSpec, policy_code, warmup_tokens
+from cachesim.policies import CacheSpec, policy_code, policy_of, warmup_tokens
+from cachesim.policies.static import pinned_sets
 from cachesim.timed.spec import Hardware, ModelShape, StallConfigError
 
 
@@ -188,7 +186,7 @@ def residency_passes(unions: np.ndarray, lengths: np.ndarray, num_experts: int,
     del lengths  # unions are padded with -1, which the replay treats as no request
     num_steps, num_layers, width = unions.shape
     capacities = [min(spec.capacity_for(num_experts), num_experts) for spec in specs]
-    replayed = [i for i, spec in enumerate(specs) if spec.policy != "static"]
+    replayed = [i for i, spec in enumerate(specs) if policy_of(spec).key is not None]
     results: list[Residency | None] = [None] * len(specs)
     if replayed:
         miss, resident = _replay(unions, num_experts, [specs[i] for i in replayed],
@@ -197,9 +195,9 @@ def residency_passes(unions: np.ndarray, lengths: np.ndarray, num_experts: int,
             results[i] = Residency(miss=miss[slot], resident_before=resident[slot],
                                    capacity=capacities[i], label=specs[i].label)
     for i, spec in enumerate(specs):
-        if spec.policy != "static":
+        if policy_of(spec).key is not None:
             continue
-        from cachesim.simulate import expert_counts, pinned_sets
+        from cachesim.simulate import expert_counts
 
         prefix = warmup_tokens(spec.warmup, committed_experts.shape[1])
         pinned = pinned_sets(expert_counts(committed_experts[:, :prefix], num_experts), capacities[i])
@@ -223,7 +221,7 @@ def _replay(unions: np.ndarray, num_experts: int, specs: list[CacheSpec],
     if (steps + 1) * width * num_experts >= 2**31:
         raise StallConfigError(f"{num_steps} steps x {width} requests x {num_experts} experts "
                                "overflow the cache's int32 keys; simulate a prefix (--tokens)")
-    if any(spec.policy == "belady" for spec in specs):
+    if any(policy_of(spec).clairvoyant for spec in specs):
         next_use = np.stack([next_request_index(unions[:, layer], num_steps)
                              for layer in range(num_layers)], axis=1).astype(np.int32)
     else:

@@ -4,12 +4,12 @@ At each (step, layer), at its need time (its demand reads just queued), the pred
 (the timed model's own `PrevTokenSource`, `FrequencySource` or
 `OracleSource`) observes the layer's union and proposes candidates for a
 future target. Candidates and the prefetches still queued (never started)
-are ranked together by the timed model's `admission_key` — expected stall
-value from its `expected_avoided_s` — and the best that fit the staging slots
-are kept: new ones are submitted to the I/O pool, displaced ones cancelled.
-These are the steps of `cachesim.timed.engine._Staging.admit`; the differences are
-that the clock is the wall clock, the per-layer gap is the measured mean, and
-the tier's read time and bandwidth are the calibrated ones.
+are ranked together by the timed model's one admission rule,
+`cachesim.timed.prefetch.plan_admission` (keys from `admission_key`, expected
+stall value from `expected_avoided_s`): new ones are submitted to the I/O
+pool, displaced ones cancelled. Only the inputs differ from the timed model:
+the clock is the wall clock, the per-layer gap is the measured mean, and the
+tier's read time and bandwidth are the calibrated ones.
 
 At the target, `take` hands the provider the prefetches made for it: finished
 ones are staged bytes, unfinished ones are promoted to demand reads, and the
@@ -24,7 +24,7 @@ from typing import Callable
 import numpy as np
 
 from moe.offload.io_pool import DONE, IOPool, Read
-from moe.offload.model_check import admission_key, expected_avoided_s
+from moe.offload.model_check import admission_key, expected_avoided_s, plan_admission
 
 
 class Prefetcher:
@@ -88,24 +88,20 @@ class Prefetcher:
 
     def _admit(self, target_step: int, target_layer: int, candidates, order: int, gap: float,
                resident: np.ndarray) -> None:
+        """Applies the timed model's `plan_admission` to one proposal, on the I/O pool."""
         target = target_step * self.num_layers + target_layer
         policy = self.policy
-        already = self.pending.get(target, {})
-        if policy == "oracle":
-            needed = self.oracle_misses.get((target_step, target_layer), set())
-            candidates = [(e, p) for e, p in candidates if e in needed]
-        fresh = [(e, p) for e, p in candidates if p > 0 and not resident[e] and e not in already]
+        needed = self.oracle_misses.get((target_step, target_layer), set()) if policy == "oracle" else None
         with self.pool.locked():  # no worker starts a read while the queue is re-planned
             queued = self.pool.queued_prefetches()
-            if not fresh and not (policy == "esv_per_byte" and queued):
-                return
             now = time.perf_counter()
             backlog: list[tuple[int, int]] = []  # (deadline, bytes still to move) of unfinished prefetches
             if policy == "esv_per_byte":
                 backlog = [(deadline, r.nbytes - r.moved) for deadline, entries in self.pending.items()
                            for r in entries.values() if r.state != DONE]
 
-            def score(prob: float, deadline: int, tie: int, itself: Read | None):
+            def score(expert: int, prob: float, tie: int, itself: Read | None):
+                deadline = itself.target if itself is not None else target
                 avoided = 0.0
                 if policy == "esv_per_byte":
                     ahead = sum(remaining for d, remaining in backlog if d <= deadline)
@@ -115,29 +111,18 @@ class Prefetcher:
                                                  now + (deadline - order) * gap)
                 return admission_key(policy, prob, self.nbytes, deadline, tie, avoided, self.read_s)
 
-            ranked = []
-            for read in queued:  # only esv_per_byte keys change with time
-                key = score(read.prob, read.target, read.key[-1], read) if policy == "esv_per_byte" else read.key
-                ranked.append((key, read, None))
-            for expert, prob in fresh:
-                key = score(prob, target, self._seq, None)
-                self._seq += 1
-                if key is not None:
-                    ranked.append((key, None, (expert, prob)))
-            room = self.queue_slots - (self.alive - len(queued))
-            ranked.sort(key=lambda entry: (entry[0] is None, entry[0] or ()))
-            for rank, (key, read, new) in enumerate(ranked):
-                keep = key is not None and rank < room
-                if read is not None:
-                    if keep:
-                        self.pool.rekey(read, key)
-                    else:  # displaced from the queue; it never moved a byte
-                        self.pool.cancel(read)
-                        del self.pending[read.target][read.expert]
-                        self.alive -= 1
-                    continue
-                if keep:
-                    expert, prob = new
+            actions, self._seq = plan_admission(
+                policy, candidates, queued, resident=resident, already=self.pending.get(target, {}),
+                needed=needed, slots=self.queue_slots, alive=self.alive, score=score, seq=self._seq)
+            for action, read, key in actions or ():
+                if action == "keep":
+                    self.pool.rekey(read, key)
+                elif action == "cancel":
+                    self.pool.cancel(read)
+                    del self.pending[read.target][read.expert]
+                    self.alive -= 1
+                else:
+                    expert, prob = read
                     read = Read(target_layer, expert, self.nbytes, demand=False, key=key, issue_t=now,
                                 target=target, prob=prob)
                     self.pending.setdefault(target, {})[expert] = read

@@ -32,7 +32,7 @@ from cachesim.policies import CacheSpec, CacheSpecError
 from cachesim.timed.compare import cache_spec, choose
 from cachesim.timed.engine import PrefetchConfig, TimedResult, Workload, build_workload, run_timed
 from cachesim.timed.metrics import json_safe, run_header, summarize, write_jsonl
-from cachesim.timed.prefetch import ADMISSIONS, admission_key, expected_avoided_s, make_source
+from cachesim.timed.prefetch import ADMISSIONS, admission_key, expected_avoided_s, make_source, plan_admission
 from cachesim.timed.residency import Speculation
 from cachesim.timed.spec import Hardware, ModelShape, StallConfigError, Tier, parse_bytes
 from cachesim.trace import make_trace
@@ -44,7 +44,7 @@ from moe.offload.measure import MeasuredBytes
 __all__ = ["ADMISSIONS", "Hardware", "ONLINE_SOURCES", "PrefetchConfig", "TimedResult", "Workload", "admission_key",
            "build_hardware", "build_model_shape", "capacity_spec", "decode_workload", "expected_avoided_s",
            "json_safe", "measured_result", "parse_budget", "parse_policies", "modelled", "parse_bandwidth", "prefetch_source", "run_header",
-           "summarize", "target_misses", "write_jsonl"]
+           "plan_admission", "summarize", "target_misses", "write_jsonl"]
 
 # Sources a decode can run online: the previous token's experts, the running
 # frequency, and the oracle (the recorded future routing of a first pass).

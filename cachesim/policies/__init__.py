@@ -1,28 +1,10 @@
-"""Cache specifications: which policy, how big, and the policy's options (SPEC §7).
+"""Cache policies and cache specifications (SPEC §7, docs/spec.md).
 
-A `CacheSpec` is independent of any trace: its capacity is either a count or a
-fraction of E with a rounding mode, resolved per trace by `capacity_for(E)`.
-Fractions are read as the decimal number written (0.1 is exactly 1/10), so
-`ceil(0.1 * 30)` is 3, not the 4 that binary floating point would give.
-
-Semantics shared by the JAX simulator and the plain-Python reference:
-
-* A cache of capacity c holds at most c experts. A request for a resident
-  expert is a hit; otherwise it is a demand miss that loads the expert,
-  first evicting one resident expert when c experts are already resident.
-* Capacity 0 holds nothing: every request misses and nothing is loaded.
-  Capacity 1 <= c < k is simulated by the same rules: a token's later requests
-  may evict the experts its earlier requests just loaded.
-* Capacity >= E never evicts: only the first request of each expert misses.
-
-Scope. By default every layer has its own cache (`scope="layer"`). Under
-`scope="global"` one cache of C entries serves every (layer, expert) pair:
-the keys are l·E + e, requested in layer-major order within a token (layer
-0's k experts top-1 first, then layer 1's, ...), and each (token, layer) is
-one *step*, the unit a token is for a per-layer cache (LRU `token` recency
-stamps it, Belady looks strictly past it). The same rules then apply to the
-L·E keys. `quota="uniform"` or `"demand"` instead splits the global budget C
-into per-layer caches (`layer_quotas`).
+Each policy is one module of this package (`lru`, `lfu`, `static`, `belady`, `external` for libCacheSim's),
+registered as one `record.Policy`. A `CacheSpec` names a policy, a capacity (a count, or a fraction of E read
+as the decimal written: ceil(0.1 · 30) is 3) and the policy's options; it is independent of any trace. Scopes:
+a cache per layer, or one global cache of the L·E (layer, expert) keys requested layer-major within a token,
+each (token, layer) one step, optionally split into per-layer quotas.
 """
 
 from __future__ import annotations
@@ -32,19 +14,20 @@ import math
 from collections.abc import Sequence
 from fractions import Fraction
 
-from cachesim.lcs.registry import POLICIES as EXTERNAL_POLICIES
+# Registration order is the CLI's order and the replay codes'.
+from cachesim.policies import lru, lfu, static, belady, external  # noqa: F401, I001
+from cachesim.policies.external import EXTERNAL as EXTERNAL_POLICIES
+from cachesim.policies.record import Policy, lookup, names
 
-# Policies cachesim implements; every name of EXTERNAL_POLICIES runs through
-# libCacheSim (`cachesim.lcs`), an optional extra.
-POLICIES = ("lru", "lfu", "static", "belady")
-ALL_POLICIES = POLICIES + tuple(EXTERNAL_POLICIES)
+# Every name of EXTERNAL_POLICIES runs through libCacheSim (`cachesim.lcs`), an optional extra.
+ALL_POLICIES = tuple(names())
+POLICIES = tuple(p for p in ALL_POLICIES if p not in EXTERNAL_POLICIES)  # cachesim's own
 SCOPES = ("layer", "global")
 QUOTAS = ("shared", "uniform", "demand")
 # `--capacity all`: every capacity 0..E (0..L·E under the global scope).
 ALL_CAPACITIES = "all"
-# Codes of the replayed policies, shared by every fast path (`cachesim.online`,
-# `cachesim.stack`); static pinning has no per-token state.
-LRU_REQUEST, LRU_TOKEN, LFU, BELADY = 0, 1, 2, 3
+# Replay codes of the policies callers name (`moe.cache_aware.reroute`).
+LRU_REQUEST, LRU_TOKEN, LFU = lru.REQUEST.code, lru.TOKEN.code, lfu.LFU.code
 RECENCY_MODES = ("request", "token")
 ROUNDING_MODES = ("ceil", "round", "floor")
 
@@ -85,28 +68,18 @@ class CacheSpec:
     """One cache configuration: a cache per layer, or one for all layers.
 
     Attributes:
-      policy: "lru", "lfu", "static" or "belady", or a libCacheSim policy
-        (`EXTERNAL_POLICIES`: "arc", "sieve", "s3fifo", ...).
-      capacity: the capacity as a count of experts; exclusive with `fraction`.
-      fraction: the capacity as a fraction of E, rounded by `rounding`.
-      rounding: "ceil" (default), "round" or "floor"; only with `fraction`.
-      recency: LRU only. "request": every request refreshes recency in request
-        order. "token": a token's requests share one timestamp, ties between
-        equally old experts evict the lowest id.
-      warmup: static only. Pin the top-c experts by request count in the first
-        floor(warmup * T) tokens (ties to the lowest id; experts unseen in the
-        warm-up fill remaining slots, lowest id first). The pinned set then
-        serves the whole trace, warm-up included (w = 1.0 is the in-sample
-        convention of the reference's trained-model tables).
-      scope: "layer" (a cache per layer, capacity a count or fraction of E)
-        or "global" (one cache for the L·E (layer, expert) keys; capacity a
-        count or a fraction of L·E).
-      quota: global only. "shared" (one cache), "uniform" or "demand": the
-        global budget split into per-layer caches (`layer_quotas`).
-      fit: static only. None pins the experts most requested in the scored
-        trace itself (in-sample); a label pins those of another trace, the
-        one given for that label to `cachesim.simulate.simulate(fits=...)`
-        (out-of-sample: another split, domain or run).
+      policy: a registered policy's name (`names()`: "lru", "lfu", "static",
+        "belady", or libCacheSim's "arc", "sieve", ...).
+      capacity: a count of experts; exclusive with `fraction`, a fraction of E
+        (L·E under the global scope) rounded by `rounding` ("ceil", "round", "floor").
+      recency: LRU only: "request" or "token" (`cachesim.policies.lru`).
+      warmup: static only: pin by the counts of the first floor(warmup · T) tokens;
+        the pinned set serves the whole trace (w = 1.0: in-sample).
+      scope: "layer" (a cache per layer) or "global" (one cache for the L·E keys).
+      quota: global only: "shared" (one cache), or the budget split into per-layer
+        caches, "uniform" or by "demand" (`layer_quotas`).
+      fit: static only: None fits the pin on the scored trace; a label on the trace
+        given for it to `cachesim.simulate.simulate(fits=...)` (out-of-sample).
     """
 
     policy: str
@@ -120,9 +93,9 @@ class CacheSpec:
     fit: str | None = None
 
     def __post_init__(self):
-        if self.policy not in ALL_POLICIES:
+        if self.policy not in names():
             raise CacheSpecError(f"unknown policy {self.policy!r}; use one of "
-                                 f"{', '.join(ALL_POLICIES)}")
+                                 f"{', '.join(names())}")
         if (self.capacity is None) == (self.fraction is None):
             raise CacheSpecError("give exactly one of capacity (a count) or fraction")
         if self.capacity is not None:
@@ -176,9 +149,7 @@ class CacheSpec:
         """A short name: lru, lru_token, lfu, static_w0.2, belady, arc; the
         scope and fit appended when not the default (lru@global-uniform,
         static_w1.0@fit=train)."""
-        name = self.policy
-        if self.policy == "lru" and self.recency == "token":
-            name = "lru_token"
+        name = policy_of(self).label
         if self.policy == "static":
             name = f"static_w{self.warmup}"
         if self.scope == "global":
@@ -190,7 +161,7 @@ class CacheSpec:
 
 def check_capacity(policy: str, capacity: int) -> int:
     """`capacity`, unless a libCacheSim policy is degenerate at that size (see
-    `cachesim.lcs.registry`); 0 (holds nothing) is always allowed."""
+    `cachesim.policies.external`); 0 (holds nothing) is always allowed."""
     external = EXTERNAL_POLICIES.get(policy)
     if external is not None and 0 < capacity < external.min_capacity:
         raise CacheSpecError(f"{policy} needs a capacity of at least {external.min_capacity} "
@@ -262,15 +233,18 @@ def parse_static_fits(text: str) -> list[str | None]:
     return [None if word == "self" else word for word in _words(text, "static fit")]
 
 
+def policy_of(spec: CacheSpec) -> Policy:
+    """The registered record of a spec's policy (and LRU recency mode)."""
+    return lookup(spec.policy, spec.recency)
+
+
 def policy_code(spec: CacheSpec) -> int:
-    """The replay code of a stateful spec (LRU_REQUEST, LRU_TOKEN, LFU, BELADY)."""
-    if spec.policy == "lru":
-        return LRU_REQUEST if spec.recency == "request" else LRU_TOKEN
-    if spec.policy == "lfu":
-        return LFU
-    if spec.policy == "belady":
-        return BELADY
-    raise ValueError("static pinning has no token-by-token state; see cachesim.simulate")
+    """The replay code of a spec whose policy has eviction state (`record.REPLAYED`)."""
+    policy = policy_of(spec)
+    if policy.key is None:
+        raise ValueError(f"{spec.policy} has no token-by-token state (static pinning, or libCacheSim's); "
+                         "see cachesim.simulate")
+    return policy.code
 
 
 def parse_capacities(text: str) -> list[int | float]:

@@ -1,19 +1,18 @@
-"""The libCacheSim policies cachesim can run, by name: pure data, importable without libCacheSim.
+"""libCacheSim's policies, by name: one record each, replayed by libCacheSim (`cachesim.lcs`).
 
-Each entry names the binding's class, its parameters, and the smallest
-capacity at which the policy is what its name says. Several policies split
-their capacity into internal queues by ratios; below the minimum a queue
-rounds to zero objects and libCacheSim either aborts the process (S3-FIFO,
-W-TinyLFU: "invalid cache size"), crashes (LFUDA at one object) or silently
-misses every request (2Q, SLRU, LIRS, CLOCK-Pro, Cacheus at one object;
-S3-FIFO below 20, where its small FIFO of one slot admits nothing).
-Expert caches are small (2-64 experts), so these limits matter: we refuse
-such capacities with a message instead of returning a meaningless number.
+Their tie rules are libCacheSim's own (cachesim/README.md, "cachesim and libCacheSim"). Each entry names the
+binding's class, its parameters, and the smallest capacity at which the policy is what its name says: several
+split their capacity into internal queues by ratios, and below the minimum a queue rounds to zero objects and
+libCacheSim aborts (S3-FIFO, W-TinyLFU), crashes (LFUDA at one object) or silently misses every request (2Q,
+SLRU, LIRS, CLOCK-Pro, Cacheus at one object; S3-FIFO below 20). Expert caches are small (2-64 experts), so
+such capacities are refused with the reason.
 """
 
 from __future__ import annotations
 
 import dataclasses
+
+from cachesim.policies.record import Policy, register
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,7 +27,7 @@ class ExternalPolicy:
     oracle: bool = False  # reads each request's next access time (Belady)
 
 
-POLICIES: dict[str, ExternalPolicy] = {
+EXTERNAL: dict[str, ExternalPolicy] = {
     # libCacheSim's own LRU, LFU and Belady, for comparing conventions
     # (cachesim/README.md, "cachesim and libCacheSim").
     "lcs-lru": ExternalPolicy("LRU"),
@@ -57,3 +56,7 @@ POLICIES: dict[str, ExternalPolicy] = {
     "tinylfu": ExternalPolicy("WTinyLFU", min_capacity=100,
                               why="W-TinyLFU's window LRU is 1% of the cache"),
 }
+
+
+for _name, _external in EXTERNAL.items():  # no plain-Python loop: libCacheSim is their reference
+    register(Policy(_name, _name, None, external=_external))
