@@ -443,11 +443,7 @@ def draw_trace_usage(traces: Mapping[str, Any], stem: Path, *, title: str) -> li
     return plots.expert_usage({"": {d: usage_fraction(t) for d, t in traces.items()}}, stem, title=title)
 
 
-COMMAND = cli.run_command("python -m analysis.figures", __doc__.split("\n\n")[0])
-COMMAND.define("string", "out", None, "folder for the PNG and PDF files (required)")
-COMMAND.define("string", "budget_runs", "", "runs to simulate on a dense capacity grid ('all' or comma-separated "
-               "names); others plot the three cached paper capacities")
-COMMAND.deprecated("budget-runs", "budget_runs")
+COMMAND = cli.figures_command()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -563,13 +563,7 @@ def build(root: Path, name: str, out: Path, *, command: str, frontier_runs: Sequ
     return path
 
 
-COMMAND = cli.run_command("python -m analysis.report", __doc__.split("\n\n")[0])
-COMMAND.define("string", "name", None, "the page's name: writes OUT/<name>.md and its figures under OUT/<name>/")
-COMMAND.define("string", "out", None, "the folder of the page (e.g. docs/results)")
-COMMAND.define("string", "frontier_runs", "",
-               "comma-separated [arm-A run, arm-B run] whose frontier.json the findings compare "
-               "(default: the first arm-A and the first arm-B run under ROOT that hold a frontier.json)")
-COMMAND.define("string", "command", "", "the command line the page states (default: the sweep's, from status.json)")
+COMMAND = cli.report_command()
 
 
 def _default_frontier_runs(root: Path) -> list[str]:

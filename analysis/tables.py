@@ -322,12 +322,7 @@ def json_rows(runs: Sequence[Run]) -> list[dict[str, Any]]:
     return main_rows(runs)
 
 
-COMMAND = cli.run_command("python -m analysis.tables", __doc__.split("\n\n")[0])
-COMMAND.define_format("markdown", ["markdown", "latex", "csv", "json"])
-COMMAND.define("string", "out", None, "write one file per table into this folder instead of stdout")
-COMMAND.define("string", "tables", None, f"comma-separated subset of {', '.join(TABLE_NAMES)} (default: all; "
-               "complementarity only when a frontier.json exists, transfers only when a transfers.json exists, "
-               "ablation only when arm-M runs differ in their loss settings)")
+COMMAND = cli.tables_command()
 
 
 def _parse_args(argv: Sequence[str] | None):

@@ -510,9 +510,7 @@ def verdict_json(runs: Sequence[Run]) -> dict[str, Any]:
     }
 
 
-COMMAND = cli.run_command("python -m analysis.verdict", __doc__.split("\n\n")[0])
-COMMAND.define_format("text", ["text", "json"])
-COMMAND.define("string", "out", None, "write the verdict to this file instead of stdout")
+COMMAND = cli.verdict_command()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

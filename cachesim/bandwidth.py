@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from cachesim.cli_util import CLI, comma_list, write_output
-from cachesim.timed.bandwidth import report
-from cachesim.timed.spec import StallConfigError, load_hardware, load_model
+
+# cachesim.timed (numpy) is imported in main: `--help` starts without it (benchmarks/help_bench.py).
 
 
 COMMAND = CLI("python -m cachesim.bandwidth", "The bandwidth wall: first-principles decode throughput of a MoE on "
@@ -74,6 +74,9 @@ def _format_table(rep: dict[str, Any]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = COMMAND.parse(argv)
+    from cachesim.timed.bandwidth import report
+    from cachesim.timed.spec import StallConfigError, load_hardware, load_model
+
     try:
         if args.trace:
             print("warning: --trace is deprecated; pass the trace as a positional argument", file=sys.stderr)

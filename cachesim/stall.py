@@ -34,14 +34,13 @@ from typing import Any
 
 from cachesim.cli_util import CLI, progress, write_output
 from cachesim.policies import parse_capacities
-from cachesim.timed.compare import choose, compare_policies, prepare
-from cachesim.timed.engine import PrefetchConfig, run_timed
-from cachesim.timed.metrics import json_safe, run_header, summarize, write_jsonl
-from cachesim.timed.prefetch import ADMISSIONS, SOURCES
-from cachesim.timed.projection import needs_projection, projection
-from cachesim.timed.residency import PLACEMENTS, Speculation
-from cachesim.timed.spec import StallConfigError, load_hardware, load_model, parse_bytes
-from cachesim.trace import load_trace
+
+# cachesim.timed and cachesim.trace (numpy) are imported where they are used: `--help` starts without them
+# (benchmarks/help_bench.py). Their vocabularies for the flags, spelled out (tested equal):
+PLACEMENTS = ("frequency", "slowest")  # cachesim.timed.residency.PLACEMENTS
+SOURCES = ("prev_token", "frequency", "lookahead", "oracle")  # cachesim.timed.prefetch.SOURCES
+ADMISSIONS = ("none", "highest_prob", "prob_per_byte", "earliest_deadline", "esv_per_byte",
+              "oracle")  # cachesim.timed.prefetch.ADMISSIONS
 
 
 # ---------------------------------------------------------------- CLI
@@ -121,6 +120,10 @@ COMMAND.define("string", "jsonl", None, "write the event trace of the (single) p
 
 
 def _run_cli(args) -> list[dict[str, Any]]:
+    from cachesim.timed.compare import choose
+    from cachesim.timed.residency import Speculation
+    from cachesim.timed.spec import StallConfigError, load_hardware, load_model
+
     if args.backend is not None:
         print("warning: --backend is deprecated and ignored (one residency implementation)", file=sys.stderr)
     if args.trace:
@@ -147,6 +150,13 @@ def _run_cli(args) -> list[dict[str, Any]]:
 
 
 def _runs(args, admissions, speculation, hardware, base_model, bar) -> list[dict[str, Any]]:
+    from cachesim.timed.compare import compare_policies, prepare
+    from cachesim.timed.engine import PrefetchConfig, run_timed
+    from cachesim.timed.metrics import run_header, summarize, write_jsonl
+    from cachesim.timed.projection import needs_projection, projection
+    from cachesim.timed.spec import StallConfigError, parse_bytes
+    from cachesim.trace import load_trace
+
     runs = []
     for path in args.trace:
         trace = load_trace(path)
@@ -191,6 +201,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.format == "json":
+        from cachesim.timed.metrics import json_safe
+
         write_output(json.dumps(json_safe({"runs": runs}), indent=2, allow_nan=False), args.out)
     else:
         write_output("\n\n".join(_format_table(run) for run in runs), args.out)

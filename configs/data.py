@@ -6,7 +6,10 @@ how it is read, nothing that imports the model or the data stack.
 
 from __future__ import annotations
 
-import ml_collections
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import ml_collections
 
 # The paper's sources (SPEC §5), read with Hugging Face `datasets` in streaming mode.
 PAPER_SOURCES: dict[str, dict[str, str]] = {
@@ -18,6 +21,8 @@ PAPER_SOURCES: dict[str, dict[str, str]] = {
 
 def data_config() -> ml_collections.ConfigDict:
     """Defaults of ``config.data``; see the module docstring of `moe.data` for the corpora."""
+    import ml_collections  # here, not at the top: the data CLIs' `--help` starts without it
+
     return ml_collections.ConfigDict(dict(
         corpus="embedded",       # embedded | paper | local | synthetic (explicit; never a fallback)
         tokenizer="gpt2",        # gpt2 | byte (byte: vocab 256, for tests)

@@ -17,12 +17,13 @@ import math
 import pathlib
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
-
-import ml_collections
+from typing import TYPE_CHECKING, Any
 
 from configs import locate
 from configs.base import ConfigError, dotted_field
+
+if TYPE_CHECKING:  # annotations only: `status --help` starts without ml_collections (benchmarks/help_bench.py)
+    import ml_collections
 
 # What a worker runs: the training entry point as a module of the installed package, so a sweep
 # works from any directory and from a non-editable install (`pip install .`).

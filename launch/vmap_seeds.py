@@ -15,7 +15,7 @@ import sys
 
 if __name__ == "__main__":
     # As main.py: XLA flags must precede jax's import (same numerics as solo runs).
-    from launch.execute import set_xla_flags
+    from moe.runtime import set_xla_flags
     set_xla_flags()
 
 from collections.abc import Sequence  # noqa: E402

@@ -263,7 +263,8 @@ def _project_packages() -> frozenset[str]:
 @functools.cache
 def flags_of_file(path: pathlib.Path) -> Flags:
     """The flags an entry point's file defines, with those of the project functions it calls to define them
-    (``analysis.cli.run_command``). A file that defines none is a shim: the flags of what it imports."""
+    (``analysis.cli.tables_command``, and ``run_command`` that it calls). A file that defines none is a shim:
+    the flags of what it imports."""
     tree = _tree(path)
     out = Flags()
     calls = _collect(tree, out)
@@ -274,9 +275,13 @@ def flags_of_file(path: pathlib.Path) -> Flags:
             continue
         if "define" not in _module_file(module).read_text(encoding="utf-8"):
             continue
-        for node in _tree(_module_file(module)).body:
-            if isinstance(node, ast.FunctionDef) and node.name == func:
-                _collect(node, out)
+        functions = {node.name: node for node in _tree(_module_file(module)).body if isinstance(node, ast.FunctionDef)}
+        todo, seen = [func], set()
+        while todo:  # the function, and the functions of its module that it calls (analysis.cli.tables_command)
+            name = todo.pop()
+            if name in functions and name not in seen:
+                seen.add(name)
+                todo += [inner for owner_, inner in _collect(functions[name], out) if not owner_]
     if not out.names:  # main.py, cachesim/__main__.py, moe/decode/__main__.py
         for module in set(imports.values()):
             if (file := _module_file(module)) is not None and file != path:

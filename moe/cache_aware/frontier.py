@@ -70,8 +70,6 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from cachesim.cli_util import CLI, progress
 from cachesim.policies import ROUNDING_MODES, capacity_from_fraction, parse_capacities
 from moe import baselines, rundir
@@ -294,6 +292,8 @@ def _record(stream: str, point: Point, capacity: int, num_experts: int) -> dict:
 
 def _aggregate(record: dict) -> None:
     """Fills a point's all-domain figures from its per-domain ones (token-weighted, PPL mean as the paper)."""
+    import numpy as np  # here, not at the top: `--help` starts without numpy (benchmarks/help_bench.py)
+
     per = record["domains"].values()
     tokens = sum(d["tokens"] for d in per)
 

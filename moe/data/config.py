@@ -15,8 +15,6 @@ import pathlib
 import platform
 from typing import Any
 
-import ml_collections
-
 from configs.data import PAPER_SOURCES, data_config  # noqa: F401 — the defaults, re-exported
 from moe.data.errors import DataError
 from moe.rundir import DOMAINS  # domain id = index

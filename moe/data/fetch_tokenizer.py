@@ -24,7 +24,6 @@ import tempfile
 from collections.abc import Callable
 
 from moe.data.errors import TokenizerError
-from moe.data.store import write_bytes_atomic
 from moe.data.tokenizer import GPT2_RANKS_SHA256, gpt2_ranks_path, sha256_bytes, tiktoken_cache_candidates
 from cachesim.cli_util import CLI
 
@@ -89,6 +88,8 @@ def ensure_gpt2_ranks(*, sdist: str | os.PathLike | None = None,
 
     A quick no-op when it is already there. A corrupt cached copy is replaced.
     """
+    from moe.data.store import write_bytes_atomic  # here, not at the top: numpy, which `--help` need not load
+
     target = gpt2_ranks_path()
     if target.is_file():
         if sha256_bytes(target.read_bytes()) == GPT2_RANKS_SHA256:
