@@ -197,8 +197,8 @@ def test_the_fingerprint_covers_every_module_the_metrics_run():
     covered = {p.resolve() for p in cs_facts.metric_sources()}
     assert loaded and loaded <= covered, f"not fingerprinted: {sorted(map(str, loaded - covered))}"
     names = {p.name for p in covered}
-    assert {"facts.py", "stack.py", "simulate.py", "metrics.py", "policies.py", "trace.py", "segments.py",
-            "online.py"} <= names
+    assert {"facts.py", "stack.py", "simulate.py", "metrics.py", "record.py", "lru.py", "static.py", "trace.py",
+            "segments.py", "online.py"} <= names
 
 
 def test_window_misses_are_each_windows_share_of_one_replay(tmp_path):

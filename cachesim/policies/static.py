@@ -9,18 +9,23 @@ there is nothing to replay: `cachesim.simulate` scores it from `served_curve`.
 
 from __future__ import annotations
 
-import numpy as np
+from typing import TYPE_CHECKING
 
 from cachesim.policies.record import Policy, register
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 def pin_order(counts: np.ndarray) -> np.ndarray:
     """(..., K) request counts -> (..., K) keys in pinning order."""
+    import numpy as np  # lazy: listing the policies (--help) needs no numpy
     return np.argsort(-np.asarray(counts, np.int64), axis=-1, kind="stable")
 
 
 def pin_ranks(counts: np.ndarray) -> np.ndarray:
     """(..., K) request counts -> (..., K) each key's place in the pinning order."""
+    import numpy as np  # lazy: listing the policies (--help) needs no numpy
     order = pin_order(counts)
     ranks = np.empty_like(order)
     np.put_along_axis(ranks, order, np.arange(order.shape[-1]), axis=-1)
@@ -40,6 +45,7 @@ def served_curve(fit_counts: np.ndarray, counts: np.ndarray, groups: int = 1) ->
     the global scope). Returns (groups, K + 1) int64: column c is what the c
     first keys of the pinning order serve of each block.
     """
+    import numpy as np  # lazy: listing the policies (--help) needs no numpy
     order = pin_order(fit_counts)
     block = np.arange(counts.shape[-1]) // (counts.shape[-1] // groups)
     served = np.zeros((groups, counts.shape[-1] + 1), np.int64)
