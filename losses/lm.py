@@ -4,16 +4,19 @@ With V = 50257 the full (B, T, V) float32 logits of one 8 x 1024 batch take
 1.6 GB, and the backward pass of a naive implementation keeps them (and their
 softmax) alive. Here the sequence is cut into chunks of `chunk_size` positions;
 a `lax.scan` computes each chunk's (B, chunk_size, V) logits, reduces them to
-per-token losses and drops them. The chunk body is wrapped in `jax.checkpoint`,
-so the backward pass also recomputes one chunk's logits at a time instead of
-storing every chunk's logits as scan residuals. Peak memory for the LM head is
-thus O(B * chunk_size * V), independent of T.
+per-token losses and drops them. With several chunks the backward pass
+recomputes one chunk's logits at a time from its hidden states instead of
+storing every chunk's logits as scan residuals (one chunk keeps its logits:
+recomputing them would save no memory). Peak memory for the LM head is thus
+O(B * chunk_size * V), independent of T.
 
 Numerics: the matmul takes `compute_dtype` operands (bfloat16 by default) and
 accumulates in float32 (`preferred_element_type`); the log-softmax is float32.
 """
 
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -42,12 +45,15 @@ def _check_lm_inputs(hidden: jax.Array, embedding: jax.Array, targets: jax.Array
             "per chunk), e.g. 256.")
 
 
-def _chunk_cross_entropy(hidden: jax.Array, embedding: jax.Array, targets: jax.Array,
-                         compute_dtype: jnp.dtype) -> jax.Array:
-    """Per-token CE of one chunk: hidden (B, c, d), targets (B, c) -> (B, c) float32."""
-    logits = jnp.einsum(
-        "bcd,vd->bcv", hidden.astype(compute_dtype), embedding.astype(compute_dtype),
-        preferred_element_type=jnp.float32)
+def _chunk_logits(hidden: jax.Array, embedding: jax.Array, compute_dtype) -> jax.Array:
+    """(B, c, d) @ (V, d).T -> (B, c, V) float32 logits from compute_dtype operands."""
+    return jnp.einsum("bcd,vd->bcv", hidden.astype(compute_dtype), embedding.astype(compute_dtype),
+                      preferred_element_type=jnp.float32)
+
+
+def _chunk_forward(hidden, embedding, targets, compute_dtype):
+    """Per-token CE (B, c) float32 of one chunk, with its logits and log-normaliser."""
+    logits = _chunk_logits(hidden, embedding, compute_dtype)
     log_normaliser = jax.nn.logsumexp(logits, axis=-1)
     # An id outside [0, V) must read NaN, not a clamped or (for negatives) wrapped
     # logit: negatives are mapped past the end, and mode="fill" fills past the end.
@@ -55,7 +61,47 @@ def _chunk_cross_entropy(hidden: jax.Array, embedding: jax.Array, targets: jax.A
     safe_targets = jnp.where(targets >= 0, targets, embedding.shape[0])
     target_logit = jnp.take_along_axis(
         logits, safe_targets[..., None], axis=-1, mode="fill", fill_value=jnp.nan)[..., 0]
-    return log_normaliser - target_logit
+    return log_normaliser - target_logit, logits, log_normaliser
+
+
+# A hand-written VJP rather than autodiff (+ jax.checkpoint): the backward builds the logits'
+# cotangent softmax - onehot in one elementwise pass over (B, c, V), where autodiff makes three
+# (logsumexp's exp, the target gather's scatter, their sum), and it keeps the chunk's logits
+# instead of recomputing them when `keep_logits` (one chunk covers the sequence, so recomputing
+# would save no memory). Several chunks keep only the log-normaliser, as a checkpoint would.
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _chunk_cross_entropy(hidden, embedding, targets, compute_dtype, keep_logits):
+    """Per-token CE of one chunk: hidden (B, c, d), targets (B, c) -> (B, c) float32."""
+    return _chunk_forward(hidden, embedding, targets, compute_dtype)[0]
+
+
+def _chunk_cross_entropy_fwd(hidden, embedding, targets, compute_dtype, keep_logits):
+    loss, logits, log_normaliser = _chunk_forward(hidden, embedding, targets, compute_dtype)
+    return loss, (hidden, embedding, targets, log_normaliser, logits if keep_logits else None)
+
+
+def _chunk_cross_entropy_bwd(compute_dtype, keep_logits, residuals, loss_cotangent):
+    hidden, embedding, targets, log_normaliser, logits = residuals
+    if logits is None:
+        logits = _chunk_logits(hidden, embedding, compute_dtype)
+    vocab_ids = jax.lax.broadcasted_iota(targets.dtype, logits.shape, logits.ndim - 1)
+    probabilities = jnp.exp(logits - log_normaliser[..., None])
+    # d CE / d logits = softmax - onehot(target); an out-of-range id has no onehot entry.
+    logits_cotangent = (probabilities - (vocab_ids == targets[..., None])) * loss_cotangent[..., None]
+    # The backward matmuls take float32 operands (the compute_dtype-rounded values), as autodiff
+    # of the forward einsum does: XLA:CPU has no bf16 x bf16 -> f32 dot outside its dot libraries.
+    embedding_operand = embedding.astype(compute_dtype).astype(jnp.float32)
+    hidden_operand = hidden.astype(compute_dtype).astype(jnp.float32)
+    hidden_cotangent = jnp.einsum("bcv,vd->bcd", logits_cotangent, embedding_operand)
+    # (d, V) then transposed, not (V, d) directly: contracting the cotangent's leading axes keeps it in
+    # the matmul's natural layout, where "bcv,bcd->vd" makes XLA:CPU copy-transpose the whole (B·c, V).
+    embedding_cotangent = jnp.einsum("bcd,bcv->dv", hidden_operand, logits_cotangent).T
+    # Rounded through compute_dtype, as autodiff rounds the cotangents of the operands' casts.
+    return (hidden_cotangent.astype(compute_dtype).astype(hidden.dtype),
+            embedding_cotangent.astype(compute_dtype).astype(embedding.dtype), None)
+
+
+_chunk_cross_entropy.defvjp(_chunk_cross_entropy_fwd, _chunk_cross_entropy_bwd)
 
 
 def per_token_cross_entropy(hidden: jax.Array, embedding: jax.Array, targets: jax.Array, *,
@@ -89,14 +135,12 @@ def per_token_cross_entropy(hidden: jax.Array, embedding: jax.Array, targets: ja
     hidden_chunks = hidden.reshape(batch, num_chunks, chunk, width).swapaxes(0, 1)
     target_chunks = targets.reshape(batch, num_chunks, chunk).swapaxes(0, 1)
 
-    # The compute_dtype casts stay inside the body on purpose: the scan then sums
+    # The compute_dtype casts stay inside the chunk on purpose: the scan then sums
     # the embedding gradient over chunks in the embedding's own float32, not in bf16.
-    @jax.checkpoint
-    def body(hidden_chunk, target_chunk):
-        return _chunk_cross_entropy(hidden_chunk, embedding, target_chunk, compute_dtype)
-
     def step(carry, chunk_inputs):
-        return carry, body(*chunk_inputs)
+        hidden_chunk, target_chunk = chunk_inputs
+        return carry, _chunk_cross_entropy(hidden_chunk, embedding, target_chunk,
+                                           jnp.dtype(compute_dtype), num_chunks == 1)
 
     _, losses = jax.lax.scan(step, None, (hidden_chunks, target_chunks))
     return losses.swapaxes(0, 1).reshape(batch, num_chunks * chunk)[:, :length]
