@@ -52,42 +52,47 @@ def _chunk_logits(hidden: jax.Array, embedding: jax.Array, compute_dtype) -> jax
 
 
 def _chunk_forward(hidden, embedding, targets, compute_dtype):
-    """Per-token CE (B, c) float32 of one chunk, with its logits and log-normaliser."""
+    """Per-token CE (B, c) float32 of one chunk, its shifted exponentials (B, c, V) and their sums (B, c)."""
     logits = _chunk_logits(hidden, embedding, compute_dtype)
-    log_normaliser = jax.nn.logsumexp(logits, axis=-1)
+    shift = jax.lax.stop_gradient(logits.max(axis=-1))
+    exponentials = jnp.exp(logits - shift[..., None])
+    exp_sums = exponentials.sum(axis=-1)
+    log_normaliser = shift + jnp.log(exp_sums)
     # An id outside [0, V) must read NaN, not a clamped or (for negatives) wrapped
     # logit: negatives are mapped past the end, and mode="fill" fills past the end.
     # Positions whose weight is 0 discard the NaN (see `chunked_cross_entropy`).
     safe_targets = jnp.where(targets >= 0, targets, embedding.shape[0])
     target_logit = jnp.take_along_axis(
         logits, safe_targets[..., None], axis=-1, mode="fill", fill_value=jnp.nan)[..., 0]
-    return log_normaliser - target_logit, logits, log_normaliser
+    return log_normaliser - target_logit, exponentials, exp_sums
 
 
 # A hand-written VJP rather than autodiff (+ jax.checkpoint): the backward builds the logits'
 # cotangent softmax - onehot in one elementwise pass over (B, c, V), where autodiff makes three
-# (logsumexp's exp, the target gather's scatter, their sum), and it keeps the chunk's logits
-# instead of recomputing them when `keep_logits` (one chunk covers the sequence, so recomputing
-# would save no memory). Several chunks keep only the log-normaliser, as a checkpoint would.
+# (logsumexp's exp, the target gather's scatter, their sum). When `keep_exponentials` (one chunk
+# covers the sequence, so recomputing would save no memory) it keeps the forward's exponentials:
+# exp over (B, c, V) is the head's costliest elementwise op on CPU. Several chunks keep only the
+# row sums and recompute the chunk's logits, as a checkpoint would.
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def _chunk_cross_entropy(hidden, embedding, targets, compute_dtype, keep_logits):
+def _chunk_cross_entropy(hidden, embedding, targets, compute_dtype, keep_exponentials):
     """Per-token CE of one chunk: hidden (B, c, d), targets (B, c) -> (B, c) float32."""
     return _chunk_forward(hidden, embedding, targets, compute_dtype)[0]
 
 
-def _chunk_cross_entropy_fwd(hidden, embedding, targets, compute_dtype, keep_logits):
-    loss, logits, log_normaliser = _chunk_forward(hidden, embedding, targets, compute_dtype)
-    return loss, (hidden, embedding, targets, log_normaliser, logits if keep_logits else None)
+def _chunk_cross_entropy_fwd(hidden, embedding, targets, compute_dtype, keep_exponentials):
+    loss, exponentials, exp_sums = _chunk_forward(hidden, embedding, targets, compute_dtype)
+    return loss, (hidden, embedding, targets, exp_sums, exponentials if keep_exponentials else None)
 
 
-def _chunk_cross_entropy_bwd(compute_dtype, keep_logits, residuals, loss_cotangent):
-    hidden, embedding, targets, log_normaliser, logits = residuals
-    if logits is None:
-        logits = _chunk_logits(hidden, embedding, compute_dtype)
-    vocab_ids = jax.lax.broadcasted_iota(targets.dtype, logits.shape, logits.ndim - 1)
-    probabilities = jnp.exp(logits - log_normaliser[..., None])
+def _chunk_cross_entropy_bwd(compute_dtype, keep_exponentials, residuals, loss_cotangent):
+    hidden, embedding, targets, exp_sums, exponentials = residuals
+    if exponentials is None:
+        exponentials = _chunk_forward(hidden, embedding, targets, compute_dtype)[1]
+    vocab_ids = jax.lax.broadcasted_iota(targets.dtype, exponentials.shape, exponentials.ndim - 1)
     # d CE / d logits = softmax - onehot(target); an out-of-range id has no onehot entry.
-    logits_cotangent = (probabilities - (vocab_ids == targets[..., None])) * loss_cotangent[..., None]
+    row_scale = (loss_cotangent / exp_sums)[..., None]
+    logits_cotangent = exponentials * row_scale - jnp.where(
+        vocab_ids == targets[..., None], loss_cotangent[..., None], 0.0)
     # The backward matmuls take float32 operands (the compute_dtype-rounded values), as autodiff
     # of the forward einsum does: XLA:CPU has no bf16 x bf16 -> f32 dot outside its dot libraries.
     embedding_operand = embedding.astype(compute_dtype).astype(jnp.float32)
