@@ -24,9 +24,10 @@ in every round (so the per-round peak sees the same load as that round's
 steps), and once at each of the step's own matmul shapes (``gemm_gflops``:
 expert blocks, QKV projection, attention scores, LM head chunk; off with
 --nogemm_shapes). ``fraction_of_peak`` = routed model FLOPs/s at the best
-round ÷ the best measured peak (the faster dtype: float32 on XLA:CPU);
+round ÷ the best measured peak in the step's compute dtype;
 ``fraction_of_peak_median``: the median over rounds of the same ratio with
-that round's peak.
+that round's peak; ``fraction_of_fastest_peak``: the same FLOPs/s ÷ the faster
+dtype's peak (bf16 where the CPU has AMX, else float32).
 
 Per entry: tokens/s, MFU (routed model FLOPs / peak: --peak_tflops, else the
 device's table peak, else the measured one; ``peak_source`` says which),
@@ -44,7 +45,8 @@ tokens_per_s, tokens_per_s_rounds, vs_dense_median, mfu, compiled_bytes,
 expert_flop_ratio, parity, skipped, failed, model_flops_per_token,
 fastest_dropless, auto, auto_is_fastest, auto_vs_fastest, auto_vs_dense,
 budget_gib, fits_budget, fastest_fits_budget, peak_source, peak_shape, peak_gflops,
-peak_gflops_rounds, gemm_gflops, fraction_of_peak, fraction_of_peak_median.
+peak_gflops_rounds, gemm_gflops, fraction_of_peak, fraction_of_peak_median,
+fraction_of_fastest_peak.
 """
 
 from __future__ import annotations
@@ -227,7 +229,7 @@ KEYS = ("backend", "device", "size", "batch", "dtype", "remat", "steps", "rounds
         "parity", "skipped", "failed", "model_flops_per_token", "fastest_dropless", "auto", "auto_is_fastest",
         "auto_vs_fastest", "auto_vs_dense", "budget_gib", "fits_budget", "fastest_fits_budget", "peak_source",
         "peak_shape", "peak_gflops", "peak_gflops_rounds", "gemm_gflops", "fraction_of_peak",
-        "fraction_of_peak_median")
+        "fraction_of_peak_median", "fraction_of_fastest_peak")
 # --quick: every dispatcher, seconds; the peak at a small cube, not at the step's shapes.
 QUICK = {"size": "tiny", "steps": 2, "rounds": 1, "block_sizes": "32", "peak_size": 256, "gemm_shapes": False}
 OPTIONAL = ("tokamax",)  # registered only where its extra is installed: absent is a failed entry, not a typo
@@ -390,16 +392,21 @@ def main(argv=None) -> int:
                                  if "dense" in per_round else {})
 
     flops = model_flops_per_token(first)
-    for dtype, values in round_peaks.items():
-        peaks[dtype] += values
-    measured = max(max(v) for v in peaks.values())  # the faster dtype's best: the machine's practical peak
+    for peak_dtype, values in round_peaks.items():
+        peaks[peak_dtype] += values
+    # The step's matmuls run in its compute dtype, so that dtype's peak is the one it can reach;
+    # the faster dtype's (bf16 on CPUs with AMX) says what a change of dtype could add.
+    step_dtype = dtype if dtype in peaks else max(peaks, key=lambda d: max(peaks[d]))
+    measured = max(peaks[step_dtype])
+    fastest_peak = max(max(v) for v in peaks.values())
     peak, peak_source = peak_flops(args.peak_tflops, measured)
-    round_peak = [max(per_dtype) for per_dtype in zip(*round_peaks.values())]  # each round's faster dtype
+    round_peak = round_peaks[step_dtype]
     result["tokens_per_s"] = best
     result["mfu"] = {k: (v * flops / peak if peak else None) for k, v in best.items()}
     result["fraction_of_peak"] = {k: v * flops / (measured * 1e9) for k, v in best.items()}
     result["fraction_of_peak_median"] = {
         k: float(np.median([t * flops / (p * 1e9) for t, p in zip(v, round_peak)])) for k, v in per_round.items() if v}
+    result["fraction_of_fastest_peak"] = {k: v * flops / (fastest_peak * 1e9) for k, v in best.items()}
     result.update(peak_source=peak_source, peak_shape=[args.peak_size] * 3,
                   peak_gflops={d: max(v) for d, v in peaks.items()}, peak_gflops_rounds=round_peaks)
     base, median = best.get("dense"), result["vs_dense_median"]
@@ -409,11 +416,11 @@ def main(argv=None) -> int:
               + (f" (median round {median[label]:4.2f}x)" if label in median else "")
               + f"  {result['compiled_bytes'][label] / 2**30:6.2f} GiB"
               + (f"  expert FLOPs {ratio:5.2f}x routed" if ratio else "")
-              + f"  {result['fraction_of_peak'][label]:5.1%} of the measured peak"
+              + f"  {result['fraction_of_peak'][label]:5.1%} of the {step_dtype} peak"
               + (f" (median round {result['fraction_of_peak_median'][label]:5.1%})"
                  if label in result["fraction_of_peak_median"] else "")
               + (f"  MFU {result['mfu'][label]:.1%}" if peak and peak_source != "measured GEMM peak" else ""))
-    print(f"measured peak: {measured:,.1f} GFLOP/s (best {'x'.join(map(str, result['peak_shape']))} matmul, "
+    print(f"measured peak: {step_dtype} {measured:,.1f} GFLOP/s (best {'x'.join(map(str, result['peak_shape']))} matmul, "
           + ", ".join(f"{d} {v:,.1f}" for d, v in result["peak_gflops"].items()) + "); per round: "
           + "; ".join(f"{d} " + ", ".join(f"{x:,.1f}" for x in v) for d, v in round_peaks.items()))
     dropless = {k: v for k, v in best.items() if k.split("/")[0] in DROPLESS}

@@ -37,9 +37,12 @@ def test_a_failing_entry_is_reported_and_the_rest_run_and_save(bench, monkeypatc
                                            "(pip install -r requirements-gpu.lock)"}
     assert set(result["tokens_per_s"]) == {"dense"} and result["tokens_per_s"]["dense"] > 0
     # The peak is measured in the run: a fraction of it (and an MFU) on any backend, one peak per round.
-    peak = max(result["peak_gflops"].values())
+    # Of the step's own dtype's peak (its compute dtype, named in "dtype"), and of the faster dtype's.
+    flops_per_s = result["tokens_per_s"]["dense"] * result["model_flops_per_token"]
     assert result["fraction_of_peak"]["dense"] == pytest.approx(
-        result["tokens_per_s"]["dense"] * result["model_flops_per_token"] / (peak * 1e9))
+        flops_per_s / (result["peak_gflops"][result["dtype"]] * 1e9))
+    assert result["fraction_of_fastest_peak"]["dense"] == pytest.approx(
+        flops_per_s / (max(result["peak_gflops"].values()) * 1e9))
     assert result["mfu"]["dense"] > 0 and [len(v) for v in result["peak_gflops_rounds"].values()] == [1, 1]
     assert result["fastest_dropless"] == "dense" and result["fits_budget"] == {"dense": True}
     saved = json.loads((tmp_path / f"dispatch_{result['backend']}.json").read_text())
