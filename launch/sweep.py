@@ -191,9 +191,19 @@ def plan_jobs(runs, max_seeds: int, seed_batching: str = "auto"):
     sweep itself does not compile in the launcher.
     """
     from moe import rundir
-    from launch.plan import make_jobs
+    from launch.plan import make_jobs, seed_group_key
 
-    resume = {s.name: (rundir.checkpoint_steps(s.workdir) or [0])[-1] for s in runs}
+    held = {s.name: rundir.checkpoint_steps(s.workdir) for s in runs}
+    resume = {name: (steps or [0])[-1] for name, steps in held.items()}
+    if max_seeds > 1:  # seeds killed between their group's saves resume together (moe.checkpoint.align_group)
+        started: dict[tuple, list] = {}
+        for s in runs:
+            if held[s.name]:
+                started.setdefault(seed_group_key(s), []).append(s.name)
+        for names in started.values():
+            common = rundir.group_resume_step([held[n] for n in names])
+            if common is not None:
+                resume.update(dict.fromkeys(names, common))
     return make_jobs(runs, max_seeds, resume, groupable=vmappable, seed_batching=seed_batching)
 
 

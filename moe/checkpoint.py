@@ -36,7 +36,8 @@ import os
 import pathlib
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import ml_collections
@@ -154,6 +155,25 @@ def newest_intact_step(workdir: str | pathlib.Path, *, move: bool,
         else:
             warn(f"warning: checkpoint step {bad} of {workdir} is corrupt ({problem}); using step {step}")
     return step
+
+
+def align_group(workdirs: Sequence[str | pathlib.Path], *, warn: Callable[[str], None] = _stderr) -> None:
+    """Moves the steps a vmapped group's seeds hold beyond their common resume step to the quarantine.
+
+    Leaves everything as it is when the seeds cannot resume together
+    (``rundir.group_resume_step`` is None): the group's restore names that.
+    """
+    steps = [rundir.checkpoint_steps(w) for w in workdirs]
+    common = rundir.group_resume_step(steps)
+    if common is None:
+        return
+    for w, held in zip(workdirs, steps):
+        for step in (s for s in held if s > common):
+            target = _quarantine_target(w, step)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.rename(step_dir(w, step), target)
+            warn(f"checkpoint step {step} of {w} is newer than its group's other seeds (killed between their "
+                 f"saves); moved it to {target} and resuming the group from step {common}")
 
 
 def manager(workdir: str | pathlib.Path, *, keep: int) -> ocp.CheckpointManager:

@@ -52,7 +52,7 @@ import os
 import pathlib
 import tempfile
 import zipfile
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 CONFIG = "config.json"
@@ -288,6 +288,24 @@ def checkpoint_steps(workdir: PathLike) -> list[int]:
     if not folder.is_dir():
         return []
     return sorted(int(p.name) for p in folder.iterdir() if p.is_dir() and p.name.isdigit())
+
+
+def group_resume_step(step_lists: Sequence[Sequence[int]]) -> int | None:
+    """The step a vmapped group of seeds resumes from, or None when its seeds cannot resume together.
+
+    A group saves its seeds one after another, so a kill between two saves
+    leaves some seeds one checkpoint ahead: the group resumes from the step the
+    others hold, which the ahead seeds hold too (their newer step is set aside).
+    """
+    newest = {steps[-1] if steps else 0 for steps in step_lists}
+    if len(newest) == 1:
+        return newest.pop()
+    if len(newest) != 2:
+        return None
+    behind, ahead = sorted(newest)
+    if all(len(steps) >= 2 and steps[-2] == behind for steps in step_lists if steps and steps[-1] == ahead):
+        return behind
+    return None
 
 
 def has_checkpoints(workdir: PathLike) -> bool:

@@ -572,6 +572,8 @@ def train_runs(members: Sequence[Member], *, batching: str = "solo", log: Callab
     if lead:  # a corrupt newest step is moved aside before Orbax lists the steps
         for m in members:
             checkpoint.newest_intact_step(m.workdir, move=True, warn=log)
+        if len(members) > 1:
+            checkpoint.align_group([m.workdir for m in members], warn=log)
     if jax.process_count() > 1:
         from jax.experimental import multihost_utils
         multihost_utils.sync_global_devices("cacheable-moe: checkpoints verified")

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from ml_collections import config_flags
 
 from configs.base import ConfigError
-from launch import plan
+from launch import plan, sweep
+from moe import rundir
 from launch_fixtures import ARM_B
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -176,6 +177,24 @@ def test_make_jobs_groups_seeds_of_one_config_only(tmp_path):
     jobs = plan.make_jobs(specs, 4, groupable=lambda s: s.name != "b-lam0.05-s1")
     assert [j.name for j in jobs] == ["b-lam0.05-s1", "b-lam0.05-s2+b-lam0.05-s3+b-lam0.05-s4+b-lam0.05-s5",
                                       "b-lam0.2-s1"]
+
+
+def test_seeds_killed_between_their_groups_saves_resume_together(tmp_path):
+    assert rundir.group_resume_step([[4, 8], [4], [4, 8]]) == 4  # a kill between the saves of step 8
+    assert rundir.group_resume_step([[8], [8]]) == 8 and rundir.group_resume_step([[], []]) == 0
+    assert rundir.group_resume_step([[8], [4]]) is None  # the ahead seed lacks the others' step
+    assert rundir.group_resume_step([[4, 8, 12], [4]]) is None  # more than one save apart: not that kill
+    assert rundir.group_resume_step([[4, 8], [4], []]) is None
+    specs = _specs(tmp_path, [(0.05, [1, 2, 3])])
+    for spec, steps in zip(specs, ([4, 8], [4], [])):
+        for step in steps:
+            (spec.workdir / rundir.CHECKPOINTS / str(step)).mkdir(parents=True)
+    assert [j.name for j in sweep.plan_jobs(specs, 4)] == ["b-lam0.05-s1+b-lam0.05-s2", "b-lam0.05-s3"]
+    from moe import checkpoint
+    moved = []
+    checkpoint.align_group([s.workdir for s in specs[:2]], warn=moved.append)
+    assert [rundir.checkpoint_steps(s.workdir) for s in specs] == [[4], [4], []]
+    assert (specs[0].workdir / rundir.QUARANTINE / "8").is_dir() and "resuming the group from step 4" in moved[0]
 
 
 def test_vmapped_job_command(tmp_path):
