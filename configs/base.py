@@ -26,8 +26,8 @@ _PAPER = dict(context=1024, batch_size=8, tokens=200_000_000, log_every=50, ckpt
 SIZES: dict[str, dict] = {
     "137m": dict(d_model=384, n_layers=8, d_ff=768, **_PAPER),
     "340m": dict(d_model=512, n_layers=12, d_ff=1024, **_PAPER),
-    # The CPU study (configs/study_cpu.py): 200 steps of 8x256 tokens, ~550 tokens/s on one quiet
-    # core with the sparse dispatcher, so its 8 runs take about 75 minutes two at a time.
+    # The CPU study (configs/study_cpu.py): 200 steps of 8x256 tokens; ~2,100 tokens/s on two quiet
+    # cores (benchmarks/results/cpu_speed.md), so one run trains in about 3.5 minutes alone.
     "cpu": dict(d_model=128, n_layers=4, d_ff=256, context=256, batch_size=8, tokens=8 * 256 * 200,
                 log_every=10, ckpt_every=100, eval_every=20, eval_windows=4, windows=0, cpu=True),
     # CPU demo: trains to a visibly falling loss in a few minutes on 2 cores.

@@ -74,3 +74,11 @@ def test_breakdown_is_per_step_and_skips_loops(profile):
     assert table["everything else"]["ms"] == 0.5 and table["everything else"]["dot_ms"] == 0.0
     assert experts["share"] == pytest.approx(2.0 / 3.0)  # of 3 ms: 2 experts, 0.5 attention, 0.5 the rest
     assert sum(row["share"] for row in table.values()) == pytest.approx(1.0)
+
+
+def test_the_table_divides_by_the_peak_of_the_steps_own_dtype(profile):
+    row = {"ms": 10.0, "share": 1.0, "gflop": 1.0, "gflops": 100.0, "dot_ms": 10.0, "dot_gflops": 100.0}
+    result = {"dtype": "float32", "peak_gflops": {"float32": 400.0, "bfloat16": 2000.0},
+              "categories": {"expert matmuls": row}}
+    lines = profile.table_lines(result)
+    assert "| 25.0% |" in lines[2] and "| 25.0% |" in lines[3]  # 100 of float32's 400, not bfloat16's 2000
