@@ -119,6 +119,26 @@ def seed_interval(deltas: Sequence[float], confidence: float = CONFIDENCE) -> In
     return Interval(mean - half, mean + half)
 
 
+def seeds_to_resolve(deltas: Sequence[float], gate: float, confidence: float = CONFIDENCE,
+                     most: int = 100) -> int | None:
+    """Seed pairs whose t-interval would clear ``gate`` if their mean and spread stayed as these seeds' (a plan).
+
+    None below 2 seeds, with the mean on the gate, or when more than ``most`` would be needed.
+    """
+    from scipy import stats
+
+    values = [float(v) for v in deltas if v is not None and math.isfinite(v)]
+    if len(values) < 2:
+        return None
+    margin, spread = abs(float(np.mean(values)) - gate), float(np.std(values, ddof=1))
+    if margin == 0.0:
+        return None
+    for n in range(len(values), most + 1):
+        if float(stats.t.ppf(0.5 + confidence / 2, n - 1)) * spread / math.sqrt(n) < margin:
+            return n
+    return None
+
+
 # -- the bootstrap --------------------------------------------------------------------------------
 def resampled_means(values: np.ndarray, indices: np.ndarray) -> np.ndarray:
     """(C, R) means of C series over each of R resamples of their N windows.

@@ -27,7 +27,9 @@ and the baseline (``summary``'s seed pairing over ``moe.baselines``' match).
   the window-bootstrap 95% CI (evaluation noise only; analysis.intervals);
   without either at the point. A gate is "met" when its whole interval lies on
   the passing side, "missed" when it lies on the failing side, else "not
-  resolved". Every line names the interval it judged at.
+  resolved". Every line names the interval it judged at; a gate not resolved
+  at the seed-level interval also says how many seed pairs would resolve it if
+  the mean and spread held (``intervals.seeds_to_resolve``).
 * Collapse clause: SPEC §9 reports any expert under 1% (pooled, marginal)
   usage as expert collapse. Read literally it fails arm A itself wherever a
   small model leaves an expert idle, so it cannot tell arms apart; this
@@ -151,13 +153,23 @@ def judge(metric: Gate, quality: Gate, collapsed: int, baseline_collapsed: Seque
         reason = "; ".join(f"fails the {g.name} gate: {_gate_value(g)}" for g in bad)
         return "FAIL", reason + (f"; also fails the collapse clause: {collapse}" if fires else "")
     if fires:
-        lead = "meets both gates" if not open_ else "; ".join(f"{g.name} not resolved: {_gate_value(g)}" for g in open_)
+        lead = "meets both gates" if not open_ else "; ".join(_open_gate(g) for g in open_)
         return "FAIL", f"{lead}; fails the collapse clause: {collapse}"
     if open_:
-        return "NOT RESOLVED", "; ".join(f"{g.name} not resolved: {_gate_value(g)}" for g in open_)
+        return "NOT RESOLVED", "; ".join(_open_gate(g) for g in open_)
     tail = {"baseline": f"; no collapse beyond the baseline's ({collapse})",
             "literal": "; no collapsed expert", "none": ""}[clause]
     return "PASS", "meets both gates" + tail
+
+
+def _open_gate(g: Gate) -> str:
+    """'ΔPPL not resolved: ... vs ≤ +1.00%; 3 seed pairs would resolve it ...' for a reason."""
+    text = f"{g.name} not resolved: {_gate_value(g)}"
+    if g.seed_ci is None:
+        return text + "; a seed-level interval needs 2 or more seeds"
+    needed = intervals.seeds_to_resolve(g.per_seed, g.gate)
+    return text + (f"; {needed} seed pairs would resolve it if the mean and spread held" if needed else
+                   "; more than 100 seed pairs would be needed at this mean and spread")
 
 
 def _gate_value(g: Gate) -> str:

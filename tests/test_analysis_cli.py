@@ -124,6 +124,8 @@ def test_verdict_lines(study, tmp_path, capsys):
                                "LRU miss/token@25% 0.500 vs 4.000 = 87.5% reduction")
     # Two seeds: judged at the seed-level t-interval, whose width (t(0.975, 1) = 12.7) leaves ΔPPL open.
     assert "-> NOT RESOLVED (ΔPPL not resolved: +0.60% (95% CI [" in lines[1]
+    # +0.50%, +0.70%: margin 0.40% to the gate, sd 0.14%; t(0.975, 2)·0.14%/√3 = 0.35% < 0.40%, so 3 pairs.
+    assert "vs ≤ +1.00%; 3 seed pairs would resolve it if the mean and spread held)" in lines[1]
     assert lines[2].startswith("  RQ1 miss reduction ≥ 30.0%: met (point 87.5% (seeds: 87.5%, 87.5%); judged at "
                                "[87.5%, 87.5%], the seed-level 95% t-interval over 2 seed-paired effects")
     assert lines[3].startswith("  RQ1 ΔPPL ≤ +1.00%: not resolved (point +0.60% (seeds: +0.50%, +0.70%); judged at")

@@ -172,3 +172,12 @@ def test_two_windows_by_hand():
     misses = {"d": np.array([[10.0, 10.0], [5.0, 10.0]])}
     low, high = intervals.paired_bootstrap(misses, lambda m: intervals.miss_reduction(m, [1], [0]), n_resamples=999)
     assert (float(low), float(high)) == pytest.approx((0.0, 0.5), abs=1e-12)
+
+
+def test_seeds_to_resolve_is_the_first_count_whose_t_interval_clears_the_gate():
+    # Mean 0.6%, sd 0.4%, margin 0.4% to a 1% gate: t(0.975, n-1)/√n < 1 first at n = 7 (2.447/2.646).
+    assert intervals.seeds_to_resolve([0.002, 0.006, 0.010], 0.01) == 7
+    assert intervals.seeds_to_resolve([0.005, 0.007], 0.01) == 3  # 4.303 · 0.1414% / √3 = 0.351% < 0.4%
+    assert intervals.seeds_to_resolve([0.005, 0.015], 0.01) is None  # the mean sits on the gate
+    assert intervals.seeds_to_resolve([0.005], 0.01) is None  # one seed has no spread to plan with
+    assert intervals.seeds_to_resolve([0.0, 0.02, 0.001], 0.01, most=10) is None  # needs more than 10
