@@ -400,7 +400,7 @@ def main(argv=None) -> int:
     measured = max(peaks[step_dtype])
     fastest_peak = max(max(v) for v in peaks.values())
     peak, peak_source = peak_flops(args.peak_tflops, measured)
-    round_peak = round_peaks[step_dtype]
+    round_peak = round_peaks.get(step_dtype, [])  # none with --rounds=0 (compile and parity only)
     result["tokens_per_s"] = best
     result["mfu"] = {k: (v * flops / peak if peak else None) for k, v in best.items()}
     result["fraction_of_peak"] = {k: v * flops / (measured * 1e9) for k, v in best.items()}

@@ -63,3 +63,10 @@ def test_bad_flags_are_one_line_and_exit_2(bench, capsys):
         with pytest.raises(SystemExit) as e:
             bench.main(argv)
         assert e.value.code == 2 and capsys.readouterr().err.startswith("error: ")
+
+
+def test_compile_only_runs_report_memory_without_rounds(bench, capsys):
+    assert bench.main(["--quick", "--dispatchers=dense", "--rounds=0"]) == 0  # the 8x1024 memory column's mode
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["tokens_per_s"] == {} and result["fraction_of_peak_median"] == {}
+    assert result["compiled_bytes"]["dense"] > 0 and result["peak_gflops_rounds"] == {}
