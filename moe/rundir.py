@@ -45,7 +45,6 @@ import contextlib
 import dataclasses
 import datetime
 import errno
-import fcntl
 import json
 import math
 import os
@@ -54,6 +53,9 @@ import tempfile
 import zipfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
+
+from moe import lockfile
+from moe.lockfile import lock_env  # noqa: F401  (launchers hand run-dir locks to workers)
 
 CONFIG = "config.json"
 FINAL_EVAL = "final_eval.json"
@@ -77,8 +79,6 @@ TRACE_PREFIX = "trace_"
 TRAIN_SUFFIX = "_train"
 # Where a sweep keeps run directories it replaced (``--rerun_changed``); hidden, so analysis skips it.
 SUPERSEDED = ".superseded"
-# Run-dir lock fds a launcher passes to its worker (comma-separated fd numbers).
-LOCK_FDS_ENV = "CACHEABLE_MOE_RUN_LOCK_FDS"
 
 # Evaluation domains in the paper's order (SPEC §5), and the study's arms (SPEC §4).
 DOMAINS = ("prose", "code", "math")
@@ -877,131 +877,25 @@ class LockedError(RunDirError):
     """Another process writes this run directory."""
 
 
-@dataclasses.dataclass
-class _Held:
-    fd: int
-    depth: int
-    inherited: bool  # passed by a launcher: kept for the life of this process
-
-
-# This process's run-dir locks by the lock file's (st_dev, st_ino): flock conflicts between two
-# open descriptions even in one process, so a re-entrant acquire must reuse the held fd.
-_HELD: dict[tuple[int, int], _Held] = {}
-
-
-def _open_lock_file(workdir: pathlib.Path) -> int:
-    workdir.mkdir(parents=True, exist_ok=True)
-    return os.open(workdir / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
-
-
-def _file_key(fd: int) -> tuple[int, int]:
-    st = os.fstat(fd)
-    return st.st_dev, st.st_ino
-
-
-def _flock(fd: int) -> bool:
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    return True
-
-
-def _write_holder(fd: int) -> None:
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-
-
-def _flock_pids(path: pathlib.Path) -> list[int]:
-    """PIDs the kernel lists as holding an flock on ``path`` (Linux /proc/locks; [] elsewhere)."""
-    try:
-        inode = path.stat().st_ino
-        lines = pathlib.Path("/proc/locks").read_text().splitlines()
-    except OSError:
-        return []
-    pids = []
-    for line in lines:
-        fields = line.split()
-        # "1: FLOCK  ADVISORY  WRITE 4242 08:01:1234 0 EOF" (a blocked waiter's line has "->" after the id)
-        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5].rsplit(":", 1)[-1] == str(inode):
-            pids.append(int(fields[4]))
-    return pids
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # alive, another user's
-    return True
-
-
 def lock_holder(workdir: PathLike) -> str:
-    """The PID of the process holding the run directory's lock (the one the lock file names while it lives,
-    else the kernel's record of the flock), or "?"."""
-    path = pathlib.Path(workdir) / LOCK
-    try:
-        named = path.read_text().strip()
-    except OSError:
-        named = ""
-    if named.isdigit() and pid_alive(int(named)):
-        return named
-    live = [pid for pid in _flock_pids(path) if pid_alive(pid)]
-    return str(live[0]) if live else (named or "?")
+    """The PID of the process holding the run directory's lock, or "?"."""
+    return lockfile.holder(pathlib.Path(workdir) / LOCK)
 
 
 def is_locked(workdir: PathLike) -> bool:
-    """Whether a live process holds the run directory's lock (without ever taking it: on Linux the
-    kernel's lock table; elsewhere a shared flock probe)."""
-    path = pathlib.Path(workdir) / LOCK
-    if not path.is_file():
-        return False
-    if pathlib.Path("/proc/locks").is_file():
-        return bool(_flock_pids(path))
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
-    return False
+    """Whether a live process holds the run directory's lock (without taking it, on Linux)."""
+    return lockfile.is_held(pathlib.Path(workdir) / LOCK)
 
 
 def try_lock(workdir: PathLike) -> int | None:
-    """An fd holding an exclusive flock on the run dir, or None when another process holds it.
+    """An fd holding the run dir's lock, or None when another process holds it.
 
     For a launcher that hands the lock to the worker it starts (``pass_fds`` and
     :func:`lock_env`): the lock then lives as long as the worker (even if the
     launcher dies), so a restarted sweep cannot start a second process on a run
-    whose old worker is still checkpointing. flock is released by the kernel
-    when its holders die, so a killed process never leaves a lock behind.
+    whose old worker is still checkpointing.
     """
-    fd = _open_lock_file(pathlib.Path(workdir))
-    if not _flock(fd):
-        os.close(fd)
-        return None
-    _write_holder(fd)
-    return fd
-
-
-def lock_env(fds: Iterable[int]) -> dict[str, str]:
-    """The environment that tells a worker which inherited fds hold its run dirs' locks."""
-    return {LOCK_FDS_ENV: ",".join(str(fd) for fd in fds)}
-
-
-def _inherited(key: tuple[int, int]) -> int | None:
-    """An fd this process inherited from its launcher that holds the lock file ``key``."""
-    for text in filter(None, os.environ.get(LOCK_FDS_ENV, "").split(",")):
-        try:
-            fd = int(text)
-            if _file_key(fd) == key and _flock(fd):  # flock on the holding description is a no-op
-                return fd
-        except (ValueError, OSError):
-            continue  # a stale number: this process did not inherit that fd
-    return None
+    return lockfile.try_hold(pathlib.Path(workdir) / LOCK)
 
 
 def acquire_lock(workdir: PathLike) -> None:
@@ -1011,34 +905,14 @@ def acquire_lock(workdir: PathLike) -> None:
     launcher passed) may acquire it again; each acquire needs a release.
     """
     workdir = pathlib.Path(workdir)
-    fd = _open_lock_file(workdir)
-    key = _file_key(fd)
-    if key in _HELD:
-        os.close(fd)
-        _HELD[key].depth += 1
-        return
-    inherited = _inherited(key)
-    if inherited is not None:
-        os.close(fd)
-        fd = inherited
-    elif not _flock(fd):
-        os.close(fd)
+    if not lockfile.acquire(workdir / LOCK):
         raise LockedError(f"{workdir} is being written by another process (pid {lock_holder(workdir)}); wait for "
                           "it to finish or stop it, then rerun")
-    _write_holder(fd)
-    _HELD[key] = _Held(fd, 1, inherited is not None)
 
 
 def release_lock(workdir: PathLike) -> None:
     """Undoes one :func:`acquire_lock`; the last one unlocks (an inherited lock is kept until exit)."""
-    path = pathlib.Path(workdir) / LOCK
-    st = os.stat(path)
-    key = (st.st_dev, st.st_ino)
-    held = _HELD[key]
-    held.depth -= 1
-    if held.depth == 0 and not held.inherited:
-        del _HELD[key]
-        os.close(held.fd)
+    lockfile.release(pathlib.Path(workdir) / LOCK)
 
 
 @contextlib.contextmanager

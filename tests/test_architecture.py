@@ -116,3 +116,15 @@ def test_prefetch_admission_is_planned_in_one_module():
     assert planners == ["cachesim/timed/prefetch.py"], planners
     callers = sorted(p for p, text in texts.items() if "plan_admission(" in text)
     assert callers == ["cachesim/timed/engine.py", "cachesim/timed/prefetch.py", "moe/offload/admission.py"]
+
+
+def test_one_lock_takes_every_inter_process_lock():
+    """Run directories, prepared data and sweep roots lock through moe.lockfile alone."""
+    def locks(path: pathlib.Path) -> bool:
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            if any(n.split(".")[0] in ("fcntl", "filelock") for n in names):
+                return True
+        return False
+    assert sorted(p.relative_to(REPO).as_posix() for p in _modules().values() if locks(p)) == ["moe/lockfile.py"]
