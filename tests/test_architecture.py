@@ -128,3 +128,13 @@ def test_one_lock_takes_every_inter_process_lock():
                 return True
         return False
     assert sorted(p.relative_to(REPO).as_posix() for p in _modules().values() if locks(p)) == ["moe/lockfile.py"]
+
+
+def test_one_progress_display_and_one_duration_spelling():
+    """Every progress bar is cachesim.cli_util.Progress (rich), every H:MM:SS is rundir.format_duration."""
+    texts = {path.relative_to(REPO).as_posix(): path.read_text() for path in _modules().values()}
+    bars = sorted(p for p, text in texts.items() if "rich.progress" in text or "from rich import progress" in text)
+    assert bars == ["cachesim/cli_util.py"], bars
+    durations = sorted(p for p, text in texts.items() if any(m in text for m in (
+        "// 3600", "/ 3600", "% 60:02d", "timedelta(", "def format_duration")))
+    assert durations == ["moe/rundir.py"], durations
