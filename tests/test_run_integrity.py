@@ -22,7 +22,7 @@ from integrity_fixtures import (ARM_B, FLAGS, REPO, comparable_log, copy_run, er
                                 finished_run, flip_byte, largest_file, log_lines, quiet, run_main, snapshot,
                                 tiny_config, truncate)
 
-from moe import checkpoint, rundir
+from moe import checkpoint, lockfile, rundir
 
 
 # ---------------------------------------------------------------- 1. run identity
@@ -203,9 +203,9 @@ def test_the_frontier_on_a_read_only_or_busy_run_is_one_line(finished_run, tmp_p
         holder.wait()
 
     def read_only(path):  # root ignores permission bits: refuse the first write (the lock file)
-        raise OSError(errno.EROFS, "Read-only file system", str(path / rundir.LOCK))
+        raise OSError(errno.EROFS, "Read-only file system", str(path))
 
-    monkeypatch.setattr(rundir, "_open_lock_file", read_only)
+    monkeypatch.setattr(lockfile, "_open", read_only)
     assert frontier.main(["--run", str(workdir), "--tau", "0", "--windows", "1"]) == 2
     line = error_line(capsys.readouterr().err)
     assert str(workdir / rundir.LOCK) in line and "Read-only file system" in line and "writable" in line, line
