@@ -345,7 +345,7 @@ def test_a_read_only_workdir_is_one_line(tmp_path, monkeypatch):
     def read_only(path, data):  # root ignores permission bits: refuse the write itself
         raise PermissionError(errno.EACCES, "Permission denied", str(path))
 
-    monkeypatch.setattr(rundir, "write_atomic", read_only)
+    monkeypatch.setattr(rundir.names, "write_atomic", read_only)
     code, _, err = run_main([*FLAGS, f"--workdir={tmp_path / 'run'}"])
     line = error_line(err)
     assert code == 2 and str(tmp_path / "run" / rundir.CONFIG) in line and "writable" in line, line
