@@ -1,4 +1,12 @@
-"""The evaluation, published into the run directory as one unit (staged, listed in a manifest, renamed)."""
+"""The evaluation, published into the run directory as one unit.
+
+An evaluation is several files (traces, final_eval.json, eval_windows.npz, metrics.json, ...).
+They are written into EVAL_STAGING, listed with their sizes, hashes and token counts in a
+manifest written there last, then moved into the run directory by renames: metrics.json and the
+old manifest go first, the new manifest last. A reader therefore sees either the old set, or no
+manifest and no metrics.json (incomplete), or the new set; never a mix that counts as complete.
+A process killed while publishing leaves the staged manifest: the next run finishes the renames.
+"""
 
 from __future__ import annotations
 
@@ -12,16 +20,6 @@ from moe.rundir.names import (
     DOMAINS, EVAL_MANIFEST, EVAL_STAGING, FINAL_EVAL, METRICS, PathLike, RunDirError, TRACE_PREFIX, now_iso,
     read_json, trace_file, write_json,
 )
-
-
-# ---------------------------------------------------------------- the evaluation, published as one unit
-#
-# An evaluation is several files (traces, final_eval.json, eval_windows.npz, metrics.json, ...).
-# They are written into EVAL_STAGING, listed with their sizes, hashes and token counts in a
-# manifest written there last, then moved into the run directory by renames: metrics.json and the
-# old manifest go first, the new manifest last. A reader therefore sees either the old set, or no
-# manifest and no metrics.json (incomplete), or the new set; never a mix that counts as complete.
-# A process killed while publishing leaves the staged manifest: the next run finishes the renames.
 
 
 def _sha256(path: pathlib.Path) -> str:

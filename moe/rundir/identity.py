@@ -11,9 +11,6 @@ from moe.rundir.names import CONFIG, FINAL_EVAL, PathLike, RunDirError
 from moe.rundir.records import checkpoint_steps, is_run_dir, read_config
 
 
-# ---------------------------------------------------------------- run identity
-
-
 # The fields that may change when a run resumes (each a dotted key or a whole section); every
 # other field of the resolved config is the run's identity. They change how a run is logged,
 # checkpointed or evaluated, never what it trains.

@@ -13,9 +13,6 @@ from moe.lockfile import LOCK_FDS_ENV, lock_env, pid_alive  # noqa: F401  (the r
 from moe.rundir.names import LOCK, PathLike, RunDirError, SUPERSEDED
 
 
-# ---------------------------------------------------------------- the writer's lock
-
-
 class LockedError(RunDirError):
     """Another process writes this run directory."""
 

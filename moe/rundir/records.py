@@ -19,9 +19,6 @@ from moe.rundir.names import (
 )
 
 
-# ---------------------------------------------------------------- what a run holds
-
-
 _SUMMARY_TRAIN_KEYS = ("loss", "lm", "bal", "loc", "dom", "grad_norm")
 
 # Reference runs carry no size; their parameter count identifies the 137m model.
