@@ -28,22 +28,12 @@ def is_locked(workdir: PathLike) -> bool:
 
 
 def try_lock(workdir: PathLike) -> int | None:
-    """An fd holding the run dir's lock, or None when another process holds it.
-
-    For a launcher that hands the lock to the worker it starts (``pass_fds`` and
-    :func:`lock_env`): the lock then lives as long as the worker (even if the
-    launcher dies), so a restarted sweep cannot start a second process on a run
-    whose old worker is still checkpointing.
-    """
+    """An fd holding the run dir's lock, for a launcher to hand to its worker; None if another holds it."""
     return lockfile.try_hold(pathlib.Path(workdir) / LOCK)
 
 
 def acquire_lock(workdir: PathLike) -> None:
-    """Holds the run directory's exclusive lock for this process; LockedError at once if another holds it.
-
-    Re-entrant: a process that holds the lock (itself, or through an fd its
-    launcher passed) may acquire it again; each acquire needs a release.
-    """
+    """Holds the run directory's lock for this process, re-entrantly; LockedError at once if another holds it."""
     workdir = pathlib.Path(workdir)
     if not lockfile.acquire(workdir / LOCK):
         raise LockedError(f"{workdir} is being written by another process (pid {lock_holder(workdir)}); wait for "
