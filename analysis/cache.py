@@ -31,8 +31,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from analysis.progress import progress
 from cachesim import facts as cs_facts
+from cachesim.cli_util import progress
 from moe import rundir, runtime
 
 # Bump when the cached fields or the metric semantics they come from change (cachesim.facts owns both).
@@ -128,7 +128,7 @@ class MetricsStore:
     so no state is shared with the parent). ``computed`` counts computations,
     which lets tests and the benchmark tell a warm cache from a cold one.
     ``console``: where the progress of a computation is drawn (default: stderr
-    when it is a terminal; see analysis.progress).
+    when it is a terminal; see cachesim.cli_util.progress).
     """
 
     def __init__(self, cache_dir: str | os.PathLike | None = None, jobs: int = 1, console: Any | None = None):
@@ -251,11 +251,11 @@ class MetricsStore:
         if not todo:
             return
         self.computed += len(todo)
-        with progress("cache metrics (cachesim)", len(todo), unit="traces", console=self.console) as advance:
+        with progress("cache metrics (cachesim)", total=len(todo), unit="traces", console=self.console) as bar:
             if self.jobs == 1 or len(todo) <= 1:
                 for sha, (path, segment_tokens, fit) in todo.items():
                     yield sha, compute_trace_facts(path, segment_tokens, fit)
-                    advance()
+                    bar.advance()
                 return
             ctx = multiprocessing.get_context("spawn")
             pool = concurrent.futures.ProcessPoolExecutor(min(self.jobs, len(todo)), mp_context=ctx)
@@ -264,7 +264,7 @@ class MetricsStore:
                            for sha, (path, segment_tokens, fit) in todo.items()}
                 for future in concurrent.futures.as_completed(futures):
                     yield futures[future], future.result()
-                    advance()
+                    bar.advance()
             finally:
                 # On an error (a bad trace) do not wait for the remaining traces.
                 pool.shutdown(wait=True, cancel_futures=True)

@@ -39,8 +39,8 @@ import numpy as np
 from analysis import cli, plots, summary, verdict
 from analysis.cache import MetricsStore
 from analysis.profile import load_traces
-from analysis.progress import progress
 from analysis.runs import AnalysisError, Run, discover, load_runs, read_json
+from cachesim.cli_util import progress
 from moe import rundir
 
 BUDGET_POLICIES = ("lru", "lfu", "static_w1.0", "static_w0.2", "belady")
@@ -367,10 +367,10 @@ def make_figures(paths: Sequence[str], out: Path, *, store: MetricsStore, budget
         raise AnalysisError(f"--budget-runs: no complete run named {', '.join(sorted(unknown))}")
     tasks = _figure_tasks(runs, complete, trace_dirs, out, store, dense)
     written: list[Path] = []
-    with progress("figures", len(tasks), unit="figures", console=store.console) as advance:
+    with progress("figures", total=len(tasks), unit="figures", console=store.console) as bar:
         for task in tasks:
             written += task()
-            advance()
+            bar.advance()
     return written
 
 

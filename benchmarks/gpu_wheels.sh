@@ -8,6 +8,7 @@
 # flax, optax, orbax-checkpoint, chex, absl-py, numpy, pandas, scipy, matplotlib, rich,
 # tensorboard, tabulate, pytest, pytest-xdist, hypothesis, filelock, jaxtyping, tqdm (and their
 # needs). It lacks what is carried here, at the lock's versions:
+#   * filelock: its own may predate 3.30's lock_descriptor, which moe.lockfile takes (pure Python, 220 KB);
 #   * ml_collections: every config is a ConfigDict;
 #   * tensorboardX: training's event files (cheap; the check itself does not train);
 #   * the gpu extra: tokamax and the part of its closure the machine lacks, with the xprof
@@ -26,7 +27,7 @@ pin() {  # the exact pin of package $1 in the lock files
   echo "$line"
 }
 # Already on the GPU machine, so not carried: jaxtyping, tqdm, wadler_lindig (tokamax's needs).
-CARRIED="ml_collections tensorboardX tokamax einshape immutabledict pydantic pydantic_core annotated-types
+CARRIED="filelock ml_collections tensorboardX tokamax einshape immutabledict pydantic pydantic_core annotated-types
 typing-inspection qwix"
 specs=()
 for name in $CARRIED; do specs+=("$(pin "$name")"); done

@@ -251,27 +251,33 @@ def parse_app_flags(argv: list[str], *, prog: str, description: str, prepare: Ca
 class Progress:
     """Counts, rate and ETA of a long job on stderr (rich), silent when stderr is not a terminal (CI, logs).
 
-    ``with progress("simulating", total=12) as bar: ... bar.advance()``; ``total=None`` shows a
-    spinner with the count. Shared by every CLI so that they all look and behave alike.
+    ``with progress("simulating", total=12, unit="traces") as bar: ... bar.advance()``;
+    ``total=None`` shows a spinner with the count. The one progress display of every CLI and
+    of analysis; ``console`` (a rich Console, e.g. a test's) draws there instead of stderr.
     """
 
-    def __init__(self, description: str, total: int | None = None, *, enabled: bool | None = None):
-        self.description, self.total = description, total
-        self.enabled = sys.stderr.isatty() if enabled is None else enabled
+    def __init__(self, description: str, total: int | None = None, *, unit: str = "", enabled: bool | None = None,
+                 console: Any | None = None):
+        self.description, self.total, self.unit, self.console = description, total, unit, console
+        isatty = getattr(sys.stderr, "isatty", None)
+        self.enabled = (console is not None or bool(isatty and isatty())) if enabled is None else enabled
         self._progress = self._task = None
 
     def __enter__(self) -> Progress:
-        if self.enabled:
+        if self.enabled and self.total != 0:
             from rich.console import Console
             from rich import progress as rp
 
+            unit = f" {self.unit}" if self.unit else ""
+
             class Rate(rp.ProgressColumn):
                 def render(self, task):
-                    return rp.Text(f"{task.speed:,.1f}/s" if task.speed else "")
+                    return rp.Text(f"{task.speed:,.1f}{unit}/s" if task.speed else f"?{unit}/s")
 
             self._progress = rp.Progress(rp.SpinnerColumn(), rp.TextColumn("{task.description}"), rp.BarColumn(),
                                          rp.MofNCompleteColumn(), Rate(), rp.TimeElapsedColumn(),
-                                         rp.TimeRemainingColumn(), console=Console(stderr=True))
+                                         rp.TextColumn("ETA"), rp.TimeRemainingColumn(),
+                                         console=self.console or Console(stderr=True))
             self._progress.start()
             self._task = self._progress.add_task(self.description, total=self.total)
         return self

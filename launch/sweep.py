@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
 import importlib.util
 import os
 import pathlib
@@ -35,6 +34,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from launch.vmap_seeds import SEED_BATCHING
+from moe import lockfile
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Arm config file with a sweep(), e.g. "
                                           "configs/arm_b.py:smoke.", lock_config=True)
@@ -288,20 +288,15 @@ def run_analysis(root: pathlib.Path, echo=print, *, page: str | None = None) -> 
 
 @contextlib.contextmanager
 def root_lock(root: pathlib.Path):
-    """One sweep per root at a time (an flock: released even when the holder is killed)."""
-    root.mkdir(parents=True, exist_ok=True)
-    with (root / LOCK_FILE).open("a+") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            f.seek(0)
-            holder = f.read().strip() or "?"
-            raise SweepError(f"another sweep (pid {holder}) is running on {root}; wait for it or stop it") from None
-        f.seek(0)
-        f.truncate()
-        f.write(str(os.getpid()))
-        f.flush()
+    """One sweep per root at a time (released even when the holder is killed)."""
+    fd = lockfile.try_hold(root / LOCK_FILE)
+    if fd is None:
+        raise SweepError(f"another sweep (pid {lockfile.holder(root / LOCK_FILE)}) is running on {root}; wait for "
+                         "it or stop it")
+    try:
         yield
+    finally:
+        os.close(fd)
 
 
 def sweep(argv_command: Sequence[str]) -> int:

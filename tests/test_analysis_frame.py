@@ -10,9 +10,10 @@ from analysis_fixtures import block_experts, spread_experts, write_run
 from rich.console import Console
 
 import analysis
-from analysis import cli, figures, plots, progress, tables
+from analysis import cli, figures, plots, tables
 from analysis.cache import MetricsStore
 from analysis.runs import AnalysisError, load_runs
+from cachesim.cli_util import progress
 
 DOMAINS = ("prose", "code", "math")
 LOSSES = {"prose": math.log(60.0), "code": math.log(5.0), "math": math.log(25.0)}
@@ -75,17 +76,16 @@ def _console():
 
 def test_progress_shows_counts_rate_and_eta_on_a_terminal():
     console = _console()
-    with progress.progress("work", 3, unit="traces", console=console) as advance:
+    with progress("work", total=3, unit="traces", console=console) as bar:
         for _ in range(3):
-            advance()
+            bar.advance()
     text = console.file.getvalue()
     assert "work" in text and "3/3" in text and "traces/s" in text and "ETA" in text
 
 
 def test_progress_is_silent_without_a_terminal(capsys):
-    assert progress.stderr_console() is None  # pytest's capture is not a TTY
-    with progress.progress("work", 2) as advance:
-        advance(2)
+    with progress("work", total=2) as bar:  # pytest's capture is not a TTY
+        bar.advance(2)
     assert capsys.readouterr() == ("", "")
 
 

@@ -90,10 +90,10 @@ def test_the_module_graph_has_no_cycles(graph):
 
 
 def test_run_directory_names_are_spelled_in_one_module():
-    """config.json, final_eval.json, checkpoints/ ... are named by moe.rundir alone."""
+    """config.json, final_eval.json, checkpoints/ ... are named by moe.rundir.names alone."""
     names = ('"config.json"', '"final_eval.json"', '"metrics.json"', '"log.jsonl"', '"checkpoints"',
              '"frontier.json"', '"transfers.json"', '"progress.json"')
-    offenders = sorted(f"{path.relative_to(REPO)}: {name}" for path in _modules().values() if path.name != "rundir.py"
+    offenders = sorted(f"{path.relative_to(REPO)}: {name}" for path in _modules().values() if path != REPO / "moe/rundir/names.py"
                        for name in names if name in path.read_text())
     assert not offenders, "\n".join(offenders)
 
@@ -116,3 +116,25 @@ def test_prefetch_admission_is_planned_in_one_module():
     assert planners == ["cachesim/timed/prefetch.py"], planners
     callers = sorted(p for p, text in texts.items() if "plan_admission(" in text)
     assert callers == ["cachesim/timed/engine.py", "cachesim/timed/prefetch.py", "moe/offload/admission.py"]
+
+
+def test_one_lock_takes_every_inter_process_lock():
+    """Run directories, prepared data and sweep roots lock through moe.lockfile alone."""
+    def locks(path: pathlib.Path) -> bool:
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            if any(n.split(".")[0] in ("fcntl", "filelock") for n in names):
+                return True
+        return False
+    assert sorted(p.relative_to(REPO).as_posix() for p in _modules().values() if locks(p)) == ["moe/lockfile.py"]
+
+
+def test_one_progress_display_and_one_duration_spelling():
+    """Every progress bar is cachesim.cli_util.Progress (rich), every H:MM:SS is rundir.format_duration."""
+    texts = {path.relative_to(REPO).as_posix(): path.read_text() for path in _modules().values()}
+    bars = sorted(p for p, text in texts.items() if "rich.progress" in text or "from rich import progress" in text)
+    assert bars == ["cachesim/cli_util.py"], bars
+    durations = sorted(p for p, text in texts.items() if any(m in text for m in (
+        "// 3600", "/ 3600", "% 60:02d", "timedelta(", "def format_duration")))
+    assert durations == ["moe/rundir/names.py"], durations

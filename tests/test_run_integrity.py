@@ -22,7 +22,7 @@ from integrity_fixtures import (ARM_B, FLAGS, REPO, comparable_log, copy_run, er
                                 finished_run, flip_byte, largest_file, log_lines, quiet, run_main, snapshot,
                                 tiny_config, truncate)
 
-from moe import checkpoint, rundir
+from moe import checkpoint, lockfile, rundir
 
 
 # ---------------------------------------------------------------- 1. run identity
@@ -203,9 +203,9 @@ def test_the_frontier_on_a_read_only_or_busy_run_is_one_line(finished_run, tmp_p
         holder.wait()
 
     def read_only(path):  # root ignores permission bits: refuse the first write (the lock file)
-        raise OSError(errno.EROFS, "Read-only file system", str(path / rundir.LOCK))
+        raise OSError(errno.EROFS, "Read-only file system", str(path))
 
-    monkeypatch.setattr(rundir, "_open_lock_file", read_only)
+    monkeypatch.setattr(lockfile, "_open", read_only)
     assert frontier.main(["--run", str(workdir), "--tau", "0", "--windows", "1"]) == 2
     line = error_line(capsys.readouterr().err)
     assert str(workdir / rundir.LOCK) in line and "Read-only file system" in line and "writable" in line, line
@@ -345,7 +345,7 @@ def test_a_read_only_workdir_is_one_line(tmp_path, monkeypatch):
     def read_only(path, data):  # root ignores permission bits: refuse the write itself
         raise PermissionError(errno.EACCES, "Permission denied", str(path))
 
-    monkeypatch.setattr(rundir, "write_atomic", read_only)
+    monkeypatch.setattr(rundir.names, "write_atomic", read_only)
     code, _, err = run_main([*FLAGS, f"--workdir={tmp_path / 'run'}"])
     line = error_line(err)
     assert code == 2 and str(tmp_path / "run" / rundir.CONFIG) in line and "writable" in line, line

@@ -16,7 +16,6 @@ a directory whose files disagree with its manifest is corrupt and is reported.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -30,7 +29,7 @@ import numpy as np
 
 from moe.data.config import DOMAINS
 from moe.data.errors import ManifestError
-from moe import rundir
+from moe import lockfile, rundir
 
 MANIFEST = "MANIFEST.json"
 TRAIN_TOKENS = "train.tokens.uint16"
@@ -180,13 +179,8 @@ def clear_partial(directory: pathlib.Path) -> list[str]:
 @contextlib.contextmanager
 def locked(directory: pathlib.Path) -> Iterator[None]:
     """Serialises prepares of one directory across processes (e.g. pytest-xdist workers)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    with open(directory / LOCK, "a") as f:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+    with lockfile.exclusive(directory / LOCK):
+        yield
 
 
 def open_tokens(directory: pathlib.Path, name: str, dtype: np.dtype = TOKEN_DTYPE) -> np.ndarray:

@@ -1,0 +1,385 @@
+"""What a run directory records: config.json's run record, checkpoints, the training log, evaluation
+windows, progress and the launcher's marks."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import pathlib
+import zipfile
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from moe.rundir.evaluation import evaluation_problem
+from moe.rundir.names import (
+    ATTEMPTS, CHECKPOINTS, CONFIG, DOMAINS, DONE, EVAL_WINDOWS, FINAL_EVAL, LOG, METRICS, PROGRESS, PathLike,
+    RunDirError, now_iso, read_json, write_atomic, write_json,
+)
+
+
+_SUMMARY_TRAIN_KEYS = ("loss", "lm", "bal", "loc", "dom", "grad_norm")
+
+# Reference runs carry no size; their parameter count identifies the 137m model.
+REFERENCE_137M_PARAMS = 137_319_168
+
+
+@dataclasses.dataclass(frozen=True)
+class RunRecord:
+    """A run directory and its config.json record (the reference runs' format, or ours)."""
+
+    path: pathlib.Path
+    record: dict[str, Any]
+
+    @property
+    def name(self) -> str:
+        return str(self.record.get("run_name") or self.path.name)
+
+    @property
+    def arm(self) -> str:
+        return str(self.record.get("arm", "?"))
+
+    @property
+    def size(self) -> str:
+        return run_size(self.record)
+
+    @property
+    def config(self) -> dict[str, Any] | None:
+        """The full resolved config (runs trained by this codebase), else None (reference runs)."""
+        config = self.record.get("config")
+        return config if isinstance(config, dict) else None
+
+
+def run_size(record: dict[str, Any]) -> str:
+    """The model size name; reference runs are identified by their parameter count."""
+    if "size" in record:
+        return str(record["size"])
+    return "137m" if record.get("params") == REFERENCE_137M_PARAMS else "unknown"
+
+
+def read_run(workdir: PathLike) -> RunRecord:
+    """The run's config.json record; RunDirError when ``workdir`` is not a run directory."""
+    return RunRecord(pathlib.Path(workdir), read_config(workdir))
+
+
+def is_run_dir(path: PathLike) -> bool:
+    return (pathlib.Path(path) / CONFIG).is_file()
+
+
+def read_config(workdir: PathLike) -> dict[str, Any]:
+    """The run record of config.json; RunDirError when absent or not an object."""
+    path = pathlib.Path(workdir) / CONFIG
+    if not path.is_file():
+        raise RunDirError(f"{workdir} is not a run directory (no {CONFIG}); pass the --workdir of a main.py run")
+    try:
+        record = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        record = e
+    if not isinstance(record, dict):
+        # Not regenerable: it is the record of what the checkpoints were trained with.
+        problem = f"not valid JSON ({record})" if isinstance(record, ValueError) else "expected a JSON object"
+        raise RunDirError(f"{path}: {problem}; restore it from a backup (it records the settings the run's "
+                          "intact checkpoints were trained with), or move the run directory aside to retrain it")
+    return record
+
+
+def checkpoint_dir(workdir: PathLike) -> pathlib.Path:
+    return pathlib.Path(workdir).absolute() / CHECKPOINTS
+
+
+def checkpoint_steps(workdir: PathLike) -> list[int]:
+    """Steps of the finished Orbax checkpoints (numeric folder names; temporaries are skipped)."""
+    folder = pathlib.Path(workdir) / CHECKPOINTS
+    if not folder.is_dir():
+        return []
+    return sorted(int(p.name) for p in folder.iterdir() if p.is_dir() and p.name.isdigit())
+
+
+def group_resume_step(step_lists: Sequence[Sequence[int]]) -> int | None:
+    """The step a vmapped group of seeds resumes from, or None when its seeds cannot resume together.
+
+    A group saves its seeds one after another, so a kill between two saves
+    leaves some seeds one checkpoint ahead: the group resumes from the step the
+    others hold, which the ahead seeds hold too (their newer step is set aside).
+    """
+    newest = {steps[-1] if steps else 0 for steps in step_lists}
+    if len(newest) == 1:
+        return newest.pop()
+    if len(newest) != 2:
+        return None
+    behind, ahead = sorted(newest)
+    if all(len(steps) >= 2 and steps[-2] == behind for steps in step_lists if steps and steps[-1] == ahead):
+        return behind
+    return None
+
+
+def has_checkpoints(workdir: PathLike) -> bool:
+    return (pathlib.Path(workdir) / CHECKPOINTS).is_dir()
+
+
+def is_complete(workdir: PathLike) -> bool:
+    """main.py finished: a consistent, finite evaluation of every domain is published (and metrics.json)."""
+    return evaluation_problem(workdir) is None
+
+
+# ---------------------------------------------------------------- the training log
+
+
+def log_path(workdir: PathLike) -> pathlib.Path:
+    return pathlib.Path(workdir) / LOG
+
+
+def last_log_record(workdir: PathLike, tail_bytes: int = 8192) -> dict[str, Any] | None:
+    """The newest complete line of log.jsonl (reads only the file's tail)."""
+    try:
+        with log_path(workdir).open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - tail_bytes))
+            lines = f.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue  # a line being written, or the cut first line of the tail
+        if isinstance(record, dict) and "step" in record:
+            return record
+    return None
+
+
+def log_line(record: dict[str, Any]) -> str:
+    """One log.jsonl line, strict JSON: non-finite floats are written as null and their keys listed.
+
+    ``{"step": 1, "tok_s": NaN}`` becomes ``{"step": 1, "tok_s": null, "nonfinite": ["tok_s"]}``, so
+    strict JSON parsers (JavaScript's JSON.parse, jq, Go) accept every line.
+    """
+    flagged = [key for key, value in record.items() if _has_nonfinite(value)]
+    clean = {key: _finite_or_none(value) for key, value in record.items()}
+    if flagged:
+        clean["nonfinite"] = flagged
+    return json.dumps(clean, allow_nan=False)
+
+
+def _has_nonfinite(value: Any) -> bool:
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    return isinstance(value, (list, tuple)) and any(_has_nonfinite(v) for v in value)
+
+
+def _finite_or_none(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, (list, tuple)):
+        return [_finite_or_none(v) for v in value]
+    return value
+
+
+def read_log(workdir: PathLike, warn: Callable[[str], None] | None = None, name: str = LOG) -> list[dict[str, Any]]:
+    """Every record of log.jsonl (or ``name``, e.g. eval.jsonl; [] when absent); old files with bare NaN parse too.
+
+    A torn last line (a write cut short by a crash) is dropped, with one line to
+    ``warn``; any other unparsable line is a RunDirError naming the file and line.
+    """
+    path = pathlib.Path(workdir) / name
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    numbered = [(i + 1, line) for i, line in enumerate(lines) if line.strip()]
+    records = []
+    for number, line in numbered:
+        try:
+            record = json.loads(line)  # json accepts NaN/Infinity: the files written before strict JSON
+        except ValueError:
+            record = None
+        if isinstance(record, dict) and isinstance(record.get("step"), int):
+            records.append(record)
+        elif number == numbered[-1][0]:
+            if warn is not None:
+                warn(f"warning: {path}: dropped its torn last line {number} (a write cut short); "
+                     "training resumes from the checkpoint")
+        else:
+            raise RunDirError(f"{path}:{number}: not a log record ({line[:40]!r}); delete that line or the run "
+                              "directory, then rerun")
+    return records
+
+
+def truncate_log(workdir: PathLike, last_step: int, warn: Callable[[str], None] | None = None,
+                 name: str = LOG) -> None:
+    """Drops records past a restored step from log.jsonl (or ``name``), so a resumed run's log has no
+    duplicates (and no torn line)."""
+    path = pathlib.Path(workdir) / name
+    if not path.exists():
+        return
+    kept = [r for r in read_log(workdir, warn, name) if r["step"] <= last_step]
+    write_atomic(path, "".join(log_line(r) + "\n" for r in kept))
+
+
+# ---------------------------------------------------------------- per-window evaluation losses
+
+
+def write_eval_windows(workdir: PathLike, window_losses: dict[str, Any], window_tokens: int) -> None:
+    """eval_windows.npz: each domain's per-window mean CE (``ce_<domain>``) and the window length.
+
+    Written next to final_eval.json so that analysis can bootstrap PPL over
+    evaluation windows (every run of a study is evaluated on the same windows,
+    so run A's window i pairs with run B's). numpy is imported here only: the
+    module stays importable without it.
+    """
+    import io
+
+    import numpy as np
+
+    arrays = {f"ce_{d}": np.asarray(v, dtype=np.float64).reshape(-1) for d, v in window_losses.items()}
+    buffer = io.BytesIO()
+    np.savez(buffer, window_tokens=np.int64(window_tokens), **arrays)
+    write_atomic(pathlib.Path(workdir) / EVAL_WINDOWS, buffer.getvalue())
+
+
+def read_eval_windows(workdir: PathLike) -> tuple[dict[str, Any], int] | None:
+    """({domain: (N,) float64 per-window mean CE}, window tokens) of eval_windows.npz; None without the file."""
+    import numpy as np
+
+    path = pathlib.Path(workdir) / EVAL_WINDOWS
+    if not path.is_file():
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            losses = {name[len("ce_"):]: np.asarray(data[name], dtype=np.float64)
+                      for name in data.files if name.startswith("ce_")}
+            window_tokens = int(data["window_tokens"])
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
+        raise RunDirError(f"{path}: not a readable {EVAL_WINDOWS} ({e}); re-evaluate the run or remove the "
+                          "file") from None
+    if not losses or window_tokens <= 0 or any(v.ndim != 1 or v.size == 0 for v in losses.values()):
+        raise RunDirError(f"{path}: expected ce_<domain> (N,) arrays and a positive window_tokens; "
+                          "re-evaluate the run or remove the file")
+    return losses, window_tokens
+
+
+# ---------------------------------------------------------------- progress
+
+
+def write_progress(workdir: PathLike, **record: Any) -> None:
+    """progress.json: the run's phase ("starting", "training", "evaluating", "done") and counters.
+
+    The structured channel between a training process and whoever watches it
+    (the launcher's status table, first-step timing): nobody parses log text.
+    """
+    previous = read_progress(workdir) or {}
+    if previous.get("pid") == record.get("pid"):  # the same process: its first step stays on record to "done"
+        record = {k: previous[k] for k in ("first_step_at", "first_step_s") if k in previous} | record
+    write_json(pathlib.Path(workdir) / PROGRESS, {"updated": now_iso(), **record})
+
+
+def read_progress(workdir: PathLike) -> dict[str, Any] | None:
+    try:
+        record = json.loads((pathlib.Path(workdir) / PROGRESS).read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+# ---------------------------------------------------------------- the launcher's marks
+
+
+def is_done(workdir: PathLike) -> bool:
+    return (pathlib.Path(workdir) / DONE).is_file()
+
+
+def read_done(workdir: PathLike) -> dict[str, Any] | None:
+    try:
+        return json.loads((pathlib.Path(workdir) / DONE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _append_attempt(workdir: pathlib.Path, record: dict[str, Any]) -> None:
+    workdir.mkdir(parents=True, exist_ok=True)
+    with (workdir / ATTEMPTS).open("a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def start_attempt(workdir: PathLike, record: dict[str, Any]) -> None:
+    """Records that an attempt starts (``record`` holds at least ``job`` and ``started``), before its process.
+
+    An earlier attempt that started but never recorded its end (its launcher was
+    killed) is closed first: it ended when its run last reported progress.
+    """
+    workdir = pathlib.Path(workdir)
+    for attempt in read_attempts(workdir):
+        if attempt.get("event") == "start":  # never ended
+            progress = read_progress(workdir) or {}
+            ended = (workdir / PROGRESS).stat().st_mtime if progress else attempt["started"]
+            ended = max(ended, attempt["started"])
+            _append_attempt(workdir, {**attempt, "event": "end", "ended": ended,
+                                      "wall_s": round(ended - attempt["started"], 3), "rc": None,
+                                      "error": "killed: its launcher stopped before recording the exit"})
+    _append_attempt(workdir, {"event": "start", **record})
+
+
+def record_attempt(workdir: PathLike, record: dict[str, Any]) -> None:
+    """Records an attempt's end (its start, when :func:`start_attempt` recorded one, has the same
+    ``job`` and ``started``)."""
+    _append_attempt(pathlib.Path(workdir), {**record, "event": "end"} if "started" in record else record)
+
+
+def read_attempts(workdir: PathLike) -> list[dict[str, Any]]:
+    """Every attempt, in start order: its end record, or its start record while it has none
+    (``event: "start"``: still running, or killed with its launcher)."""
+    attempts: dict[Any, dict[str, Any]] = {}
+    for n, record in enumerate(_json_lines(pathlib.Path(workdir) / ATTEMPTS)):
+        if not isinstance(record, dict):
+            continue
+        key = (record.get("job"), record["started"]) if "started" in record else n
+        if record.get("event") == "start" and key in attempts:
+            continue
+        attempts[key] = record
+    return list(attempts.values())
+
+
+def _json_lines(path: pathlib.Path) -> Iterable[dict[str, Any]]:
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return
+    for line in lines:
+        try:
+            yield json.loads(line)
+        except ValueError:
+            continue
+
+
+def done_summary(workdir: PathLike, command: list[str] | str) -> dict[str, Any]:
+    """DONE's content: final train losses and eval losses/PPL, wall time over all attempts."""
+    workdir = pathlib.Path(workdir)
+    final_eval = read_json(workdir / FINAL_EVAL)
+    last = last_log_record(workdir) or {}
+    attempts = read_attempts(workdir)
+    ppls = [final_eval[d]["val_ppl"] for d in DOMAINS]
+    return {
+        "run": workdir.name,
+        "completed_at": now_iso(),
+        "steps": last.get("step"),
+        "final_train": {k: last[k] for k in _SUMMARY_TRAIN_KEYS if k in last},
+        "final_eval": {d: {"val_loss": final_eval[d]["val_loss"], "val_ppl": final_eval[d]["val_ppl"]}
+                       for d in DOMAINS},
+        "ppl_mean": sum(ppls) / len(ppls),
+        "wall_s": round(sum(a.get("wall_s", 0.0) for a in attempts), 3),
+        "attempts": len(attempts),
+        "command": command if isinstance(command, str) else " ".join(command),
+    }
+
+
+def mark_done(workdir: PathLike, command: list[str] | str) -> dict[str, Any]:
+    """Writes DONE (last, atomically) for a complete run; returns its summary."""
+    if not is_complete(workdir):
+        raise RuntimeError(f"{workdir} is not complete (no {METRICS}/{FINAL_EVAL}); not marking it DONE")
+    summary = done_summary(workdir, command)
+    write_json(pathlib.Path(workdir) / DONE, summary)
+    return summary
+
+
