@@ -1,4 +1,4 @@
-"""Multi-process start-up: ``jax.distributed.initialize`` arguments from the environment.
+"""Several processes and devices: start-up from the environment, the data-parallel mesh, preemption.
 
 Two ways to ask for a multi-process run, read by :func:`initialize_from_env`
 (which ``main.py`` calls before jax starts):
@@ -20,8 +20,14 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+import signal
+import sys
+from collections.abc import Callable, Mapping
 from typing import Any
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
 
 
 class DistributedEnvError(ValueError):
@@ -109,7 +115,6 @@ def initialize_from_slurm(env: Mapping[str, str] | None = None) -> dict[str, Any
     if not in_slurm_job(env) or num_processes(env) <= 1:
         return None
     kwargs = distributed_kwargs(env)
-    import jax
     jax.distributed.initialize(**kwargs)
     return kwargs
 
@@ -161,6 +166,103 @@ def initialize_from_env(env: Mapping[str, str] | None = None) -> dict[str, Any] 
     kwargs = requested_kwargs(os.environ if env is None else env)
     if kwargs is None:
         return None
-    import jax
     jax.distributed.initialize(**kwargs)
     return kwargs
+
+
+# ---------------------------------------------------------------- the data-parallel mesh
+
+
+def data_parallel_mesh() -> jax.sharding.Mesh | None:
+    """A 1-D ("data",) mesh over every device of every process when there is more than one, else None."""
+    if jax.device_count() == 1:
+        return None
+    # Auto axes: the batch's row split stays out of the types, so the model code needs no
+    # sharding annotations and XLA's partitioner inserts the gradient all-reduce.
+    return jax.make_mesh((jax.device_count(),), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+
+
+def is_lead_process() -> bool:
+    """True in the process that writes the run's files (process 0; the only one in a single-process run)."""
+    return jax.process_index() == 0
+
+
+def silent(_msg: str) -> None:
+    """A log function that drops messages (processes other than 0 in a multi-process run)."""
+
+
+def replicated_sharding(mesh: jax.sharding.Mesh) -> jax.sharding.NamedSharding:
+    return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+
+
+def rows_sharding(mesh: jax.sharding.Mesh) -> jax.sharding.NamedSharding:
+    return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+
+
+def jit_data_parallel(step: Callable, mesh: jax.sharding.Mesh | None) -> Callable:
+    """``step(state, batch)`` jitted with the state donated; with a mesh, state replicated and batch split by rows."""
+    if mesh is None:
+        return jax.jit(step, donate_argnums=0)
+    replicated, rows = replicated_sharding(mesh), rows_sharding(mesh)
+    return jax.jit(step, donate_argnums=0, in_shardings=(replicated, rows), out_shardings=(replicated, replicated))
+
+
+def global_batch(batch: dict[str, np.ndarray], sharding: jax.sharding.Sharding) -> dict[str, jax.Array]:
+    """The global batch as arrays split by rows over the mesh, built from this process's copy of it.
+
+    Every process reads the whole global batch, so the data order and the
+    checkpointed iterator state do not depend on the process count.
+    """
+    return {name: jax.make_array_from_callback(rows.shape, sharding, lambda index, rows=rows: rows[index])
+            for name, rows in batch.items()}
+
+
+def host_local(tree):
+    """A process-local copy of replicated global arrays (this process's first shard), for local work."""
+    def local(x):
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:
+            if not x.is_fully_replicated:
+                raise ValueError(f"cannot take a local copy of an array sharded as {x.sharding}; "
+                                 "only replicated arrays have one")
+            return x.addressable_data(0)
+        return x
+    return jax.tree.map(local, tree)
+
+
+class Preemption:
+    """SIGTERM -> save a checkpoint at the next step boundary and exit cleanly.
+
+    Multi-process (``synced=True``): saving is collective, so jax's preemption
+    service agrees on the step to stop at instead of a Python signal handler.
+    """
+
+    def __init__(self, synced: bool = False):
+        self.requested = False
+        self.synced = synced
+        self._previous = {}
+
+    def __enter__(self):
+        for sig in () if self.synced else (signal.SIGTERM,):
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        del frame
+        self.requested = True
+        print(f"\nreceived signal {signum}: checkpointing and exiting", file=sys.stderr, flush=True)
+
+    def stop_at(self, step: int) -> bool:
+        """Whether to checkpoint and stop after ``step``; multi-process: call it at every step on every process."""
+        if self.synced:
+            self.requested = self.requested or multihost_utils.reached_preemption_sync_point(step)
+        return self.requested
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def sync_processes(name: str) -> None:
+    """A barrier across processes (a no-op in a single-process run)."""
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices(name)

@@ -29,7 +29,8 @@ from configs.base import ConfigError, num_train_steps
 from moe import checkpoint, rundir
 from moe.lora import ADAPTERS, FINETUNE_ONLY, count_params, merge_lora, merged_model_config
 from moe.model import build_model, param_counts
-from moe.train import data_parallel_mesh, replicated_sharding, split_trainable, trainable_filter
+from moe.distributed import data_parallel_mesh, replicated_sharding
+from moe.train import split_trainable, trainable_filter
 
 # Model fields that must match between the base run and the fine-tuning config
 # (everything that shapes a parameter or changes what a weight means).

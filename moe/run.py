@@ -35,9 +35,9 @@ from moe import seeds as seeds_lib
 from moe.data import pipeline
 from moe.config import resolve
 from moe.evaluate import evaluate_and_trace, make_eval_step, trace_split
+from moe.distributed import host_local, is_lead_process, silent
 from moe.model import build_model, param_counts
-from moe.train import (Member, SoloLayout, host_local, init_state, is_lead_process, make_optimizer, silent,
-                       train_runs)
+from moe.train import Member, init_state, make_optimizer, train_runs, train_step_fn
 
 
 def git_commit() -> str:
@@ -96,13 +96,13 @@ def abstract_train_step(config: ml_collections.ConfigDict):
     per device.
     """
     tx = make_optimizer(config.optim, num_train_steps(config))
-    layout = SoloLayout(config)
+    layout = seeds_lib.SoloLayout(config)
     graphdef = nnx.graphdef(nnx.eval_shape(lambda: build_model(config.model, config.seed)))
     state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=layout.placement),
                          jax.eval_shape(lambda: init_state(config, tx)[1]))
     batch = {k: jax.ShapeDtypeStruct((config.train.batch_size, config.model.context + 1), jnp.int32)
              for k in ("tokens", "domains")}
-    return layout.step_fn(graphdef, tx, config), state, batch
+    return layout.jit(train_step_fn(graphdef, tx, config)), state, batch
 
 
 def dry_run(config: ml_collections.ConfigDict) -> dict[str, Any]:

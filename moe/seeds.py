@@ -1,25 +1,12 @@
-"""Several seeds of one config in one process and one jit: how their states share a step.
+"""How the members of one training call share one jitted step: one run, or S seeds of one config stacked.
 
-The S train states (each from ``init_state`` with its own seed) are stacked
-on a leading axis and stepped together by one jitted function; seed s reads
-its own data iterator, the same stream as its solo run. Training, restoring,
-logging and evaluating them is ``moe.train`` / ``moe.run``'s one driver; this
-module only says how S states become one (and back).
-
-How the S seeds share the jit (``batching``):
-
-* ``vmap``     — ``jit(vmap(train_step_fn))``: batched ops. Compiles in ~1.3x a
-  solo step's time; on XLA:CPU its batched dots (the tied LM head's
-  (B·T) x d x 50257 matmuls, most of a tiny step) are no faster than S solo ones.
-* ``unrolled`` — the solo step applied to each seed's slice of the stacked state,
-  S times inside one jit: S independent graphs with unbatched dots, which
-  XLA:CPU runs side by side on its cores; the compile grows with S (~1.6-2x
-  vmap's for S=4).
-* ``auto``     — on CPU, ``unrolled`` for groups with at least
-  ``UNROLLED_MIN_STEPS_CPU`` (50) steps to run, else ``vmap``; ``vmap`` on
-  GPU/TPU (not measured here: wide batched kernels are what accelerators do best).
-
-The measurements behind ``auto`` are in ``benchmarks/results/seed_batching_cpu.md``.
+A layout (:class:`SoloLayout`, :class:`StackedLayout`) turns the members' states
+into the one state the step takes, their batches into its batch, and back.
+Stacked seeds share the jit in one of two ways (``batching``): ``vmap``
+(batched ops) or ``unrolled`` (the solo step once per seed inside one jit,
+which XLA:CPU runs side by side); ``auto`` picks unrolled on CPU for runs of at
+least ``UNROLLED_MIN_STEPS_CPU`` steps, else vmap. Measurements:
+``benchmarks/results/seed_batching_cpu.md``.
 """
 
 from __future__ import annotations
@@ -33,13 +20,14 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from moe import distributed
+
 # Config fields that may differ between the seeds of one group.
 PER_SEED_FIELDS = ("seed", "run_name")
 
 BATCHING_MODES = ("auto", "vmap", "unrolled")
 
-# ``auto`` on CPU: unrolled from this many steps to run, vmap below (module docstring: the
-# unrolled step's extra compile is repaid after roughly 30-70 steps of the tiny model).
+# ``auto`` on CPU: unrolled from this many steps to run, vmap below (its extra compile is repaid by then).
 UNROLLED_MIN_STEPS_CPU = 50
 
 
@@ -97,8 +85,7 @@ def seed_slice(tree: Any, i: int) -> Any:
 def split_seeds(stacked: Any, seeds: int) -> list[Any]:
     """The S per-seed trees as device arrays, bit-identical to the stacked slices.
 
-    Through the host: one transfer and S puts, instead of an eager slice op per
-    leaf and seed (~1 s of dispatch and small compiles for a tiny model's 230 leaves).
+    Through the host (one transfer, S puts): cheaper than an eager slice per leaf and seed.
     """
     host = jax.device_get(stacked)
     return [jax.device_put(jax.tree.map(lambda x: x[i], host)) for i in range(seeds)]
@@ -108,11 +95,11 @@ def stack_batches(batches: Sequence[dict[str, np.ndarray]]) -> dict[str, np.ndar
     return {k: np.stack([b[k] for b in batches]) for k in batches[0]}
 
 
-def seed_metrics(host_metrics: dict[str, np.ndarray], i: int) -> dict[str, Any]:
-    """Seed i's slice of the stacked metrics, as floats/lists like a solo run logs them."""
+def seed_metrics(host_metrics: dict[str, np.ndarray], i: int | None = None) -> dict[str, Any]:
+    """Seed i's slice of the stacked metrics (None: unstacked ones), as floats/lists like a solo run logs them."""
     out = {}
     for k, v in host_metrics.items():
-        v = np.asarray(v[i])
+        v = np.asarray(v if i is None else v[i])
         out[k] = v.tolist() if v.ndim else float(v)
     return out
 
@@ -135,3 +122,77 @@ def make_seed_step(step: Callable, seeds: int, batching: str) -> Callable:
         return stack([s for s, _ in outs]), stack([m for _, m in outs])
 
     return jax.jit(unrolled, donate_argnums=0)
+
+
+# ---------------------------------------------------------------- layouts
+
+
+class SoloLayout:
+    """One member, data parallel over every device of every process when there are several."""
+
+    def __init__(self, config: ml_collections.ConfigDict):
+        self.mesh = distributed.data_parallel_mesh()
+        if self.mesh is not None and config.train.batch_size % self.mesh.size:
+            raise ValueError(f"train.batch_size={config.train.batch_size} is not divisible by the "
+                             f"{self.mesh.size} devices; choose a multiple of {self.mesh.size}")
+        # Restored straight onto this run's devices (replicated over the mesh), whatever the
+        # topology that saved the checkpoint: a run may resume on another one.
+        self.placement = (distributed.replicated_sharding(self.mesh) if self.mesh is not None
+                          else jax.sharding.SingleDeviceSharding(jax.devices()[0]))
+
+    def describe(self) -> str | None:
+        if self.mesh is None:
+            return None
+        return f"data parallel over {self.mesh.size} devices" + (
+            f" in {jax.process_count()} processes" if jax.process_count() > 1 else "")
+
+    def jit(self, step: Callable) -> Callable:
+        """The jitted step from the pure solo ``step``."""
+        return distributed.jit_data_parallel(step, self.mesh)
+
+    def combine(self, states: list) -> Any:
+        (state,) = states
+        # Committed even on one device, so a fresh state (e.g. fine-tuning's uncommitted base
+        # weights) and the step's own outputs lower to one program.
+        return jax.device_put(state, self.placement)
+
+    def split(self, state) -> list:
+        return [state]
+
+    def batch(self, batches: list) -> Any:
+        (batch,) = batches  # one device: jit takes numpy as is
+        return batch if self.mesh is None else distributed.global_batch(batch, distributed.rows_sharding(self.mesh))
+
+    def host_metrics(self, metrics) -> list[dict[str, Any]]:
+        return [seed_metrics(jax.device_get(metrics))]
+
+
+class StackedLayout:
+    """S members stacked on a leading axis, in one process on one device."""
+
+    def __init__(self, seeds: int, batching: str):
+        if jax.process_count() > 1:
+            raise SeedGroupError("seeds of a group train in one process; run multi-process jobs solo "
+                                 "(--vmap_seeds=0)")
+        self.seeds, self.batching = seeds, batching
+        self.placement = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+
+    def describe(self) -> str:
+        return f"seed batching: {self.batching}"
+
+    def jit(self, step: Callable) -> Callable:
+        return make_seed_step(step, self.seeds, self.batching)
+
+    def combine(self, states: list) -> Any:
+        # Committed, so a fresh stack and a restored one lower to one program (one compile-cache entry).
+        return jax.device_put(stack(states), self.placement)
+
+    def split(self, state) -> list:
+        return split_seeds(state, self.seeds)
+
+    def batch(self, batches: list) -> Any:
+        return stack_batches(batches)
+
+    def host_metrics(self, metrics) -> list[dict[str, Any]]:
+        host = jax.device_get(metrics)
+        return [seed_metrics(host, i) for i in range(self.seeds)]

@@ -15,7 +15,8 @@ from moe.model import build_model, param_counts
 from moe.config import resolve
 from moe.rundir import write_json
 from moe.run import config_record
-from moe.train import init_state, make_optimizer, router_state
+from moe.train import init_state, make_optimizer
+from moe.train_io import router_state
 from model_fixtures import tiny_model_cfg
 
 PROPERTY_SETTINGS = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -23,7 +23,8 @@ from moe.model import param_counts
 from moe.config import resolve
 from moe.rundir import write_json
 from moe.run import config_record
-from moe.train import init_state, make_optimizer, router_state
+from moe.train import init_state, make_optimizer
+from moe.train_io import router_state
 from model_fixtures import tiny_model_cfg
 
 

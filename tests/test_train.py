@@ -107,10 +107,10 @@ def test_fresh_and_restored_states_lower_to_one_program(members):
     """A fresh state is uncommitted, a restored one is committed to the run's device: combined for
     the step, both must lower to the same program, or every resume compiles the step again
     instead of reading it from the compile cache (train_runs' combine commits them)."""
-    from moe.train import SoloLayout, _Stacked
+    from moe.seeds import SoloLayout, StackedLayout
 
     placement = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    group = SoloLayout(tiny_config()) if members == "solo" else _Stacked(2, "vmap")
+    group = SoloLayout(tiny_config()) if members == "solo" else StackedLayout(2, "vmap")
     count = 1 if members == "solo" else 2
     fresh = [{"w": jnp.full((3,), float(s)), "step": jnp.asarray(0, jnp.int32)} for s in range(count)]
     restored = [jax.device_put(tree, placement) for tree in fresh]
@@ -122,7 +122,8 @@ def test_the_dry_run_lowers_the_program_the_run_trains_with():
     """main.py --dry_run compiles the run's own step (on its committed state and its batch), so the
     run that follows reads the step from the compile cache instead of compiling it again."""
     from moe.run import abstract_train_step
-    from moe.train import SoloLayout, init_state, make_optimizer
+    from moe.seeds import SoloLayout
+    from moe.train import init_state, make_optimizer, train_step_fn
 
     config = tiny_config()
     step, abstract_state, abstract_batch = abstract_train_step(config)
@@ -130,5 +131,5 @@ def test_the_dry_run_lowers_the_program_the_run_trains_with():
     tx = make_optimizer(config.optim, num_train_steps(config))
     graphdef, state = init_state(config, tx)
     batch = layout.batch([next(iterator(config))])
-    trained = layout.step_fn(graphdef, tx, config).lower(layout.combine([state]), batch).as_text()
+    trained = layout.jit(train_step_fn(graphdef, tx, config)).lower(layout.combine([state]), batch).as_text()
     assert step.lower(abstract_state, abstract_batch).as_text() == trained
