@@ -55,10 +55,11 @@ import pathlib
 import sys
 import time
 
+from bench_common import command, emit, parse  # first: it sets the XLA flags before jax starts
+
 import jax
 import numpy as np
 
-from bench_common import command, emit, parse
 from cachesim import reference, simulate as sim
 from cachesim.policies import CacheSpec
 from cachesim.trace import load_trace, make_trace
