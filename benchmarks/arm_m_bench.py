@@ -35,8 +35,6 @@ import sys
 import tempfile
 import time
 
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                           " --xla_cpu_scheduler_type=CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED").strip()
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from bench_common import command, emit, fail, parse, trained_run  # noqa: E402

@@ -21,6 +21,11 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # `python benchmarks/x.py` puts benchmarks/, not the repository, on the path
     sys.path.insert(0, str(REPO))
 
+from moe import runtime  # noqa: E402
+
+# Imported before jax by every script: main.py's XLA flags (numerics, compile-cache keys), a no-op once jax runs.
+runtime.set_xla_flags()
+
 from cachesim.cli_util import CLI, fail  # noqa: E402, F401 (fail: for the scripts)
 
 _KEYS = re.compile(r"^JSON keys[^:\n]*:(.*?)(?:\n[ \t]*\n|\Z)", re.S | re.M)

@@ -12,7 +12,7 @@ One run, same machine, side by side (issue 4):
 * The reference (cachesim.reference, plain Python) is far too slow for all
   288M requests, so it is timed on (a) the full length of one layer per trace
   (layer 0 of each domain, all 12 specs: 36M requests) and (b) a prefix of
-  every layer (`--prefix-tokens`, all 12 specs). Its requests/s is total
+  every layer (`--prefix_tokens`, all 12 specs). Its requests/s is total
   requests over total time of (a) + (b).
 * `identical`: the reference's miss counts equal the JAX simulator's for every
   cell of (a) (full-length traces) and of (b) (JAX rerun on the same prefixes).
@@ -55,10 +55,11 @@ import pathlib
 import sys
 import time
 
+from bench_common import command, emit, parse  # first: it sets the XLA flags before jax starts
+
 import jax
 import numpy as np
 
-from bench_common import command, emit, parse
 from cachesim import reference, simulate as sim
 from cachesim.policies import CacheSpec
 from cachesim.trace import load_trace, make_trace

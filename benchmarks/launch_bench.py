@@ -1,6 +1,7 @@
 """Launcher figures, side by side in one run on this machine.
 
-    python benchmarks/launch_bench.py [--seeds=4] [--steps=0] [--rounds=2] [--skip_overhead] [--quick]
+    python benchmarks/launch_bench.py [--seeds=4] [--steps=0] [--rounds=2] [--skip_overhead] [--executor=local]
+        [--quick]
 
 1. S seeds of the ``tiny`` config trained one after another vs in one process
    and one jit, as a user runs them: ``python -m launch.sweep --parallel=1``
@@ -25,9 +26,10 @@
 
 The machine's 1-minute load average is printed before and after (``load_before``,
 ``load_after``): on a shared machine figures move with it. ``--quick``: 2 seeds
-of 2 steps, one round of each part, overhead runs of 2 steps, and the sweeps
-read the environment's compile cache (no fresh one per arm): it checks that
-every part runs, its figures mean little. The last line is one JSON object
+of 2 steps, one round of each part, overhead runs of 2 steps, the sweeps run
+their runs in their own process (``--executor=inline``: no worker process per
+run) and read the environment's compile cache (no fresh one per arm): it checks
+that every part runs, its figures mean little. The last line is one JSON object
 (the four overhead keys are null under --skip_overhead).
 
 JSON keys: backend, size, seeds, steps, seed_batching, load_before, sequential_sweep_s, vmapped_sweep_s,
@@ -46,8 +48,6 @@ import sys
 import tempfile
 import time
 
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                           " --xla_cpu_scheduler_type=CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED").strip()
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
@@ -135,7 +135,8 @@ def sweep(arg=None):
 """
 
 
-def sweep_wall(workdir: pathlib.Path, seeds: int, steps: int, vmap: bool, data_dir: str, fresh_cache: bool) -> float:
+def sweep_wall(workdir: pathlib.Path, seeds: int, steps: int, vmap: bool, data_dir: str, fresh_cache: bool,
+               executor: str) -> float:
     """Wall seconds of `python -m launch.sweep` training S seeds, one after another or vmapped."""
     config_file = workdir / "seeds.py"
     config_file.parent.mkdir(parents=True, exist_ok=True)
@@ -143,7 +144,8 @@ def sweep_wall(workdir: pathlib.Path, seeds: int, steps: int, vmap: bool, data_d
     arm = "vmapped" if vmap else "sequential"
     env = dict(os.environ, CACHEABLE_MOE_CACHE=str(workdir / f"cache-{arm}")) if fresh_cache else dict(os.environ)
     command = [sys.executable, "-m", "launch.sweep", f"--config={config_file}:tiny", f"--root={workdir / arm}",
-               "--parallel=1", "--noanalysis", "--status_every=0", f"--vmap_seeds={seeds if vmap else 0}",
+               "--parallel=1", f"--executor={executor}", "--noanalysis", "--status_every=0",
+               f"--vmap_seeds={seeds if vmap else 0}",
                f"--config.train.tokens={4 * 32 * steps}", "--config.eval.cache_metrics=False",
                f"--config.data.dir={data_dir}"]
     t0 = time.perf_counter()
@@ -167,7 +169,7 @@ def seconds_to_first_step(command: list[str], env: dict[str, str], workdir: path
     return record["first_step_at"] - t0
 
 
-def sweep_overhead(workdir: pathlib.Path, tokens: int) -> dict[str, float]:
+def sweep_overhead(workdir: pathlib.Path, tokens: int, executor: str) -> dict[str, float]:
     env = dict(os.environ)
     flags = [f"--config.train.tokens={tokens}", "--config.eval.cache_metrics=False", "--config.eval.windows=1"]
     spec, = plan.expand(f"{ARM_B}:tiny", workdir / "direct", {"train.tokens": tokens, "eval.cache_metrics": False,
@@ -175,7 +177,8 @@ def sweep_overhead(workdir: pathlib.Path, tokens: int) -> dict[str, float]:
     direct = seconds_to_first_step(plan.main_command(spec), env, spec.workdir)
     root = workdir / "sweep"
     sweep_cmd = [sys.executable, "-m", "launch.sweep", f"--config={ARM_B}:tiny", f"--root={root}",
-                 "--only=b-lam0.01-s1", "--noanalysis", "--status_every=0", "--verbose", *flags]
+                 "--only=b-lam0.01-s1", f"--executor={executor}", "--noanalysis", "--status_every=0", "--verbose",
+                 *flags]
     via_sweep = seconds_to_first_step(sweep_cmd, env, root / "b-lam0.01-s1")
     t0 = time.perf_counter()
     proc = subprocess.run(sweep_cmd, cwd=REPO, env=env, capture_output=True, text=True)
@@ -187,14 +190,14 @@ def sweep_overhead(workdir: pathlib.Path, tokens: int) -> dict[str, float]:
 
 
 def sweep_speedup(tmp: pathlib.Path, seeds: int, steps: int, rounds: int, data_dir: str,
-                  fresh_cache: bool) -> dict[str, float]:
+                  fresh_cache: bool, executor: str) -> dict[str, float]:
     """Best-of-rounds wall seconds of the two sweeps; rounds alternate which arm goes first."""
     walls: dict[str, list[float]] = {"sequential": [], "batched": []}
     for r in range(rounds):
         order = (False, True) if r % 2 == 0 else (True, False)
         for batched in order:
             wall = sweep_wall(tmp / f"round{r}", seeds, steps, vmap=batched, data_dir=data_dir,
-                              fresh_cache=fresh_cache)
+                              fresh_cache=fresh_cache, executor=executor)
             walls["batched" if batched else "sequential"].append(wall)
             print(f"  round {r + 1}: {'batched' if batched else 'sequential'} sweep {wall:.1f}s "
                   f"(load {os.getloadavg()[0]:.2f})", flush=True)
@@ -203,13 +206,16 @@ def sweep_speedup(tmp: pathlib.Path, seeds: int, steps: int, rounds: int, data_d
             "round_speedups": [a / b for a, b in zip(walls["sequential"], walls["batched"])]}
 
 
-CLI = command(__file__, __doc__, "--seeds=2 --steps=2 --rounds=1 --step_rounds=1 --round_steps=2, no fresh caches")
+CLI = command(__file__, __doc__, "--seeds=2 --steps=2 --rounds=1 --step_rounds=1 --round_steps=2 "
+              "--executor=inline, no fresh caches")
 CLI.define("integer", "seeds", 4, "seeds per sweep")
 CLI.define("integer", "steps", 0, "train steps per run (default: the tiny config's own budget, 12)")
 CLI.define("integer", "rounds", 2, "rounds of the two sweeps (best round per arm kept)")
 CLI.define("integer", "step_rounds", 6, "interleaved rounds of the in-process step timing")
 CLI.define("integer", "round_steps", 10, "train steps per arm and round (in-process)")
 CLI.define("boolean", "skip_overhead", False, "skip the sweep-overhead runs")
+CLI.define("enum", "executor", "local", "the sweeps' executor (local: a worker process per run, as users run them)",
+           enum_values=["local", "inline"])
 CLI.deprecated("step-rounds", "step_rounds")
 CLI.deprecated("round-steps", "round_steps")
 CLI.deprecated("no-overhead", "skip_overhead")
@@ -219,6 +225,7 @@ def main(argv=None) -> None:
     args = parse(CLI, argv)
     if args.quick:
         args.seeds, args.steps, args.rounds, args.step_rounds, args.round_steps = 2, 2, 1, 1, 2
+        args.executor = args.executor if CLI.present("executor") else "inline"
     if args.steps <= 0:
         args.steps = num_train_steps(plan.build_config(f"{ARM_B}:tiny", {}))
 
@@ -230,7 +237,8 @@ def main(argv=None) -> None:
     print(f"load average before: {result['load_before']:.2f} (2 cores shared with other processes)", flush=True)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="launch_bench_"))
     try:
-        result.update(sweep_speedup(tmp, args.seeds, args.steps, args.rounds, data_dir, fresh_cache=not args.quick))
+        result.update(sweep_speedup(tmp, args.seeds, args.steps, args.rounds, data_dir, fresh_cache=not args.quick,
+                                    executor=args.executor))
         tokens = args.seeds * args.steps * configs[0].train.batch_size * configs[0].model.context
         seq, bat = result["sequential_sweep_s"], result["vmapped_sweep_s"]
         print(f"sweep of {args.seeds} seeds x {args.steps} steps (best of {args.rounds}): one after another "
@@ -247,7 +255,8 @@ def main(argv=None) -> None:
                   f"vs solo {steps['compile_solo_s']:.1f}s", flush=True)
         result["step_speedup"] = result[f"step_speedup_{mode}"]
         if not args.skip_overhead:
-            overhead = sweep_overhead(tmp / "overhead", tokens=(2 if args.quick else 8) * 4 * 32)
+            overhead = sweep_overhead(tmp / "overhead", tokens=(2 if args.quick else 8) * 4 * 32,
+                                      executor=args.executor)
             print(f"command -> first training step: main.py {overhead['first_step_direct_s']:.1f}s, "
                   f"launch.sweep {overhead['first_step_via_sweep_s']:.1f}s "
                   f"(overhead {overhead['sweep_overhead_s']:+.1f}s); restart of a finished sweep "

@@ -21,8 +21,6 @@ import os
 import sys
 import time
 
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                           " --xla_cpu_scheduler_type=CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED").strip()
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from bench_common import command, emit, parse  # noqa: E402

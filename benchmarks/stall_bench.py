@@ -15,7 +15,7 @@
    (--out PNG).
 
 The timing pass is pure-Python event simulation; policy comparisons use a
-token prefix (--qwen-tokens, --ref-tokens) and say so. The last line printed
+token prefix (--qwen_tokens, --ref_tokens) and say so. The last line printed
 is one JSON object with every number (null for a section --sections leaves out).
 ``--quick``: 50-token policy prefixes, 200 speed tokens, two figure budgets,
 the code domain only, and the figure in a temporary folder unless --out.

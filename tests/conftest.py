@@ -11,8 +11,12 @@ _TEST_FLAGS = ("--xla_cpu_scheduler_type=CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED", "
 for _flag in _TEST_FLAGS:
     if _flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
         os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_flag}".strip()
-# On a GPU, `pytest -n auto` starts a process per core: none may preallocate 75% of its memory.
-os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+# Then main.py's own settings (moe.runtime: no GPU preallocation, so `pytest -n auto`'s processes share a
+# GPU; its XLA flags). jax keys its persistent compile cache on XLA_FLAGS, and main.py and launch add
+# these flags in the subprocesses the tests start: a step compiled here is reused there, and back.
+from moe import runtime  # noqa: E402
+
+runtime.set_xla_flags()
 
 
 import pathlib  # noqa: E402
