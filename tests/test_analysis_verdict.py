@@ -40,7 +40,7 @@ def _gate(point, gate=0.3, at_least=True, interval=None, name="miss reduction"):
      ("FAIL", "meets both gates; fails the collapse clause: 14 collapsed vs 1–2 in the baseline")),
     (_gate(0.4, interval=(0.25, 0.55)), _gate(0.0, 0.01, False, name="ΔPPL"), 0,
      ("NOT RESOLVED", "miss reduction not resolved: 40.0% (95% CI [25.0%, 55.0%], "
-                      "window bootstrap, 1 seed) vs ≥ 30.0%")),
+                      "window bootstrap, 1 seed) vs ≥ 30.0%; a seed-level interval needs 2 or more seeds")),
 ])
 def test_judge_names_the_binding_reason(metric, quality, collapsed, expected):
     assert verdict.judge(metric, quality, collapsed, (1, 2)) == expected
