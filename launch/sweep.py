@@ -28,7 +28,8 @@ import shlex
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from absl import app, flags, logging
 from ml_collections import config_flags
@@ -228,9 +229,66 @@ def study_steps(config_file: str) -> dict:
     return module.study(arg) if hasattr(module, "study") else {}
 
 
-def run_frontier(root: pathlib.Path, spec: dict | None, echo=print) -> int:
-    """The study's cache-coupled frontier on its named runs (once: runs that have a frontier.json keep it)."""
+def finetune_command(root: pathlib.Path, entry: dict, overrides: Mapping[str, Any] | None = None) -> list[str]:
+    """main.py on a study's fine-tuning run: ``entry`` {"name", "config", "base"} names it, its config file
+    and the sweep run it starts from (ROOT/<base>); ``overrides``: the sweep's --config.x=y pairs."""
+    from launch.plan import MAIN_MODULE, override_flags
+    return [sys.executable, *MAIN_MODULE, f"--config={entry['config']}", f"--config.init_from={root / entry['base']}",
+            f"--workdir={root / entry['name']}", *override_flags((overrides or {}).items())]
+
+
+def run_finetunes(root: pathlib.Path, entries: Sequence[dict] | None, echo=print,
+                  overrides: Mapping[str, Any] | None = None) -> int:
+    """The study's fine-tuning runs (arm M), one at a time once their base runs are done.
+
+    The sweep cannot plan them with its runs (its pre-check needs the base run
+    trained). A complete one is kept (and gets its DONE), an unfinished one
+    resumes (main.py resumes from its newest checkpoint); the first failure
+    stops the step with one line and exit 3, as the frontier's does.
+    """
+    from moe import rundir
+    for entry in entries or ():
+        name, workdir, base = entry["name"], root / entry["name"], root / entry["base"]
+        command = finetune_command(root, entry, overrides)
+        if rundir.is_done(workdir) or rundir.is_complete(workdir):
+            if not rundir.is_done(workdir):
+                rundir.mark_done(workdir, command)
+            echo(f"finetune: {name} is complete")
+            continue
+        if not rundir.is_complete(base):
+            echo(f"error: the fine-tune {name} needs its base run {base} complete; it is not")
+            return 3
+        echo(f"$ {shlex.join(command)}")
+        started = time.time()
+        rundir.start_attempt(workdir, {"executor": "study", "job": name, "started": started})
+        proc = subprocess.run(command, capture_output=True, text=True)
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        with (workdir / rundir.LAUNCH_LOG).open("a") as log:  # main.py's output, as a sweep worker's
+            log.write(proc.stdout + proc.stderr)
+        complete = proc.returncode == 0 and rundir.is_complete(workdir)
+        ended = time.time()
+        rundir.record_attempt(workdir, {"executor": "study", "job": name, "started": started, "ended": ended,
+                                        "wall_s": round(ended - started, 3), "rc": proc.returncode,
+                                        "error": None if complete else last})
+        if not complete:
+            echo(f"error: the fine-tune {name} failed (exit {proc.returncode}): {last}")
+            return 3
+        rundir.mark_done(workdir, command)
+    return 0
+
+
+def run_frontier(root: pathlib.Path, spec: dict | Sequence[dict] | None, echo=print) -> int:
+    """The study's cache-coupled frontier on its named runs (once: runs that have a frontier.json keep it).
+
+    ``spec``: {"runs", "flags"}, or a list of them (one frontier command each, in order).
+    """
     if not spec:
+        return 0
+    if not isinstance(spec, dict):
+        for one in spec:
+            status = run_frontier(root, one, echo)
+            if status:
+                return status
         return 0
     from moe import rundir
     runs = [root / name for name in spec["runs"]]
@@ -281,6 +339,14 @@ def run_analysis(root: pathlib.Path, echo=print, *, page: str | None = None) -> 
     if status == 0:
         echo(f"analysis written to {out}")
     return status
+
+
+def run_study(root: pathlib.Path, study: dict, echo=print, overrides: Mapping[str, Any] | None = None) -> int:
+    """The steps after the runs, each run whatever the others' outcome: the fine-tunes, the frontier, then
+    the tables, verdict and page (which read what the first two wrote). The worst step's exit code."""
+    return max(run_finetunes(root, study.get("finetune"), echo, overrides),
+               run_frontier(root, study.get("frontier"), echo),
+               run_analysis(root, echo, page=study.get("page")))
 
 
 # ---------------------------------------------------------------- main
@@ -371,8 +437,7 @@ def sweep(argv_command: Sequence[str]) -> int:
         elif r["state"] == "failed":
             print(f"error: run {r['name']} failed after {r['attempts']} attempt(s): {r['error']}", file=sys.stderr)
     if _ANALYSIS.value and counts["done"] == len(specs):
-        study = study_steps(config_file)
-        code = max(code, run_frontier(root, study.get("frontier")), run_analysis(root, page=study.get("page")))
+        code = max(code, run_study(root, study_steps(config_file), overrides=cli_overrides))
     elif _ANALYSIS.value:
         print(f"analysis not run: {len(specs) - counts['done']} run(s) are not done; rerun the sweep to finish them")
     return code

@@ -1,0 +1,99 @@
+"""configs/study_cpu2.py (issue 33's design) and launch.sweep's finetune step, without training anything."""
+
+from __future__ import annotations
+
+import collections
+import subprocess
+import sys
+
+from configs import study_cpu2
+from launch import plan, sweep
+from launch_fixtures import write_complete_run
+from moe import rundir
+from moe.cache_aware import frontier
+
+CONFIG = "configs/study_cpu2.py"
+
+
+def test_the_design_has_the_issues_seed_counts_at_the_cpu_size():
+    grid = study_cpu2.sweep()
+    arms = collections.Counter((r["arm"], r.get("loss.lambda_loc"), r.get("loss.mu_dom")) for r in grid)
+    assert arms == {("A", None, None): 3, ("B", 0.1, None): 3, ("C", None, 0.1): 2,
+                    ("B", 0.01, None): 1, ("B", 0.03, None): 1, ("B", 0.3, None): 1}
+    assert {r["train.tokens"] for r in grid} == {8 * 256 * 200}  # the cpu size's budget, as the first edition
+    assert {r["train.tokens"] for r in study_cpu2.sweep("tiny")} == {4 * 32 * 12}
+
+
+def test_run_names_order_and_study_steps_name_planned_runs(tmp_path):
+    names = [s.name for s in plan.expand(CONFIG, tmp_path)]
+    assert names == ["a-s1", "b-lam0.1-s1", "a-s2", "b-lam0.1-s2", "a-s3", "b-lam0.1-s3",  # RQ1's pairs first
+                     "c-mu0.1-s1", "c-mu0.1-s2", "b-lam0.01-s1", "b-lam0.03-s1", "b-lam0.3-s1"]
+    steps = sweep.study_steps(CONFIG)
+    assert steps["page"] == "cpu-study-2"
+    assert steps["finetune"] == [{"name": "m-s1", "config": "configs/arm_m.py:cpu", "base": "a-s1"}]
+    assert sweep.study_steps(f"{CONFIG}:tiny")["finetune"][0]["config"] == "configs/arm_m.py:tiny"
+    assert study_cpu2.arm_m_arg("tiny,tokens=3072,corpus=synthetic") == "tiny,corpus=synthetic"
+    deciding, priming = steps["frontier"]
+    assert deciding["runs"] == ["a-s1", "b-lam0.1-s1"] and priming["runs"] == ["c-mu0.1-s1"]
+    assert {n for s in steps["frontier"] for n in s["runs"]} | {steps["finetune"][0]["base"]} <= set(names)
+    first = frontier.COMMAND.parse(["run", *deciding["flags"]])
+    assert (first.tau, first.capacity, first.epsilon, first.prime) == ("0,0.1,0.3,0.5", "0.25", "0,0.02", True)
+    primed = frontier.COMMAND.parse(["run", *priming["flags"]])
+    assert (primed.tau, primed.capacity, primed.prime) == ("0", "0.25", True)
+
+
+def fake_main(calls, complete=True, rc=0):
+    """A subprocess.run standing in for main.py: records the command, leaves a finished run (or not)."""
+    def run(command, capture_output, text):
+        calls.append(command)
+        workdir = [a.split("=", 1)[1] for a in command if a.startswith("--workdir=")]
+        if complete and workdir:  # main.py (the frontier and analysis commands write nothing here)
+            write_complete_run(sweep.pathlib.Path(workdir[0]), steps=4)
+        return subprocess.CompletedProcess(command, rc, stdout="training\n",
+                                           stderr="" if rc == 0 else "error: the base run differs\n")
+    return run
+
+
+def test_the_finetune_step_runs_main_from_its_base_then_skips_the_complete_run(tmp_path, monkeypatch):
+    write_complete_run(tmp_path / "a-s1", steps=4)
+    entry = {"name": "m-s1", "config": "configs/arm_m.py:tiny", "base": "a-s1"}
+    calls, lines = [], []
+    monkeypatch.setattr(sweep.subprocess, "run", fake_main(calls))
+    assert sweep.run_finetunes(tmp_path, [entry], echo=lines.append, overrides={"eval.windows": 1}) == 0
+    assert calls == [[sys.executable, "-m", "moe.main", "--config=configs/arm_m.py:tiny",
+                      f"--config.init_from={tmp_path / 'a-s1'}", f"--workdir={tmp_path / 'm-s1'}",
+                      "--config.eval.windows=1"]]
+    done = rundir.read_done(tmp_path / "m-s1")
+    assert done["attempts"] == 1 and done["command"] == " ".join(calls[0])
+    assert "training" in (tmp_path / "m-s1" / rundir.LAUNCH_LOG).read_text()
+
+    assert sweep.run_finetunes(tmp_path, [entry], echo=lines.append) == 0  # DONE: not run again
+    assert len(calls) == 1 and lines[-1] == "finetune: m-s1 is complete"
+
+
+def test_the_finetune_step_reports_a_failure_in_one_line(tmp_path, monkeypatch):
+    entry = {"name": "m-s1", "config": "configs/arm_m.py:tiny", "base": "a-s1"}
+    calls, lines = [], []
+    monkeypatch.setattr(sweep.subprocess, "run", fake_main(calls, complete=False, rc=2))
+    assert sweep.run_finetunes(tmp_path, [entry], echo=lines.append) == 3  # no base run yet: nothing started
+    assert calls == [] and lines == [f"error: the fine-tune m-s1 needs its base run {tmp_path / 'a-s1'} complete; "
+                                     "it is not"]
+    write_complete_run(tmp_path / "a-s1", steps=4)
+    lines.clear()
+    assert sweep.run_finetunes(tmp_path, [entry], echo=lines.append) == 3
+    assert lines[-1] == "error: the fine-tune m-s1 failed (exit 2): error: the base run differs"
+    assert not rundir.is_done(tmp_path / "m-s1")
+    assert rundir.read_attempts(tmp_path / "m-s1")[-1]["rc"] == 2
+
+
+def test_study_steps_run_in_order_fine_tune_frontier_then_analysis(tmp_path, monkeypatch):
+    write_complete_run(tmp_path / "a-s1", steps=4)
+    calls = []
+    monkeypatch.setattr(sweep.subprocess, "run", fake_main(calls))
+    study = {"finetune": [{"name": "m-s1", "config": "configs/arm_m.py:tiny", "base": "a-s1"}],
+             "frontier": [{"runs": ["a-s1"], "flags": ["--tau=0"]}, {"runs": ["m-s1"], "flags": ["--prime"]}],
+             "page": "p"}
+    assert sweep.run_study(tmp_path, study, echo=lambda line: None) == 0
+    assert [c[2] for c in calls] == ["moe.main", "moe.cache_aware.frontier", "moe.cache_aware.frontier",
+                                     "analysis.tables", "analysis.tables", "analysis.verdict", "analysis.report"]
+    assert calls[2][3:] == [str(tmp_path / "m-s1"), "--prime"]
