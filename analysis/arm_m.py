@@ -158,6 +158,26 @@ def ablation_rows(runs: Sequence[Run], studies: Mapping[str, Mapping[str, Any]])
     return sorted(rows, key=order)
 
 
+def _fewer(reduction: float) -> str:
+    """'2.00× fewer' for a reduction of 2, '2.00× more' for 0.5."""
+    return f"{reduction:.2f}× fewer" if reduction >= 1 else f"{1 / reduction:.2f}× more"
+
+
+def melinoe_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The results page's MELINOE sentences, one per arm-M run, worded from ``transfers_rows``' numbers."""
+    out = []
+    for row in rows:
+        cost = "costs" if row["delta_ppl"] > 0 else "saves"
+        out.append(
+            f"* {row['run']}: expert transfers per layer per sequence (LFU, {row['capacity']:g} experts cached per "
+            f"layer) {row['base_transfers']:.2f} for its base, {row['finetuned_transfers']:.2f} fine-tuned "
+            f"({_fewer(row['reduction'])}), {row['predictor_transfers']:.2f} with the predictor's prefetch "
+            f"({_fewer(row['reduction_predictor'])} than the base; {row['predictor_demand']:.2f} of them on "
+            f"demand); predictor recall {row['predictor_recall']:.1%} ({row['base_recall']:.1%} on the base); "
+            f"fine-tuning {cost} {abs(row['delta_ppl']):.2%} held-out PPL against the base.")
+    return out or ["* No arm-M run holds a transfers.json: MELINOE's transfer metrics are not measured here."]
+
+
 # -- tables -----------------------------------------------------------------------------------
 def _times(v: Any) -> str:
     return EMPTY if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.2f}×"

@@ -34,7 +34,7 @@ from typing import Any
 
 import pandas as pd
 
-from analysis import cli, complementarity, figures, formatting, plots, study, summary, tables, verdict
+from analysis import arm_m, cli, complementarity, figures, formatting, plots, study, summary, tables, verdict
 from analysis.runs import AnalysisError, Run
 from moe import rundir
 
@@ -459,7 +459,8 @@ def render_page(*, name: str, root_label: str, command: str, rows, found: Sequen
                 testability: Sequence[str], deviation_rows: Sequence[tuple[str, str, str]],
                 table_md: Sequence[str], verdict_txt: str, figure_paths: Mapping[str, str],
                 manifests: Sequence[Mapping[str, Any]], commits: Sequence[str], machine_line: str,
-                training: Sequence[str], timings: pd.DataFrame, wall_s: float | None) -> str:
+                training: Sequence[str], timings: pd.DataFrame, wall_s: float | None,
+                melinoe: Sequence[str] = ()) -> str:
     """The markdown page (pure: every input given)."""
     replicated = sum(f.status == "replicates" for f in found)
     out = [f"# Results: {name}", "",
@@ -510,6 +511,8 @@ def render_page(*, name: str, root_label: str, command: str, rows, found: Sequen
                  else f"— | — | — | —")
         out.append(f"| {r['run']} | {r['lam']:g} | {r['mu']:g} | {r['seed']} | {paired} | {first} | "
                    f"{cell('delta_ppl_pooled', 2)} | {cell('miss_reduction_25_pooled', 1)} |")
+    if melinoe:
+        out += ["", "## MELINOE (arm M): expert transfers", "", *melinoe]
     out += ["", "## Tables", ""]
     for md in table_md:
         out += [md]
@@ -532,6 +535,15 @@ def render_page(*, name: str, root_label: str, command: str, rows, found: Sequen
 def strip_timings(page: str) -> str:
     """The page without its Timings section: what must be byte-identical when it is regenerated."""
     return page.split(TIMINGS_HEADING, 1)[0]
+
+
+def _melinoe(runs: Sequence[Run]) -> list[str]:
+    """The MELINOE section's lines and transfers table; none for a study without arm-M runs."""
+    if not any(r.finetuned for r in runs):
+        return []
+    studies = arm_m.load_transfers(runs)
+    return [*arm_m.melinoe_lines(arm_m.transfers_rows(runs, studies)), "",
+            _table_md(arm_m.transfers_table(runs, studies))]
 
 
 def build(root: Path, name: str, out: Path, *, command: str, frontier_runs: Sequence[str],
@@ -557,7 +569,7 @@ def build(root: Path, name: str, out: Path, *, command: str, frontier_runs: Sequ
                        table_md=[_table_md(t) for t in built], verdict_txt=verdict.verdict_text(runs, results),
                        figure_paths=figure_paths, manifests=data_manifests(complete), commits=commits,
                        machine_line=machine(), training=_training_lines(complete, rows),
-                       timings=run_timings(complete), wall_s=sweep_wall_s(root))
+                       timings=run_timings(complete), wall_s=sweep_wall_s(root), melinoe=_melinoe(complete))
     path = out / f"{name}.md"
     rundir.write_atomic(path, page)
     return path

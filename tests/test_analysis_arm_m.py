@@ -154,6 +154,22 @@ def test_transfers_rows_exact(runs):
     assert "| m-s2 |" in table and "| 40.00 | 24.00 | 20.00 | 1.50× | 2.50× |" in table
 
 
+def test_melinoe_lines_follow_their_numbers(runs):
+    first = arm_m.melinoe_lines(arm_m.transfers_rows(runs, arm_m.load_transfers(runs)))[0]
+    assert first == ("* m-s1: expert transfers per layer per sequence (LFU, 4 experts cached per layer) 60.00 for its "
+                     "base, 30.00 fine-tuned (2.00× fewer), 24.00 with the predictor's prefetch (2.50× fewer than "
+                     "the base; 20.00 of them on demand); predictor recall 75.0% (50.0% on the base); fine-tuning costs "
+                     "1.00% held-out PPL against the base.")
+    worse = {"run": "m-x", "capacity": 2.0, "base_transfers": 10.0, "finetuned_transfers": 20.0, "reduction": 0.5,
+             "predictor_transfers": 16.0, "reduction_predictor": 0.625, "predictor_demand": 14.0,
+             "predictor_recall": 0.25, "base_recall": 0.2, "delta_ppl": -0.02}
+    line = arm_m.melinoe_lines([worse])[0]
+    assert "(2.00× more)" in line and "(1.60× more than the base;" in line
+    assert "fine-tuning saves 2.00% held-out PPL" in line
+    assert arm_m.melinoe_lines([]) == ["* No arm-M run holds a transfers.json: MELINOE's transfer metrics are not "
+                                       "measured here."]
+
+
 def test_study_values_name_what_is_missing(tmp_path):
     broken = _study_json()
     del broken["models"]["finetuned"]["transfers"]["lfu"]["predictor"]
