@@ -89,6 +89,23 @@ def test_the_module_graph_has_no_cycles(graph):
     assert not cycles, "import cycles:\n" + "\n".join(cycles)
 
 
+def test_no_two_subpackages_import_each_other(graph):
+    """moe.decode and moe.offload, cachesim.timed and cachesim.policies...: arrows between them run one way.
+
+    A package's ``__main__`` is an entry point, outside the graph (``python -m moe.decode`` runs
+    ``moe.offload.cli``).
+    """
+    modules = _modules()
+
+    def unit(name: str) -> str:  # the subpackage a module sits in, or the module itself at a package's top
+        return name if modules[name].name == "__init__.py" or name.count(".") < 2 else name.rpartition(".")[0]
+
+    arrows = {(unit(a), unit(b)) for a, targets in graph.items() if not a.endswith(".__main__") for b in targets}
+    arrows = {(x, y) for x, y in arrows if x != y and not y.startswith(x + ".") and not x.startswith(y + ".")}
+    both_ways = sorted(f"{x} <-> {y}" for x, y in arrows if (y, x) in arrows and x < y)
+    assert not both_ways, "\n".join(both_ways)
+
+
 def test_run_directory_names_are_spelled_in_one_module():
     """config.json, final_eval.json, checkpoints/ ... are named by moe.rundir.names alone."""
     names = ('"config.json"', '"final_eval.json"', '"metrics.json"', '"log.jsonl"', '"checkpoints"',

@@ -17,7 +17,7 @@ COMMANDS = [
     "cachesim.cli", "cachesim.profile", "cachesim.stall", "cachesim.bandwidth", "cachesim.importers",
     "analysis.tables", "analysis.verdict", "analysis.figures", "analysis.profile", "analysis.report",
     "moe.cache_aware.frontier", "moe.data.prepare", "moe.data.tokenize", "moe.data.fetch_tokenizer",
-    "launch.status", "moe.decode.cli",
+    "launch.status", "moe.offload.cli",
 ]
 # absl apps on the global FLAGS (they define their flags at import or under __main__): run as processes.
 APPS = [["main.py"], ["-m", "launch.sweep"], ["-m", "launch.vmap_seeds"]]
@@ -102,7 +102,7 @@ def test_constants_spelled_out_for_a_light_help_equal_their_owners():
 def test_every_cacheable_moe_command_has_a_curated_help_page():
     """Each subcommand runs a CLI object tested above (help, flags, aliases) or one of the absl apps."""
     from launch.cli import COMMANDS as SUBCOMMANDS
-    packages = {"cachesim": "cachesim.cli", "moe.decode": "moe.decode.cli"}  # python -m <package> runs <module>
+    packages = {"cachesim": "cachesim.cli", "moe.decode": "moe.offload.cli"}  # python -m <package> runs <module>
     apps = {"moe.main", *(a[-1] for a in APPS if a[0] == "-m")}
     modules = {packages.get(module, module) for module, _ in SUBCOMMANDS.values()}
     assert modules - apps == set(COMMANDS) and "analysis.report" in modules
@@ -175,8 +175,8 @@ def test_bad_flags_are_one_line_and_exit_2(capsys):
 def test_one_word_per_meaning_across_commands():
     """--cache_policy is what a cache keeps, --prefetch_policy what prefetch admits; the old words still parse."""
     for module, new, old in [("cachesim.cli", "cache_policy", "policies"), ("cachesim.stall", "cache_policy", "cache"),
-                             ("cachesim.stall", "prefetch_policy", "policies"), ("moe.decode.cli", "cache_policy", "cache"),
-                             ("moe.decode.cli", "prefetch_policy", "policies"),
+                             ("cachesim.stall", "prefetch_policy", "policies"), ("moe.offload.cli", "cache_policy", "cache"),
+                             ("moe.offload.cli", "prefetch_policy", "policies"),
                              ("moe.cache_aware.frontier", "cache_policy", "policy"),
                              ("analysis.profile", "layers", "layer"), ("analysis.profile", "lru_recency", "recency")]:
         assert command(module)._deprecated[old] == new

@@ -9,7 +9,7 @@ import pytest
 from cachesim.timed.io import IOQueue, Transfer
 from cachesim.timed.spec import Hardware, Tier
 from moe.decode import restore_run
-from moe.decode.cli import main
+from moe.offload.cli import main
 from moe.offload.calibrate import fit_tier
 from moe.offload.measure import attribute_waits
 from moe.offload.model_check import modelled, run_header, summarize, write_jsonl
@@ -186,7 +186,7 @@ def test_cli_json_report_and_event_traces(tiny_run, tmp_path, capsys):  # noqa: 
 
 def test_the_cli_lists_the_timed_models_policies():
     from cachesim.timed.prefetch import ADMISSIONS
-    from moe.decode.cli import POLICY_WORDS
+    from moe.offload.cli import POLICY_WORDS
     from moe.offload.model_check import parse_policies
 
     assert POLICY_WORDS == ADMISSIONS

@@ -13,4 +13,5 @@
 | `model_check` | the one adapter to `cachesim.timed` |
 | `session` | a session: store, pool, calibration, one measured + modelled decode per policy |
 | `report` | the comparison table and JSON |
+| `cli` | `python -m moe.decode`: decode a run offloaded, measured vs modelled stall |
 """
