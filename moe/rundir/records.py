@@ -276,12 +276,22 @@ def write_progress(workdir: PathLike, **record: Any) -> None:
     write_json(pathlib.Path(workdir) / PROGRESS, {"updated": now_iso(), **record})
 
 
-def read_progress(workdir: PathLike) -> dict[str, Any] | None:
+def _json_or_none(path: pathlib.Path) -> Any:
+    """A file its reader can do without: absent or unreadable is None, never an error."""
     try:
-        record = json.loads((pathlib.Path(workdir) / PROGRESS).read_text())
+        return json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+
+
+def read_progress(workdir: PathLike) -> dict[str, Any] | None:
+    record = _json_or_none(pathlib.Path(workdir) / PROGRESS)
     return record if isinstance(record, dict) else None
+
+
+def read_metrics(workdir: PathLike) -> Any:
+    """metrics.json, or None when absent or unreadable (analysis then recomputes the cache facts it holds)."""
+    return _json_or_none(pathlib.Path(workdir) / METRICS)
 
 
 # ---------------------------------------------------------------- the launcher's marks
@@ -292,10 +302,7 @@ def is_done(workdir: PathLike) -> bool:
 
 
 def read_done(workdir: PathLike) -> dict[str, Any] | None:
-    try:
-        return json.loads((pathlib.Path(workdir) / DONE).read_text())
-    except (OSError, ValueError):
-        return None
+    return _json_or_none(pathlib.Path(workdir) / DONE)
 
 
 def _append_attempt(workdir: pathlib.Path, record: dict[str, Any]) -> None:
