@@ -6,7 +6,7 @@ windows and the held-out evaluation windows; fit the prompt-level predictor
 every MoE layer its own cache of C = ceil(capacity_frac · E) experts, load it
 with a prefetch set before the continuation (the tokens after the prompt) is
 decoded, and count the continuation's demand loads under LFU and LRU
-(moe.prefetch). Prefetch sets compared: none (a cold cache), the predictor's
+(cachesim.prefetched). Prefetch sets compared: none (a cold cache), the predictor's
 top-C, two cheap baselines (the prompt's own most-used experts; the training
 set's most-used experts) and the clairvoyant top-C of the continuation.
 Prefetch loads are reported apart from demand loads: they are issued before
