@@ -1,12 +1,8 @@
 """One run, end to end: data -> train -> evaluate -> run directory.
 
-The run directory is the contract with ``analysis/`` and ``launch/``:
-``config.json`` (resolved config, the reference's top-level keys, git commit),
-``final_eval.json``, ``trace_<domain>.npz`` (and ``trace_<domain>_train.npz``), ``log.jsonl``, ``metrics.json``,
-``checkpoints/``. Every JSON file is written to a temporary path and renamed,
-so a killed run never leaves a half-written artifact; the evaluation's files are
-staged and published together (:func:`write_evaluation`), so it never leaves a
-mix of two evaluations either.
+The run directory (its files and records: ``moe.rundir``) is the contract with ``analysis/`` and
+``launch/``. Every file is written atomically, and the evaluation's files are published together
+(:func:`write_evaluation`): a killed run leaves neither half a file nor a mix of two evaluations.
 
 In a multi-process run (``moe.distributed``) every process trains, saves
 checkpoints (Orbax coordinates them) and evaluates its own copy of the trained

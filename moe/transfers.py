@@ -126,7 +126,7 @@ def transfer_study(config: ml_collections.ConfigDict, graphdef, params: nnx.Stat
     out = rundir.transfers_record(
         capacity=capacity, prompt_len=prompt_len, continuation_len=config.model.context - prompt_len,
         train_sequences=int(train_tokens.shape[0]), eval_sequences=int(held_tokens.shape[0]),
-        representation=REPRESENTATION, policies=STUDY_POLICIES, init_from=config.init_from)
+        representation=REPRESENTATION, policies=list(STUDY_POLICIES), init_from=config.init_from)
     route_fn = make_route_fn(graphdef, config, prompt_len)
     for name, p in (("base", base_as_step_zero(config, base, params)), ("finetuned", params)):
         routed = [route_sequences(route_fn, p, tokens, batch_size=config.eval.batch_size, prompt_len=prompt_len)

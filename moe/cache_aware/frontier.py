@@ -44,8 +44,6 @@ CACHE_POLICY_NAMES = ("lfu", "lru", "lru_token")
 if TYPE_CHECKING:
     from moe.cache_aware.reroute import Setting
 
-FRONTIER_FILE = rundir.FRONTIER
-
 
 class FrontierError(ValueError):
     """A frontier request cannot be served; the message names the fix."""
@@ -308,7 +306,7 @@ def frontier(run_dirs: Sequence[str | os.PathLike], points: Sequence[Point], *, 
     runs = [read_run(p) for p in run_dirs]
     for run in runs:
         if not os.access(run.path, os.W_OK):
-            raise FrontierError(f"cannot write {run.path / FRONTIER_FILE}: the run directory is read-only")
+            raise FrontierError(f"cannot write {run.path / rundir.FRONTIER}: the run directory is read-only")
         check_points(run, points)  # before any model is loaded
     # The run directories it writes, locked for the whole evaluation: no trainer changes a
     # checkpoint under it, and no second frontier writes the same file.
@@ -345,7 +343,7 @@ def _frontier(runs: list[Run], points: Sequence[Point], *, prime: bool, options:
         compare(records, baseline)
         record = rundir.frontier_record(run, records, description, arm_a, note)
         rundir.write_frontier(run.path, record)
-        log(f"frontier: wrote {run.path / FRONTIER_FILE} ({len(records)} points; arm-A baseline: {note})")
+        log(f"frontier: wrote {run.path / rundir.FRONTIER} ({len(records)} points; arm-A baseline: {note})")
         out[run.path] = record
     return out
 

@@ -408,23 +408,11 @@ def git_commit() -> str:
 def config_record(config: Any, counts: dict[str, int], *, tokens: int, backend: str) -> dict[str, Any]:
     """config.json: the reference runs' top-level keys, then ours, then the full config (a ConfigDict)."""
     return {
-        "arm": config.arm,
-        "lambda_loc": config.loss.lambda_loc,
-        "mu_dom": config.loss.mu_dom,
-        "alpha_balance": config.loss.alpha_balance,
-        "tokens": tokens,
-        "bsz": config.train.batch_size,
-        "seq": config.model.context,
-        "lr": config.optim.peak_lr,
-        "seed": config.seed,
-        "run_name": config.run_name,
-        "params": counts["params_total"],
-        "params_active": counts["params_active"],
-        "size": config.model.size,
-        "corpus": config.data.corpus,
-        "git_commit": git_commit(),
-        "jax_backend": backend,
-        "config": config.to_dict(),
+        "arm": config.arm, "lambda_loc": config.loss.lambda_loc, "mu_dom": config.loss.mu_dom,
+        "alpha_balance": config.loss.alpha_balance, "tokens": tokens, "bsz": config.train.batch_size,
+        "seq": config.model.context, "lr": config.optim.peak_lr, "seed": config.seed, "run_name": config.run_name,
+        "params": counts["params_total"], "params_active": counts["params_active"], "size": config.model.size,
+        "corpus": config.data.corpus, "git_commit": git_commit(), "jax_backend": backend, "config": config.to_dict(),
     }
 
 
@@ -433,8 +421,7 @@ def config_record(config: Any, counts: dict[str, int], *, tokens: int, backend: 
 FRONTIER_SCHEMA = 1
 _FRONTIER_EVAL_KEYS = ("windows_per_domain", "seq", "domains", "policy", "carry", "capacity_rounding",
                        "mixed_run_length", "mixed_windows", "corpus", "num_experts", "k", "num_layers")
-# frontier.json (written atomically into each run directory; schema 1)
-# ---------------------------------------------------------------------
+# frontier.json (written atomically into each run directory; schema 1):
 # {
 #   "schema": 1,
 #   "run": str, "run_dir": str, "arm": str, "size": str, "tokens": int, "lambda_loc": float, "mu_dom": float,
@@ -444,8 +431,7 @@ _FRONTIER_EVAL_KEYS = ("windows_per_domain", "seq", "domains", "policy", "carry"
 #            "corpus": str, "num_experts": int, "k": int, "num_layers": int},
 #   "arm_a": {"run": str, "run_dir": str} | null,
 #   "arm_a_note": str,                    # how the baseline was found, or why there is none
-#   "elapsed_s": float,
-#   "tokens_per_s": float,                # evaluated tokens x settings per wall-clock second, compiles included
+#   "elapsed_s": float, "tokens_per_s": float,  # evaluated tokens x settings per second, compiles included
 #   "points": [{
 #       "stream": "domains" | "mixed",     # each domain its own stream / the mixed round-robin stream
 #       "label": str,                      # e.g. "tau=0.5,eps=0.02" ("plain" when all off)
@@ -462,14 +448,12 @@ _FRONTIER_EVAL_KEYS = ("windows_per_domain", "seq", "domains", "policy", "carry"
 #       "loads_skipped_per_token": float,
 #       "miss_reduction_vs_tau0": float,   # 1 - misses / misses of this run's plain point (same stream, capacity)
 #       "ppl_cost_vs_tau0": float,         # ppl_mean / plain ppl_mean - 1
-#       "miss_reduction_vs_arm_a": float | null,  # the same against the arm-A baseline's plain point
-#       "ppl_cost_vs_arm_a": float | null
+#       "miss_reduction_vs_arm_a": float | null, "ppl_cost_vs_arm_a": float | null  # vs the arm-A plain point
 #   }, ...]
 # }
-# Misses, prefetch loads and skipped loads are per evaluated token (all layers
-# summed); prefetch loads are never demand misses; "loads skipped" counts elided
-# requests whose expert was not resident (a load avoided), "elided" all elided
-# requests.
+# Misses, prefetch loads and skipped loads are per evaluated token (all layers summed); prefetch loads are
+# never demand misses; "loads skipped" counts elided requests whose expert was not resident (a load
+# avoided), "elided" all elided requests.
 
 
 def frontier_record(run: RunRecord, points: list[dict], description: dict, arm_a: RunRecord | None,
@@ -508,13 +492,13 @@ def has_frontier(workdir: PathLike) -> bool:
 #                                               "demand_per_layer": [float], "total_per_layer": [float]}}}}}}
 
 
-def transfers_record(*, capacity: int, prompt_len: int, continuation_len: int, train_sequences: int,
-                     eval_sequences: int, representation: str, policies: Sequence[str],
-                     init_from: str) -> dict[str, Any]:
+TRANSFERS_FIELDS = ("capacity", "prompt_len", "continuation_len", "train_sequences", "eval_sequences",
+                    "representation", "policies", "init_from")
+
+
+def transfers_record(**fields: Any) -> dict[str, Any]:
     """transfers.json before its models' reports (``models``: filled per model by moe.transfers)."""
-    return {"capacity": capacity, "prompt_len": prompt_len, "continuation_len": continuation_len,
-            "train_sequences": train_sequences, "eval_sequences": eval_sequences,
-            "representation": representation, "policies": list(policies), "init_from": init_from, "models": {}}
+    return {**{key: fields[key] for key in TRANSFERS_FIELDS}, "models": {}}
 
 
 def read_run_file(workdir: PathLike, name: str, fix: str | None = None) -> Any:
