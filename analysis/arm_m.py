@@ -1,7 +1,7 @@
 """Arm M (MELINOE fine-tuning) tables: expert transfers with a predictor, and the loss ablation.
 
 An arm-M run fine-tunes a finished run (its ``init_from``); ``moe.run`` then
-writes ``transfers.json`` into the run directory (schema in moe.transfers):
+writes ``transfers.json`` into the run directory (schema in moe.rundir.records):
 for the base and the fine-tuned model, expert loads per layer per sequence
 under LFU and LRU at the study's capacity with several prefetch sets, the
 predictor's recall, and PPL on the held-out windows.
@@ -30,7 +30,7 @@ import numpy as np
 
 from analysis import summary
 from analysis.formatting import EMPTY, Column, Table, fixed, general, percent, signed_percent
-from analysis.runs import AnalysisError, Run, read_json
+from analysis.runs import AnalysisError, Run, read_run_file
 from moe import rundir
 
 TRANSFERS_FILE = rundir.TRANSFERS
@@ -74,9 +74,9 @@ def load_transfers(runs: Sequence[Run]) -> dict[str, dict[str, Any]]:
     """``{run name: study_values}`` for every arm-M run directory holding a transfers.json."""
     out = {}
     for r in runs:
-        path = r.path / TRANSFERS_FILE
-        if r.finetuned and path.is_file():
-            out[r.name] = study_values(read_json(path), str(path))
+        study = read_run_file(r.path, TRANSFERS_FILE) if r.finetuned else None
+        if study is not None:
+            out[r.name] = study_values(study, str(r.path / TRANSFERS_FILE))
     return out
 
 

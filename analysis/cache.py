@@ -179,7 +179,7 @@ class MetricsStore:
         """
         run_dir = Path(path).resolve().parent  # a trace lives in its run directory (moe.rundir)
         if run_dir not in self._records:
-            self._records[run_dir] = _read_json_or_none(run_dir / rundir.METRICS)
+            self._records[run_dir] = rundir.read_metrics(run_dir)
         return cs_facts.facts_from_record(self._records[run_dir], self.sha256(path),
                                           None if fit is None else self.sha256(fit))
 

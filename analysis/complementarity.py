@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from analysis import summary
-from analysis.runs import AnalysisError, Run, read_json
+from analysis.runs import AnalysisError, Run, read_run_file
 from moe import rundir
 
 FRONTIER_FILE = rundir.FRONTIER
@@ -40,18 +40,21 @@ POINTS = (("tax", "B", 0.0), ("stacked", "B", STACK_TAU), ("rerouted_a", "A", ST
 _FIELDS = (("ppl_cost", "ppl_cost_vs_arm_a"), ("miss_reduction", "miss_reduction_vs_arm_a"))
 
 
-def read_frontier_points(path: Path) -> list[dict[str, Any]]:
-    """The ``points`` list of one frontier.json; AnalysisError when it is not schema 1."""
-    data = read_json(path)
-    if not isinstance(data, dict) or data.get("schema") != 1 or not isinstance(data.get("points"), list):
+def read_frontier_points(run_dir: Path) -> list[dict[str, Any]] | None:
+    """The ``points`` list of a run's frontier.json (None without one); AnalysisError when it is not schema 1."""
+    path, data = run_dir / FRONTIER_FILE, read_run_file(run_dir, FRONTIER_FILE)
+    if data is None:
+        return None
+    if (not isinstance(data, dict) or data.get("schema") != rundir.FRONTIER_SCHEMA
+            or not isinstance(data.get("points"), list)):
         raise AnalysisError(f"{path}: expected a schema-1 frontier.json with a 'points' list; {_REGENERATE}")
     return data["points"]
 
 
 def load_frontiers(runs: Sequence[Run]) -> dict[str, list[dict[str, Any]]]:
     """``{run name: frontier points}`` for every run directory holding a frontier.json."""
-    return {r.name: read_frontier_points(r.path / FRONTIER_FILE)
-            for r in runs if (r.path / FRONTIER_FILE).is_file()}
+    found = {r.name: read_frontier_points(r.path) for r in runs}
+    return {name: points for name, points in found.items() if points is not None}
 
 
 def _is_reference(point: Mapping[str, Any], tau: float, where: str) -> bool:

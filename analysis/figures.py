@@ -39,7 +39,7 @@ import numpy as np
 from analysis import cli, plots, summary, verdict
 from analysis.cache import MetricsStore
 from analysis.profile import load_traces
-from analysis.runs import AnalysisError, Run, discover, load_runs, read_json
+from analysis.runs import AnalysisError, Run, discover, load_runs, read_run_file
 from cachesim.cli_util import progress
 from moe import rundir
 
@@ -168,10 +168,9 @@ def read_frontier(run: Run, *, with_tau: bool = False) -> tuple[dict[str, tuple[
     starts at that stream's plain (all-off) point. ``with_tau``: each series
     carries a third list, the τ of each point (None at the plain point), for labels.
     """
-    path = run.path / FRONTIER_FILE
-    if not path.is_file():
+    path, data = run.path / FRONTIER_FILE, read_run_file(run.path, FRONTIER_FILE)
+    if data is None:
         return None
-    data = read_json(path)
     points = data.get("points") if isinstance(data, dict) else None
     if not isinstance(points, list) or not points:
         raise AnalysisError(f"{path}: expected a 'points' list (moe.cache_aware.frontier schema 1); regenerate it with "

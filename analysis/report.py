@@ -365,7 +365,7 @@ def deviations(runs: Sequence[Run], frontier_runs: Sequence[str]) -> list[tuple[
         f"{r.window_tokens}-token windows, " + ", ".join(f"{d} {ev.tokens // r.window_tokens}" for d, ev in r.domains.items())
         if r.window_tokens else f"{', '.join(f'{d} {ev.tokens:,} tokens' for d, ev in r.domains.items())}"
         for r in complete)
-    with_frontier = [r.name for r in complete if (r.path / rundir.FRONTIER).is_file()]
+    with_frontier = [r.name for r in complete if rundir.has_frontier(r.path)]
     return [
         ("model", PAPER_PROTOCOL["model"], models),
         ("training tokens", PAPER_PROTOCOL["training tokens"],
@@ -580,7 +580,7 @@ COMMAND = cli.report_command()
 
 def _default_frontier_runs(root: Path) -> list[str]:
     """The first arm-A and the first arm-B run (by name) holding a frontier.json: the study's frontier runs."""
-    found = sorted(p.name for p in root.iterdir() if (p / rundir.FRONTIER).is_file())
+    found = sorted(p.name for p in root.iterdir() if rundir.has_frontier(p))
     a = [n for n in found if n.startswith("a-")]
     b = [n for n in found if n.startswith("b-")]
     return (a[:1] + b[:1]) if a or b else found[:2]

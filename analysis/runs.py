@@ -14,7 +14,6 @@ and figure CLIs stay thin.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 from collections.abc import Iterable, Sequence
@@ -142,13 +141,12 @@ def discover_run_dirs(paths: Iterable[str | os.PathLike]) -> list[Path]:
     return runs
 
 
-def read_json(path: Path) -> Any:
-    """Parses a JSON file; a broken file is an AnalysisError naming it."""
+def read_run_file(run_dir: Path, name: str) -> Any:
+    """A JSON file of a run directory, read by moe.rundir (None when absent); a broken one is an AnalysisError."""
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except json.JSONDecodeError as e:
-        raise AnalysisError(f"{path}: not valid JSON ({e}); regenerate it or remove the run directory") from None
+        return rundir.read_run_file(run_dir, name, "regenerate it or remove the run directory")
+    except rundir.RunDirError as e:
+        raise AnalysisError(str(e)) from None
 
 
 def _number(config: dict, key: str, path: Path, default: float | None = None) -> float:
@@ -158,8 +156,12 @@ def _number(config: dict, key: str, path: Path, default: float | None = None) ->
     return float(value)
 
 
-def _parse_final_eval(path: Path) -> dict[str, tuple[float, float, int, bool]]:
-    data = read_json(path)
+def _parse_final_eval(run_dir: Path) -> dict[str, tuple[float, float, int, bool]]:
+    """final_eval.json's entries; {} when the run has none yet."""
+    path = run_dir / rundir.FINAL_EVAL
+    data = read_run_file(run_dir, rundir.FINAL_EVAL)
+    if data is None:
+        return {}
     if not isinstance(data, dict) or not data:
         raise AnalysisError(f"{path}: expected {{domain: {{val_loss, val_ppl, tokens}}}}; regenerate final_eval.json")
     out = {}
@@ -220,7 +222,7 @@ def load_run(run_dir: str | os.PathLike, *, store: cache.MetricsStore | None = N
     """
     path = Path(run_dir)
     config_path = path / rundir.CONFIG
-    config = read_json(config_path)
+    config = read_run_file(path, rundir.CONFIG)
     if not isinstance(config, dict):
         raise AnalysisError(f"{config_path}: expected a JSON object; regenerate config.json")
     arm = config.get("arm")
@@ -233,10 +235,8 @@ def load_run(run_dir: str | os.PathLike, *, store: cache.MetricsStore | None = N
     params = config.get("params")
     problems: list[str] = []
     traces = trace_paths(path)
-    evals: dict[str, tuple[float, float, int, bool]] = {}
-    if (path / rundir.FINAL_EVAL).is_file():
-        evals = _parse_final_eval(path / rundir.FINAL_EVAL)
-    else:
+    evals = _parse_final_eval(path)
+    if not evals:
         problems.append("missing final_eval.json")
     missing = [d for d in evals if d not in traces]
     if missing:

@@ -27,7 +27,6 @@ finetune_over_full_throughput, finetune_lm_only_over_full_throughput, backend
 
 from __future__ import annotations
 
-import json
 import os
 import pathlib
 import statistics
@@ -46,6 +45,7 @@ from configs import arm_m  # noqa: E402
 from configs.base import num_train_steps  # noqa: E402
 from moe.data import pipeline  # noqa: E402
 from moe.finetune import read_base_config  # noqa: E402
+from moe import rundir  # noqa: E402
 from moe.config import resolve  # noqa: E402
 from moe.run import run  # noqa: E402
 from moe.train import init_state, make_optimizer, make_train_step  # noqa: E402
@@ -62,10 +62,9 @@ def arm_m_config(size: str, base: pathlib.Path, base_config: ml_collections.Conf
 
 def fine_tune(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> dict:
     """The arm M study of ``config`` (runs the fine-tune unless workdir already holds it)."""
-    study = workdir / "transfers.json"
-    if not study.exists():
+    if rundir.read_run_file(workdir, rundir.TRANSFERS) is None:
         run(config, workdir, log=lambda msg: print(msg, flush=True))
-    return json.loads(study.read_text())
+    return rundir.read_run_file(workdir, rundir.TRANSFERS)
 
 
 def step_times(configs: dict[str, ml_collections.ConfigDict], steps: int, rounds: int) -> dict[str, float]:

@@ -292,7 +292,7 @@ def run_frontier(root: pathlib.Path, spec: dict | Sequence[dict] | None, echo=pr
         return 0
     from moe import rundir
     runs = [root / name for name in spec["runs"]]
-    if all((run / rundir.FRONTIER).is_file() for run in runs):
+    if all(rundir.has_frontier(run) for run in runs):
         echo(f"frontier: every study run has its {rundir.FRONTIER}")
         return 0
     command = [sys.executable, "-m", "moe.cache_aware.frontier", *map(str, runs), *spec.get("flags", [])]

@@ -1,12 +1,8 @@
 """One run, end to end: data -> train -> evaluate -> run directory.
 
-The run directory is the contract with ``analysis/`` and ``launch/``:
-``config.json`` (resolved config, the reference's top-level keys, git commit),
-``final_eval.json``, ``trace_<domain>.npz`` (and ``trace_<domain>_train.npz``), ``log.jsonl``, ``metrics.json``,
-``checkpoints/``. Every JSON file is written to a temporary path and renamed,
-so a killed run never leaves a half-written artifact; the evaluation's files are
-staged and published together (:func:`write_evaluation`), so it never leaves a
-mix of two evaluations either.
+The run directory (its files and records: ``moe.rundir``) is the contract with ``analysis/`` and
+``launch/``. Every file is written atomically, and the evaluation's files are published together
+(:func:`write_evaluation`): a killed run leaves neither half a file nor a mix of two evaluations.
 
 In a multi-process run (``moe.distributed``) every process trains, saves
 checkpoints (Orbax coordinates them) and evaluates its own copy of the trained
@@ -18,7 +14,6 @@ from __future__ import annotations
 import math
 import os
 import pathlib
-import subprocess
 import time
 from collections.abc import Sequence
 from typing import Any, Callable
@@ -40,35 +35,10 @@ from moe.model import build_model, param_counts
 from moe.train import Member, init_state, make_optimizer, train_runs, train_step_fn
 
 
-def git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
-                              cwd=pathlib.Path(__file__).parent, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
 def config_record(config: ml_collections.ConfigDict, counts: dict[str, int]) -> dict[str, Any]:
-    """config.json: the reference runs' top-level keys, then ours, then the full config."""
-    return {
-        "arm": config.arm,
-        "lambda_loc": config.loss.lambda_loc,
-        "mu_dom": config.loss.mu_dom,
-        "alpha_balance": config.loss.alpha_balance,
-        "tokens": num_train_steps(config) * config.train.batch_size * config.model.context,
-        "bsz": config.train.batch_size,
-        "seq": config.model.context,
-        "lr": config.optim.peak_lr,
-        "seed": config.seed,
-        "run_name": config.run_name,
-        "params": counts["params_total"],
-        "params_active": counts["params_active"],
-        "size": config.model.size,
-        "corpus": config.data.corpus,
-        "git_commit": git_commit(),
-        "jax_backend": jax.default_backend(),
-        "config": config.to_dict(),
-    }
+    """config.json's record (moe.rundir.config_record): the trained token budget and this process's backend."""
+    tokens = num_train_steps(config) * config.train.batch_size * config.model.context
+    return rundir.config_record(config, counts, tokens=tokens, backend=jax.default_backend())
 
 
 # ---------------------------------------------------------------- dry run

@@ -6,11 +6,12 @@ windows and the held-out evaluation windows; fit the prompt-level predictor
 every MoE layer its own cache of C = ceil(capacity_frac · E) experts, load it
 with a prefetch set before the continuation (the tokens after the prompt) is
 decoded, and count the continuation's demand loads under LFU and LRU
-(moe.prefetch). Prefetch sets compared: none (a cold cache), the predictor's
+(cachesim.prefetched). Prefetch sets compared: none (a cold cache), the predictor's
 top-C, two cheap baselines (the prompt's own most-used experts; the training
 set's most-used experts) and the clairvoyant top-C of the continuation.
 Prefetch loads are reported apart from demand loads: they are issued before
-decoding starts, off the critical path, but they are transfers too.
+decoding starts, off the critical path, but they are transfers too. The record is
+transfers.json (schema in moe.rundir.records).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import numpy as np
 from flax import nnx
 
 from cachesim.policies import CacheSpec, capacity_from_fraction
+from moe import rundir
 from moe.data import DOMAINS
 from moe.data import pipeline
 from moe.finetune import FinetuneError, initial_params, load_base_params
@@ -121,12 +123,10 @@ def transfer_study(config: ml_collections.ConfigDict, graphdef, params: nnx.Stat
     capacity = capacity_from_fraction(pc.capacity_frac, num_experts)
     train_tokens = _training_windows(config, pc.train_windows)
     held_tokens, domains = _held_out_windows(config)
-    out: dict[str, Any] = {
-        "capacity": capacity, "prompt_len": prompt_len, "continuation_len": config.model.context - prompt_len,
-        "train_sequences": int(train_tokens.shape[0]), "eval_sequences": int(held_tokens.shape[0]),
-        "representation": REPRESENTATION, "policies": list(STUDY_POLICIES), "init_from": config.init_from,
-        "models": {},
-    }
+    out = rundir.transfers_record(
+        capacity=capacity, prompt_len=prompt_len, continuation_len=config.model.context - prompt_len,
+        train_sequences=int(train_tokens.shape[0]), eval_sequences=int(held_tokens.shape[0]),
+        representation=REPRESENTATION, policies=list(STUDY_POLICIES), init_from=config.init_from)
     route_fn = make_route_fn(graphdef, config, prompt_len)
     for name, p in (("base", base_as_step_zero(config, base, params)), ("finetuned", params)):
         routed = [route_sequences(route_fn, p, tokens, batch_size=config.eval.batch_size, prompt_len=prompt_len)

@@ -155,3 +155,49 @@ def test_one_progress_display_and_one_duration_spelling():
     durations = sorted(p for p, text in texts.items() if any(m in text for m in (
         "// 3600", "/ 3600", "% 60:02d", "timedelta(", "def format_duration")))
     assert durations == ["moe/rundir/names.py"], durations
+
+
+def _reads(path: pathlib.Path) -> set[str]:
+    """``function: call`` of every JSON, npz or whole-file read in a module (methods as Class.method)."""
+    readers = {"load", "loads", "read_text", "read_bytes"}
+    found = set()
+
+    def visit(node: ast.AST, where: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                visit(child, f"{where}.{child.name}".lstrip("."))
+                continue
+            if isinstance(child, ast.Call):
+                func = child.func
+                if isinstance(func, ast.Attribute) and func.attr in readers:
+                    found.add(f"{where}: {func.attr}")
+                elif isinstance(func, ast.Name) and func.id == "open":
+                    found.add(f"{where}: open")
+            visit(child, where)
+
+    visit(ast.parse(path.read_text()), "")
+    return found
+
+
+def test_analysis_and_launch_read_run_directories_through_rundir():
+    """analysis/ and launch/ parse no run-directory file themselves: config.json, final_eval.json,
+    metrics.json, the logs, frontier.json and transfers.json are read by moe.rundir. What they do
+    read is outside run directories: the prepared data's manifest, /proc/cpuinfo, a sweep's
+    status.json and job ids, and the user cache of trace facts."""
+    reads = sorted(f"{path.relative_to(REPO).as_posix()} {read}" for package in ("analysis", "launch")
+                   for path in (REPO / package).rglob("*.py") for read in _reads(path))
+    assert reads == [
+        "analysis/cache.py _read_json_or_none: load",
+        "analysis/cache.py _read_json_or_none: open",
+        "analysis/report.py _sweep_command: loads",
+        "analysis/report.py _sweep_command: read_text",
+        "analysis/report.py data_manifests: loads",
+        "analysis/report.py data_manifests: read_bytes",
+        "analysis/report.py machine: read_text",
+        "analysis/report.py sweep_wall_s: loads",
+        "analysis/report.py sweep_wall_s: read_text",
+        "launch/slurm.py SlurmExecutor._load_ids: loads",
+        "launch/slurm.py SlurmExecutor._load_ids: read_text",
+        "launch/status.py read_status: loads",
+        "launch/status.py read_status: read_text",
+    ], reads

@@ -24,9 +24,11 @@ from __future__ import annotations
 import ast
 import functools
 import importlib.util
+import io
 import pathlib
 import re
 import shlex
+import tokenize
 from dataclasses import dataclass, field
 
 import pytest
@@ -558,6 +560,71 @@ def test_checks_catch_wrong_commands():
     assert [p for p in read_paths(reader) if unresolved(p, ["runs/arm_a-smoke"])] == ["runs/a-smoke"]
     assert not [p for p in read_paths(reader) if unresolved(p, ["runs/a-smoke"])]
 
+
+
+# ---------------------------------------------------------------- dotted names
+
+PACKAGES = ("moe", "losses", "cachesim", "configs", "launch", "analysis", "benchmarks")
+DOTTED = re.compile(rf"(?<![\w./-])((?:{'|'.join(PACKAGES)})(?:\.[A-Za-z_]\w*)+)")
+FILE_SUFFIXES = {"log", "json", "jsonl", "npz", "py", "md", "txt"}  # `launch.log` is a file, not a module
+# One-letter parts are placeholders (``cachesim.a.b``): a docstring in cachesim stays as it is, since its
+# text is part of the metric-code fingerprint that runs record (cachesim.facts).
+PLACEHOLDER_PART = re.compile(r"\.[a-z]\b")
+
+
+@functools.cache
+def defined_names(path: pathlib.Path) -> frozenset[str]:
+    """What a module defines or imports at any depth (read from its source, nothing imported)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return frozenset(names)
+
+
+def name_exists(dotted: str) -> bool:
+    """``pkg.module.name``: the longest module prefix exists and defines the next part (or has it as a file)."""
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        base = ROOT.joinpath(*parts[:i])
+        source = next((f for f in (base.with_suffix(".py"), base / "__init__.py") if f.is_file()), None)
+        if source is not None:
+            return i == len(parts) or (base / parts[i]).exists() or parts[i] in defined_names(source)
+    return False
+
+
+def stale_names(text: str) -> list[str]:
+    """The project names a prose text quotes (``moe.rundir.read_run``) that name nothing in the code."""
+    found = (m.group(1) for m in DOTTED.finditer(text))
+    return sorted({n for n in found if n.rpartition(".")[2] not in FILE_SUFFIXES and not PLACEHOLDER_PART.search(n)
+                   and not name_exists(n)})
+
+
+def prose(path: pathlib.Path) -> str:
+    """A Markdown file whole; of a Python file its docstrings and comments (code names variables like these)."""
+    text = path.read_text()
+    if path.suffix != ".py":
+        return text
+    nodes = [n for n in ast.walk(ast.parse(text))
+             if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))]
+    comments = [t.string for t in tokenize.generate_tokens(io.StringIO(text).readline) if t.type == tokenize.COMMENT]
+    return "\n".join([ast.get_docstring(n) or "" for n in nodes] + comments)
+
+
+def test_names_in_docs_docstrings_and_comments_exist():
+    """Every project name (``moe.x.y``) quoted by the docs, the package READMEs, and the sources'
+    docstrings and comments exists in the code; a removed or renamed name is reported where quoted."""
+    sources = {ROOT / d for d in DOC_FILES} | {p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.md")}
+    sources |= {p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")} | {ROOT / "main.py"}
+    stale = [f"{p.relative_to(ROOT)}: {name}" for p in sorted(sources) for name in stale_names(prose(p))]
+    assert not stale, "\n".join(stale)
+    assert stale_names("`moe.rundir.read_run` ``cachesim.stack`` moe.rundir.nothing, `cachesim.stall_x`") == [
+        "cachesim.stall_x", "moe.rundir.nothing"]
 
 # Documented commands cheap enough to run in-process, exactly as written: entry file -> module with main(argv).
 RUNNABLE = {"moe/data/tokenize.py": "moe.data.tokenize", "cachesim/bandwidth.py": "cachesim.bandwidth"}

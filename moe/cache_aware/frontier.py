@@ -19,43 +19,7 @@ among the --run directories, their sibling directories or --arm-a; its all-off
 points are evaluated on the same windows. When none exists, the `arm_a`
 entry is null and `arm_a_note` says so.
 
-frontier.json (written atomically into each run directory; schema 1)
----------------------------------------------------------------------
-{
-  "schema": 1,
-  "run": str, "run_dir": str, "arm": str, "size": str, "tokens": int, "lambda_loc": float, "mu_dom": float,
-  "checkpoint_step": int,
-  "eval": {"windows_per_domain": int, "seq": int, "domains": [str], "policy": str, "carry": "persist"|"reset",
-           "capacity_rounding": str, "mixed_run_length": int|null, "mixed_windows": int|null,
-           "corpus": str, "num_experts": int, "k": int, "num_layers": int},
-  "arm_a": {"run": str, "run_dir": str} | null,
-  "arm_a_note": str,                    # how the baseline was found, or why there is none
-  "elapsed_s": float,
-  "tokens_per_s": float,                # evaluated tokens x settings per wall-clock second, compiles included
-  "points": [{
-      "stream": "domains" | "mixed",     # each domain its own stream / the mixed round-robin stream
-      "label": str,                      # e.g. "tau=0.5,eps=0.02" ("plain" when all off)
-      "setting": {"tau": float, "cache_prior": float, "max_rank": [J, M] | null, "epsilon": float, "prime": bool},
-      "plain": bool,                     # every intervention off (the reference point)
-      "capacity_fraction": float, "capacity": int,
-      "domains": {domain: {"tokens": int, "loss": float, "ppl": float, "misses_per_token": float,
-                           "misses_per_layer": [float], "hit_rate": float, "prefetch_loads_per_token": float,
-                           "elided_per_token": float, "loads_skipped_per_token": float}},
-      "ppl_mean": float,                 # arithmetic mean of the domain PPLs (the paper's "mean PPL")
-      "ppl_token_weighted": float,       # exp(token-weighted mean CE)
-      "misses_per_token": float,         # demand misses summed over layers / tokens, all domains
-      "hit_rate": float, "prefetch_loads_per_token": float, "elided_per_token": float,
-      "loads_skipped_per_token": float,
-      "miss_reduction_vs_tau0": float,   # 1 - misses / misses of this run's plain point (same stream, capacity)
-      "ppl_cost_vs_tau0": float,         # ppl_mean / plain ppl_mean - 1
-      "miss_reduction_vs_arm_a": float | null,  # the same against the arm-A baseline's plain point
-      "ppl_cost_vs_arm_a": float | null
-  }, ...]
-}
-Misses, prefetch loads and skipped loads are per evaluated token (all layers
-summed); prefetch loads are never demand misses; "loads skipped" counts elided
-requests whose expert was not resident (a load avoided), "elided" all elided
-requests.
+frontier.json: its schema, writer and reader are in moe.rundir.records (``frontier_record``).
 """
 
 from __future__ import annotations
@@ -79,9 +43,6 @@ from moe import baselines, rundir
 CACHE_POLICY_NAMES = ("lfu", "lru", "lru_token")
 if TYPE_CHECKING:
     from moe.cache_aware.reroute import Setting
-
-SCHEMA = 1
-FRONTIER_FILE = rundir.FRONTIER
 
 
 class FrontierError(ValueError):
@@ -333,23 +294,6 @@ def compare(records: list[dict], baseline: list[dict] | None) -> None:
 # ---------------------------------------------------------------- output
 
 
-def frontier_record(run: Run, records: list[dict], description: dict, arm_a: Run | None, note: str) -> dict:
-    r = run.record
-    eval_keys = ("windows_per_domain", "seq", "domains", "policy", "carry", "capacity_rounding", "mixed_run_length",
-                 "mixed_windows", "corpus", "num_experts", "k", "num_layers")
-    return {
-        "schema": SCHEMA,
-        "run": run.name, "run_dir": str(run.path.resolve()), "arm": run.arm, "size": run.size,
-        "tokens": r.get("tokens"), "lambda_loc": r.get("lambda_loc"), "mu_dom": r.get("mu_dom"),
-        "checkpoint_step": description["checkpoint_step"],
-        "eval": {key: description[key] for key in eval_keys},
-        "arm_a": None if arm_a is None else {"run": arm_a.name, "run_dir": str(arm_a.path.resolve())},
-        "arm_a_note": note,
-        "elapsed_s": description["elapsed_s"], "tokens_per_s": description["tokens_per_s"],
-        "points": records,
-    }
-
-
 def frontier(run_dirs: Sequence[str | os.PathLike], points: Sequence[Point], *, prime: bool = False,
              options: EvalOptions = EvalOptions(), arm_a_dir: str | os.PathLike | None = None,
              log=print, advance: Callable[[], None] = lambda: None) -> dict[pathlib.Path, dict]:
@@ -362,7 +306,7 @@ def frontier(run_dirs: Sequence[str | os.PathLike], points: Sequence[Point], *, 
     runs = [read_run(p) for p in run_dirs]
     for run in runs:
         if not os.access(run.path, os.W_OK):
-            raise FrontierError(f"cannot write {run.path / FRONTIER_FILE}: the run directory is read-only")
+            raise FrontierError(f"cannot write {run.path / rundir.FRONTIER}: the run directory is read-only")
         check_points(run, points)  # before any model is loaded
     # The run directories it writes, locked for the whole evaluation: no trainer changes a
     # checkpoint under it, and no second frontier writes the same file.
@@ -397,9 +341,9 @@ def _frontier(runs: list[Run], points: Sequence[Point], *, prime: bool, options:
             plain = [p for p in points if p.setting.is_plain]
             baseline = results(arm_a, plain, [p for p in mixed_points if p.setting.is_plain])[0]
         compare(records, baseline)
-        record = frontier_record(run, records, description, arm_a, note)
-        rundir.write_json(run.path / FRONTIER_FILE, record)
-        log(f"frontier: wrote {run.path / FRONTIER_FILE} ({len(records)} points; arm-A baseline: {note})")
+        record = rundir.frontier_record(run, records, description, arm_a, note)
+        rundir.write_frontier(run.path, record)
+        log(f"frontier: wrote {run.path / rundir.FRONTIER} ({len(records)} points; arm-A baseline: {note})")
         out[run.path] = record
     return out
 

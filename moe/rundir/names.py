@@ -6,7 +6,7 @@ that knows what lives in it:
 
 ==================  =========================================================
 ``config.json``      the run record: the reference runs' top-level keys, ours,
-                     and the full resolved config (``moe.run.config_record``)
+                     and the full resolved config (``records.config_record``)
 ``final_eval.json``  ``{domain: {val_loss, val_ppl, tokens}}``
 ``eval_windows.npz`` per evaluation window, its mean CE (``ce_<domain>``, (N,) float64) and
                      ``window_tokens``: the paired bootstrap of ``analysis`` resamples them
@@ -169,14 +169,16 @@ def write_json(path: PathLike, obj: Any, *, indent: int | None = 1) -> None:
     write_atomic(path, json.dumps(obj, indent=indent) + ("\n" if indent is not None else ""))
 
 
-def read_json(path: PathLike) -> Any:
-    """Parses a JSON file; a broken one is a RunDirError that names it."""
+_REWRITE = "restore it, or rerun main.py with this --workdir to rewrite it (the run's checkpoints are kept)"
+
+
+def read_json(path: PathLike, fix: str | None = None) -> Any:
+    """Parses a JSON file; a broken one is a RunDirError that names it and ``fix`` (default: rewrite the run)."""
     path = pathlib.Path(path)
     try:
         return json.loads(path.read_text())
     except json.JSONDecodeError as e:
-        raise RunDirError(f"{path}: not valid JSON ({e}); restore it, or rerun main.py with this --workdir to "
-                          "rewrite it (the run's checkpoints are kept)") from None
+        raise RunDirError(f"{path}: not valid JSON ({e}); {fix or _REWRITE}") from None
 
 
 def os_error_line(e: OSError, fallback: PathLike | None = None, flag: str = "--workdir") -> str:

@@ -1,5 +1,5 @@
 """What a run directory records: config.json's run record, checkpoints, the training log, evaluation
-windows, progress and the launcher's marks."""
+windows, progress, the launcher's marks, and the frontier.json and transfers.json schemas."""
 
 from __future__ import annotations
 
@@ -8,14 +8,15 @@ import json
 import math
 import os
 import pathlib
+import subprocess
 import zipfile
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from moe.rundir.evaluation import evaluation_problem
 from moe.rundir.names import (
-    ATTEMPTS, CHECKPOINTS, CONFIG, DOMAINS, DONE, EVAL_WINDOWS, FINAL_EVAL, LOG, METRICS, PROGRESS, PathLike,
-    RunDirError, now_iso, read_json, write_atomic, write_json,
+    ATTEMPTS, CHECKPOINTS, CONFIG, DOMAINS, DONE, EVAL_WINDOWS, FINAL_EVAL, FRONTIER, LOG, METRICS, PROGRESS,
+    PathLike, RunDirError, now_iso, read_json, write_atomic, write_json,
 )
 
 
@@ -275,12 +276,22 @@ def write_progress(workdir: PathLike, **record: Any) -> None:
     write_json(pathlib.Path(workdir) / PROGRESS, {"updated": now_iso(), **record})
 
 
-def read_progress(workdir: PathLike) -> dict[str, Any] | None:
+def _json_or_none(path: pathlib.Path) -> Any:
+    """A file its reader can do without: absent or unreadable is None, never an error."""
     try:
-        record = json.loads((pathlib.Path(workdir) / PROGRESS).read_text())
+        return json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+
+
+def read_progress(workdir: PathLike) -> dict[str, Any] | None:
+    record = _json_or_none(pathlib.Path(workdir) / PROGRESS)
     return record if isinstance(record, dict) else None
+
+
+def read_metrics(workdir: PathLike) -> Any:
+    """metrics.json, or None when absent or unreadable (analysis then recomputes the cache facts it holds)."""
+    return _json_or_none(pathlib.Path(workdir) / METRICS)
 
 
 # ---------------------------------------------------------------- the launcher's marks
@@ -291,10 +302,7 @@ def is_done(workdir: PathLike) -> bool:
 
 
 def read_done(workdir: PathLike) -> dict[str, Any] | None:
-    try:
-        return json.loads((pathlib.Path(workdir) / DONE).read_text())
-    except (OSError, ValueError):
-        return None
+    return _json_or_none(pathlib.Path(workdir) / DONE)
 
 
 def _append_attempt(workdir: pathlib.Path, record: dict[str, Any]) -> None:
@@ -383,3 +391,118 @@ def mark_done(workdir: PathLike, command: list[str] | str) -> dict[str, Any]:
     return summary
 
 
+
+
+# ---------------------------------------------------------------- config.json
+
+
+def git_commit() -> str:
+    """The commit of this checkout ("unknown" outside git)."""
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
+                              cwd=pathlib.Path(__file__).parent, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def config_record(config: Any, counts: dict[str, int], *, tokens: int, backend: str) -> dict[str, Any]:
+    """config.json: the reference runs' top-level keys, then ours, then the full config (a ConfigDict)."""
+    return {
+        "arm": config.arm, "lambda_loc": config.loss.lambda_loc, "mu_dom": config.loss.mu_dom,
+        "alpha_balance": config.loss.alpha_balance, "tokens": tokens, "bsz": config.train.batch_size,
+        "seq": config.model.context, "lr": config.optim.peak_lr, "seed": config.seed, "run_name": config.run_name,
+        "params": counts["params_total"], "params_active": counts["params_active"], "size": config.model.size,
+        "corpus": config.data.corpus, "git_commit": git_commit(), "jax_backend": backend, "config": config.to_dict(),
+    }
+
+
+# ---------------------------------------------------------------- frontier.json and transfers.json
+
+FRONTIER_SCHEMA = 1
+_FRONTIER_EVAL_KEYS = ("windows_per_domain", "seq", "domains", "policy", "carry", "capacity_rounding",
+                       "mixed_run_length", "mixed_windows", "corpus", "num_experts", "k", "num_layers")
+# frontier.json (written atomically into each run directory; schema 1):
+# {
+#   "schema": 1,
+#   "run": str, "run_dir": str, "arm": str, "size": str, "tokens": int, "lambda_loc": float, "mu_dom": float,
+#   "checkpoint_step": int,
+#   "eval": {"windows_per_domain": int, "seq": int, "domains": [str], "policy": str, "carry": "persist"|"reset",
+#            "capacity_rounding": str, "mixed_run_length": int|null, "mixed_windows": int|null,
+#            "corpus": str, "num_experts": int, "k": int, "num_layers": int},
+#   "arm_a": {"run": str, "run_dir": str} | null,
+#   "arm_a_note": str,                    # how the baseline was found, or why there is none
+#   "elapsed_s": float, "tokens_per_s": float,  # evaluated tokens x settings per second, compiles included
+#   "points": [{
+#       "stream": "domains" | "mixed",     # each domain its own stream / the mixed round-robin stream
+#       "label": str,                      # e.g. "tau=0.5,eps=0.02" ("plain" when all off)
+#       "setting": {"tau": float, "cache_prior": float, "max_rank": [J, M] | null, "epsilon": float, "prime": bool},
+#       "plain": bool,                     # every intervention off (the reference point)
+#       "capacity_fraction": float, "capacity": int,
+#       "domains": {domain: {"tokens": int, "loss": float, "ppl": float, "misses_per_token": float,
+#                            "misses_per_layer": [float], "hit_rate": float, "prefetch_loads_per_token": float,
+#                            "elided_per_token": float, "loads_skipped_per_token": float}},
+#       "ppl_mean": float,                 # arithmetic mean of the domain PPLs (the paper's "mean PPL")
+#       "ppl_token_weighted": float,       # exp(token-weighted mean CE)
+#       "misses_per_token": float,         # demand misses summed over layers / tokens, all domains
+#       "hit_rate": float, "prefetch_loads_per_token": float, "elided_per_token": float,
+#       "loads_skipped_per_token": float,
+#       "miss_reduction_vs_tau0": float,   # 1 - misses / misses of this run's plain point (same stream, capacity)
+#       "ppl_cost_vs_tau0": float,         # ppl_mean / plain ppl_mean - 1
+#       "miss_reduction_vs_arm_a": float | null, "ppl_cost_vs_arm_a": float | null  # vs the arm-A plain point
+#   }, ...]
+# }
+# Misses, prefetch loads and skipped loads are per evaluated token (all layers summed); prefetch loads are
+# never demand misses; "loads skipped" counts elided requests whose expert was not resident (a load
+# avoided), "elided" all elided requests.
+
+
+def frontier_record(run: RunRecord, points: list[dict], description: dict, arm_a: RunRecord | None,
+                    note: str) -> dict[str, Any]:
+    """frontier.json of ``run`` (moe.cache_aware.frontier): its evaluated points and how they were evaluated."""
+    r = run.record
+    return {
+        "schema": FRONTIER_SCHEMA,
+        "run": run.name, "run_dir": str(run.path.resolve()), "arm": run.arm, "size": run.size,
+        "tokens": r.get("tokens"), "lambda_loc": r.get("lambda_loc"), "mu_dom": r.get("mu_dom"),
+        "checkpoint_step": description["checkpoint_step"],
+        "eval": {key: description[key] for key in _FRONTIER_EVAL_KEYS},
+        "arm_a": None if arm_a is None else {"run": arm_a.name, "run_dir": str(arm_a.path.resolve())},
+        "arm_a_note": note,
+        "elapsed_s": description["elapsed_s"], "tokens_per_s": description["tokens_per_s"],
+        "points": points,
+    }
+
+
+def write_frontier(workdir: PathLike, record: dict[str, Any]) -> None:
+    write_json(pathlib.Path(workdir) / FRONTIER, record)
+
+
+def has_frontier(workdir: PathLike) -> bool:
+    return (pathlib.Path(workdir) / FRONTIER).is_file()
+
+
+# transfers.json (arm M, moe.transfers): for the base and the fine-tuned model, the predictor's recall,
+# expert loads per layer per sequence under each policy and prefetch set, and PPL on held-out windows.
+# {"capacity": int, "prompt_len": int, "continuation_len": int, "train_sequences": int, "eval_sequences": int,
+#  "representation": str, "policies": [str], "init_from": str,
+#  "models": {"base" | "finetuned": {
+#      "ppl": {domain: float}, "ppl_mean": float, "predictor_train_loss": float,
+#      "recall": {source: {"recall": float, ...}},      # source: predictor, prompt, prior, oracle
+#      "transfers": {policy: {"none" | source: {"demand": float, "prefetch": float, "total": float,
+#                                               "demand_per_layer": [float], "total_per_layer": [float]}}}}}}
+
+
+TRANSFERS_FIELDS = ("capacity", "prompt_len", "continuation_len", "train_sequences", "eval_sequences",
+                    "representation", "policies", "init_from")
+
+
+def transfers_record(**fields: Any) -> dict[str, Any]:
+    """transfers.json before its models' reports (``models``: filled per model by moe.transfers)."""
+    return {**{key: fields[key] for key in TRANSFERS_FIELDS}, "models": {}}
+
+
+def read_run_file(workdir: PathLike, name: str, fix: str | None = None) -> Any:
+    """A JSON file of the run directory, parsed; None when absent; a broken one is a RunDirError naming it
+    (``fix``: what its reader should say to do)."""
+    path = pathlib.Path(workdir) / name
+    return read_json(path, fix) if path.is_file() else None
