@@ -34,7 +34,8 @@ from typing import Any
 
 import pandas as pd
 
-from analysis import arm_m, cli, complementarity, figures, formatting, plots, study, summary, tables, verdict
+from analysis import (arm_m, cli, complementarity, figures, formatting, plots, stall, study, summary, tables,
+                      verdict)
 from analysis.runs import AnalysisError, Run
 from moe import rundir
 
@@ -460,7 +461,7 @@ def render_page(*, name: str, root_label: str, command: str, rows, found: Sequen
                 table_md: Sequence[str], verdict_txt: str, figure_paths: Mapping[str, str],
                 manifests: Sequence[Mapping[str, Any]], commits: Sequence[str], machine_line: str,
                 training: Sequence[str], timings: pd.DataFrame, wall_s: float | None,
-                melinoe: Sequence[str] = ()) -> str:
+                melinoe: Sequence[str] = (), stall_md: Sequence[str] = ()) -> str:
     """The markdown page (pure: every input given)."""
     replicated = sum(f.status == "replicates" for f in found)
     out = [f"# Results: {name}", "",
@@ -513,6 +514,8 @@ def render_page(*, name: str, root_label: str, command: str, rows, found: Sequen
                    f"{cell('delta_ppl_pooled', 2)} | {cell('miss_reduction_25_pooled', 1)} |")
     if melinoe:
         out += ["", "## MELINOE (arm M): expert transfers", "", *melinoe]
+    if stall_md:
+        out += ["", "## Stall (timed tier)", "", *stall_md]
     out += ["", "## Tables", ""]
     for md in table_md:
         out += [md]
@@ -546,6 +549,15 @@ def _melinoe(runs: Sequence[Run]) -> list[str]:
             _table_md(arm_m.transfers_table(runs, studies))]
 
 
+def _stall(root: Path) -> list[str]:
+    """The stall section's lines and table; none for a study without a stall step."""
+    docs = stall.load_stall(root)
+    if not docs:
+        return []
+    rows = stall.stall_rows(docs)
+    return [*stall.stall_lines(rows), "", *stall.stall_table_md(rows)]
+
+
 def build(root: Path, name: str, out: Path, *, command: str, frontier_runs: Sequence[str],
           cache_dir: str | None = None, jobs: int | None = None) -> Path:
     """Writes out/<name>.md and out/<name>/*.png; returns the page's path."""
@@ -569,7 +581,8 @@ def build(root: Path, name: str, out: Path, *, command: str, frontier_runs: Sequ
                        table_md=[_table_md(t) for t in built], verdict_txt=verdict.verdict_text(runs, results),
                        figure_paths=figure_paths, manifests=data_manifests(complete), commits=commits,
                        machine_line=machine(), training=_training_lines(complete, rows),
-                       timings=run_timings(complete), wall_s=sweep_wall_s(root), melinoe=_melinoe(complete))
+                       timings=run_timings(complete), wall_s=sweep_wall_s(root), melinoe=_melinoe(complete),
+                       stall_md=_stall(root))
     path = out / f"{name}.md"
     rundir.write_atomic(path, page)
     return path

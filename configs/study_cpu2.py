@@ -24,6 +24,8 @@ short has its deciding runs done. When every run is done, :func:`study`'s
 steps run in order: arm M's fine-tune of ``a-s1`` (MELINOE's transfers,
 compared with its base run), the τ/ε frontier on the deciding B and its A
 seed, priming on arm C with the SPEC §3 domain table its loss trains, the
+timed tier's stall on every run (``cachesim.stall``: S, its tails, timely byte
+recall and unused prefetch bytes per admission policy at one byte budget), the
 tables and verdict, and the page ``cpu-study-2``.
 """
 
@@ -41,6 +43,8 @@ ARM_M_BASE = "a-s1"
 FRONTIER_FLAGS = first_edition()["frontier"]["flags"]  # the first edition's grid, for comparable frontiers
 # Priming alone (the all-off point is always added): the mixed stream without and with domain-primed prefetch.
 PRIMING_FLAGS = ["--tau=0", "--capacity=0.25", "--prime", "--windows=32"]
+STALL_FLAGS = ["--model=moe-137m", "--hardware=rtx3070-ddr4-nvme", "--capacity=0.25", "--source=frequency",
+               "--prefetch_policy=all"]
 
 
 def get_config(arg: str | None = None):
@@ -77,5 +81,10 @@ def study(arg: str | None = None) -> dict:
             # exclusive_experts), the same SPEC §3 slices (losses.router.domain_slices) arm C's L_dom trains.
             {"runs": [f"c-mu{MU:g}-s1"], "flags": PRIMING_FLAGS},
         ],
+        # The timed tier on every run's held-out traces (the page's stall section): the paper's 137m model's
+        # expert bytes on one named hardware profile, 25% of each layer's experts resident, every admission
+        # policy at one byte budget (cachesim.stall's default: one expert per layer per step); candidates
+        # from expert frequency, as the traces hold no router probabilities.
+        "stall": {"flags": STALL_FLAGS},
         "page": "cpu-study-2",
     }

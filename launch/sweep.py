@@ -305,6 +305,35 @@ def run_frontier(root: pathlib.Path, spec: dict | Sequence[dict] | None, echo=pr
     return 0
 
 
+STALL_DIR = "stall"  # ROOT/analysis/stall/<run>.json: the timed tier on each run's held-out traces
+
+
+def run_stall(root: pathlib.Path, spec: dict | None, echo=print) -> int:
+    """The timed tier (``cachesim.stall``) on every complete run's held-out traces, with the study's flags
+    (one hardware profile, one prefetch byte budget for every admission policy): one JSON per run under
+    ROOT/analysis/stall/, kept once written (written to a temporary name first, so a kill leaves none)."""
+    if not spec:
+        return 0
+    from moe import rundir
+    out = root / ANALYSIS_DIR / STALL_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    for run in sorted(p for p in root.iterdir() if p.is_dir() and rundir.is_complete(p)):
+        target, traces = out / f"{run.name}.json", rundir.trace_files(run)
+        if target.is_file() or not traces:
+            continue
+        partial = target.with_name(f".{target.name}.tmp")
+        command = [sys.executable, "-m", "cachesim.stall", *map(str, traces.values()), *spec.get("flags", []),
+                   "--format=json", f"--out={partial}"]
+        echo(f"$ {shlex.join(command)}")
+        proc = subprocess.run(command, capture_output=True, text=True)
+        if proc.returncode != 0:
+            echo(f"error: the stall of {run.name} failed (exit {proc.returncode}): "
+                 f"{(proc.stderr.strip().splitlines() or ['no output'])[-1]}")
+            return 3
+        os.replace(partial, target)
+    return 0
+
+
 def run_analysis(root: pathlib.Path, echo=print, *, page: str | None = None) -> int:
     """analysis.tables (markdown + json) and analysis.verdict on the sweep root, into ROOT/analysis/;
     with ``page``, the study's results page (analysis.report) into ROOT/analysis/results/."""
@@ -342,10 +371,11 @@ def run_analysis(root: pathlib.Path, echo=print, *, page: str | None = None) -> 
 
 
 def run_study(root: pathlib.Path, study: dict, echo=print, overrides: Mapping[str, Any] | None = None) -> int:
-    """The steps after the runs, each run whatever the others' outcome: the fine-tunes, the frontier, then
-    the tables, verdict and page (which read what the first two wrote). The worst step's exit code."""
+    """The steps after the runs, each run whatever the others' outcome: the fine-tunes, the frontier, the
+    stall, then the tables, verdict and page (which read what the others wrote). The worst step's exit code."""
     return max(run_finetunes(root, study.get("finetune"), echo, overrides),
                run_frontier(root, study.get("frontier"), echo),
+               run_stall(root, study.get("stall"), echo),
                run_analysis(root, echo, page=study.get("page")))
 
 

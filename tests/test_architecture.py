@@ -196,6 +196,8 @@ def test_analysis_and_launch_read_run_directories_through_rundir():
         "analysis/report.py machine: read_text",
         "analysis/report.py sweep_wall_s: loads",
         "analysis/report.py sweep_wall_s: read_text",
+        "analysis/stall.py load_stall: loads",
+        "analysis/stall.py load_stall: read_text",
         "launch/slurm.py SlurmExecutor._load_ids: loads",
         "launch/slurm.py SlurmExecutor._load_ids: read_text",
         "launch/status.py read_status: loads",

@@ -92,8 +92,42 @@ def test_study_steps_run_in_order_fine_tune_frontier_then_analysis(tmp_path, mon
     monkeypatch.setattr(sweep.subprocess, "run", fake_main(calls))
     study = {"finetune": [{"name": "m-s1", "config": "configs/arm_m.py:tiny", "base": "a-s1"}],
              "frontier": [{"runs": ["a-s1"], "flags": ["--tau=0"]}, {"runs": ["m-s1"], "flags": ["--prime"]}],
-             "page": "p"}
+             "stall": {"flags": []}, "page": "p"}
     assert sweep.run_study(tmp_path, study, echo=lambda line: None) == 0
     assert [c[2] for c in calls] == ["moe.main", "moe.cache_aware.frontier", "moe.cache_aware.frontier",
                                      "analysis.tables", "analysis.tables", "analysis.verdict", "analysis.report"]
+    # (the fake runs hold no traces, so the stall step had nothing to replay)
     assert calls[2][3:] == [str(tmp_path / "m-s1"), "--prime"]
+
+
+def test_the_stall_step_replays_each_complete_runs_held_out_traces_once(tmp_path, monkeypatch):
+    for name in ("a-s1", "b-lam0.1-s1"):
+        write_complete_run(tmp_path / name, steps=4)
+        for domain in ("prose", "code"):
+            (tmp_path / name / rundir.trace_file(domain)).write_bytes(b"")
+            (tmp_path / name / rundir.train_trace_file(domain)).write_bytes(b"")
+    (tmp_path / "unfinished").mkdir()
+    calls, lines = [], []
+
+    def stall(command, capture_output, text):
+        calls.append(command)
+        out = next(a.split("=", 1)[1] for a in command if a.startswith("--out="))
+        sweep.pathlib.Path(out).write_text("{}")
+        return subprocess.CompletedProcess(command, 0, stdout="", stderr="")
+
+    monkeypatch.setattr(sweep.subprocess, "run", stall)
+    flags = study_cpu2.study()["stall"]["flags"]
+    assert sweep.run_stall(tmp_path, {"flags": flags}, echo=lines.append) == 0
+    out = tmp_path / sweep.ANALYSIS_DIR / sweep.STALL_DIR
+    assert calls[0] == [sys.executable, "-m", "cachesim.stall", str(tmp_path / "a-s1" / "trace_prose.npz"),
+                        str(tmp_path / "a-s1" / "trace_code.npz"), *flags, "--format=json",
+                        f"--out={out / '.a-s1.json.tmp'}"]  # held-out traces only, the paper's domains first
+    assert sorted(p.name for p in out.iterdir()) == ["a-s1.json", "b-lam0.1-s1.json"]  # renamed when complete
+    assert sweep.run_stall(tmp_path, {"flags": flags}, echo=lines.append) == 0 and len(calls) == 2  # kept
+
+    (out / "a-s1.json").unlink()
+    monkeypatch.setattr(sweep.subprocess, "run", lambda command, capture_output, text: subprocess.CompletedProcess(
+        command, 2, stdout="", stderr="error: --model: unknown model 'x'\n"))
+    assert sweep.run_stall(tmp_path, {"flags": flags}, echo=lines.append) == 3
+    assert lines[-1] == "error: the stall of a-s1 failed (exit 2): error: --model: unknown model 'x'"
+    assert not (out / "a-s1.json").exists()
