@@ -296,13 +296,17 @@ def run_frontier(root: pathlib.Path, spec: dict | Sequence[dict] | None, echo=pr
         echo(f"frontier: every study run has its {rundir.FRONTIER}")
         return 0
     command = [sys.executable, "-m", "moe.cache_aware.frontier", *map(str, runs), *spec.get("flags", [])]
+    return 0 if _study_command(command, "the frontier", echo) else 3
+
+
+def _study_command(command: list[str], what: str, echo) -> bool:
+    """Runs one study step's command (echoed); its failure is one line naming ``what`` and its last error."""
     echo(f"$ {shlex.join(command)}")
     proc = subprocess.run(command, capture_output=True, text=True)
     if proc.returncode != 0:
-        echo(f"error: the frontier failed (exit {proc.returncode}): "
+        echo(f"error: {what} failed (exit {proc.returncode}): "
              f"{(proc.stderr.strip().splitlines() or ['no output'])[-1]}")
-        return 3
-    return 0
+    return proc.returncode == 0
 
 
 STALL_DIR = "stall"  # ROOT/analysis/stall/<run>.json: the timed tier on each run's held-out traces
@@ -324,11 +328,7 @@ def run_stall(root: pathlib.Path, spec: dict | None, echo=print) -> int:
         partial = target.with_name(f".{target.name}.tmp")
         command = [sys.executable, "-m", "cachesim.stall", *map(str, traces.values()), *spec.get("flags", []),
                    "--format=json", f"--out={partial}"]
-        echo(f"$ {shlex.join(command)}")
-        proc = subprocess.run(command, capture_output=True, text=True)
-        if proc.returncode != 0:
-            echo(f"error: the stall of {run.name} failed (exit {proc.returncode}): "
-                 f"{(proc.stderr.strip().splitlines() or ['no output'])[-1]}")
+        if not _study_command(command, f"the stall of {run.name}", echo):
             return 3
         os.replace(partial, target)
     return 0
