@@ -34,7 +34,7 @@ from typing import Any
 
 import pandas as pd
 
-from analysis import (arm_m, cli, complementarity, figures, formatting, plots, stall, study, summary, tables,
+from analysis import (arm_m, cli, complementarity, decode, figures, formatting, plots, stall, study, summary, tables,
                       verdict)
 from analysis.runs import AnalysisError, Run
 from moe import rundir
@@ -461,7 +461,7 @@ def render_page(*, name: str, root_label: str, command: str, rows, found: Sequen
                 table_md: Sequence[str], verdict_txt: str, figure_paths: Mapping[str, str],
                 manifests: Sequence[Mapping[str, Any]], commits: Sequence[str], machine_line: str,
                 training: Sequence[str], timings: pd.DataFrame, wall_s: float | None,
-                melinoe: Sequence[str] = (), stall_md: Sequence[str] = ()) -> str:
+                melinoe: Sequence[str] = (), stall_md: Sequence[str] = (), decode_md: Sequence[str] = ()) -> str:
     """The markdown page (pure: every input given)."""
     replicated = sum(f.status == "replicates" for f in found)
     out = [f"# Results: {name}", "",
@@ -516,6 +516,8 @@ def render_page(*, name: str, root_label: str, command: str, rows, found: Sequen
         out += ["", "## MELINOE (arm M): expert transfers", "", *melinoe]
     if stall_md:
         out += ["", "## Stall (timed tier)", "", *stall_md]
+    if decode_md:
+        out += ["", "## Offloaded decode: measured against the timed model", "", *decode_md]
     out += ["", "## Tables", ""]
     for md in table_md:
         out += [md]
@@ -558,6 +560,15 @@ def _stall(root: Path) -> list[str]:
     return [*stall.stall_lines(rows), "", *stall.stall_table_md(rows)]
 
 
+def _decode(root: Path) -> list[str]:
+    """The decode section's lines and table; none for a study without a decode step."""
+    docs = decode.load_decode(root)
+    if not docs:
+        return []
+    rows = decode.decode_rows(docs)
+    return [*decode.decode_lines(docs, rows), "", *decode.decode_table_md(rows)]
+
+
 def build(root: Path, name: str, out: Path, *, command: str, frontier_runs: Sequence[str],
           cache_dir: str | None = None, jobs: int | None = None) -> Path:
     """Writes out/<name>.md and out/<name>/*.png; returns the page's path."""
@@ -582,7 +593,7 @@ def build(root: Path, name: str, out: Path, *, command: str, frontier_runs: Sequ
                        figure_paths=figure_paths, manifests=data_manifests(complete), commits=commits,
                        machine_line=machine(), training=_training_lines(complete, rows),
                        timings=run_timings(complete), wall_s=sweep_wall_s(root), melinoe=_melinoe(complete),
-                       stall_md=_stall(root))
+                       stall_md=_stall(root), decode_md=_decode(root))
     path = out / f"{name}.md"
     rundir.write_atomic(path, page)
     return path

@@ -14,6 +14,7 @@ and figure CLIs stay thin.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 from collections.abc import Iterable, Sequence
@@ -139,6 +140,18 @@ def discover_run_dirs(paths: Iterable[str | os.PathLike]) -> list[Path]:
             f"no run directories (folders with config.json) under {shown}; "
             "point at a run directory or a folder of them")
     return runs
+
+
+def read_step_documents(directory: Path, measure: str) -> dict[str, Any]:
+    """``{name: document}`` from a study step's ``directory/*.json`` ({} when the step did not run); a broken
+    file is one error naming it and how to ``measure`` it again."""
+    out = {}
+    for path in sorted(Path(directory).glob("*.json")):
+        try:
+            out[path.stem] = json.loads(path.read_text())
+        except ValueError as e:
+            raise AnalysisError(f"{path}: not JSON ({e}); delete it and rerun the sweep to {measure} it again") from None
+    return out
 
 
 def read_run_file(run_dir: Path, name: str) -> Any:

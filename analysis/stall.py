@@ -10,14 +10,13 @@ the rest is pure.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from analysis.runs import AnalysisError
+from analysis.runs import read_step_documents
 
 STALL_DIR = Path("analysis") / "stall"  # under a sweep root (launch.sweep.STALL_DIR, tested equal)
 DEMAND_ONLY = "none"
@@ -26,13 +25,7 @@ ORACLE = "oracle"  # admission that knows the future: a bound, reported beside t
 
 def load_stall(root: Path) -> dict[str, dict[str, Any]]:
     """``{run: its stall document}`` from ROOT/analysis/stall/*.json; {} when the study ran no stall step."""
-    out = {}
-    for path in sorted((Path(root) / STALL_DIR).glob("*.json")):
-        try:
-            out[path.stem] = json.loads(path.read_text())
-        except ValueError as e:
-            raise AnalysisError(f"{path}: not JSON ({e}); delete it and rerun the sweep to replay it") from None
-    return out
+    return read_step_documents(Path(root) / STALL_DIR, "replay")
 
 
 def stall_rows(docs: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:

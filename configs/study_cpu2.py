@@ -26,7 +26,8 @@ compared with its base run), the τ/ε frontier on the deciding B and its A
 seed, priming on arm C with the SPEC §3 domain table its loss trains, the
 timed tier's stall on every run (``cachesim.stall``: S, its tails, timely byte
 recall and unused prefetch bytes per admission policy at one byte budget), the
-tables and verdict, and the page ``cpu-study-2``.
+measured offloaded decode of the deciding A/B pair (``moe.decode``: measured
+against modelled S), the tables and verdict, and the page ``cpu-study-2``.
 """
 
 from configs.base import base_config, parse_arg
@@ -45,6 +46,10 @@ FRONTIER_FLAGS = first_edition()["frontier"]["flags"]  # the first edition's gri
 PRIMING_FLAGS = ["--tau=0", "--capacity=0.25", "--prime", "--windows=32"]
 STALL_FLAGS = ["--model=moe-137m", "--hardware=rtx3070-ddr4-nvme", "--capacity=0.25", "--source=frequency",
                "--prefetch_policy=all"]
+# The measured offloaded decode of the deciding pair: experts on this machine's disk, 25% resident, every
+# admission policy, three rounds (medians), checked against the timed model fed the decode's own calibration.
+DECODE_FLAGS = ["--tokens=128", "--capacity=0.25", "--tier=disk", "--source=frequency", "--prefetch_policy=all",
+                "--rounds=3"]
 
 
 def get_config(arg: str | None = None):
@@ -86,5 +91,7 @@ def study(arg: str | None = None) -> dict:
         # policy at one byte budget (cachesim.stall's default: one expert per layer per step); candidates
         # from expert frequency, as the traces hold no router probabilities.
         "stall": {"flags": STALL_FLAGS},
+        # The measured offloaded decode on the deciding A/B pair (the page's decode section): modelled / measured S.
+        "decode": {"runs": ["a-s1", deciding_b], "flags": DECODE_FLAGS},
         "page": "cpu-study-2",
     }

@@ -310,28 +310,54 @@ def _study_command(command: list[str], what: str, echo) -> bool:
 
 
 STALL_DIR = "stall"  # ROOT/analysis/stall/<run>.json: the timed tier on each run's held-out traces
+DECODE_DIR = "decode"  # ROOT/analysis/decode/<run>.json: the measured offloaded decode of a run
+
+
+def _json_per_run(root: pathlib.Path, subdir: str, runs: Sequence[pathlib.Path], command_for, what: str,
+                  echo) -> int:
+    """One JSON per run under ROOT/analysis/<subdir>/, written by ``command_for(run, out)`` to a temporary
+    name first (so a kill leaves none) and kept once written."""
+    out = root / ANALYSIS_DIR / subdir
+    out.mkdir(parents=True, exist_ok=True)
+    for run in runs:
+        target = out / f"{run.name}.json"
+        if target.is_file():
+            continue
+        partial = target.with_name(f".{target.name}.tmp")
+        if not _study_command(command_for(run, partial), f"{what} of {run.name}", echo):
+            return 3
+        os.replace(partial, target)
+    return 0
 
 
 def run_stall(root: pathlib.Path, spec: dict | None, echo=print) -> int:
     """The timed tier (``cachesim.stall``) on every complete run's held-out traces, with the study's flags
-    (one hardware profile, one prefetch byte budget for every admission policy): one JSON per run under
-    ROOT/analysis/stall/, kept once written (written to a temporary name first, so a kill leaves none)."""
+    (one hardware profile, one prefetch byte budget for every admission policy)."""
     if not spec:
         return 0
     from moe import rundir
-    out = root / ANALYSIS_DIR / STALL_DIR
-    out.mkdir(parents=True, exist_ok=True)
-    for run in sorted(p for p in root.iterdir() if p.is_dir() and rundir.is_complete(p)):
-        target, traces = out / f"{run.name}.json", rundir.trace_files(run)
-        if target.is_file() or not traces:
-            continue
-        partial = target.with_name(f".{target.name}.tmp")
-        command = [sys.executable, "-m", "cachesim.stall", *map(str, traces.values()), *spec.get("flags", []),
-                   "--format=json", f"--out={partial}"]
-        if not _study_command(command, f"the stall of {run.name}", echo):
-            return 3
-        os.replace(partial, target)
-    return 0
+    runs = sorted(p for p in root.iterdir() if p.is_dir() and rundir.is_complete(p) and rundir.trace_files(p))
+    return _json_per_run(
+        root, STALL_DIR, runs, lambda run, out: [
+            sys.executable, "-m", "cachesim.stall", *map(str, rundir.trace_files(run).values()),
+            *spec.get("flags", []), "--format=json", f"--out={out}"], "the stall", echo)
+
+
+def run_decode(root: pathlib.Path, spec: dict | None, echo=print) -> int:
+    """The measured offloaded decode (``moe.decode``) of each named run, with the study's flags: measured
+    against modelled stall per admission policy."""
+    if not spec:
+        return 0
+    from moe import rundir
+    runs = [root / name for name in spec["runs"]]
+    missing = [r.name for r in runs if not rundir.is_complete(r)]
+    if missing:
+        echo(f"error: the decode step needs complete runs; not complete: {', '.join(missing)}")
+        return 3
+    return _json_per_run(
+        root, DECODE_DIR, runs, lambda run, out: [
+            sys.executable, "-m", "moe.decode", f"--run={run}", *spec.get("flags", []), "--format=json",
+            f"--out={out}"], "the decode", echo)
 
 
 def run_analysis(root: pathlib.Path, echo=print, *, page: str | None = None) -> int:
@@ -372,10 +398,12 @@ def run_analysis(root: pathlib.Path, echo=print, *, page: str | None = None) -> 
 
 def run_study(root: pathlib.Path, study: dict, echo=print, overrides: Mapping[str, Any] | None = None) -> int:
     """The steps after the runs, each run whatever the others' outcome: the fine-tunes, the frontier, the
-    stall, then the tables, verdict and page (which read what the others wrote). The worst step's exit code."""
+    stall, the measured decode, then the tables, verdict and page (which read what the others wrote). The
+    worst step's exit code."""
     return max(run_finetunes(root, study.get("finetune"), echo, overrides),
                run_frontier(root, study.get("frontier"), echo),
                run_stall(root, study.get("stall"), echo),
+               run_decode(root, study.get("decode"), echo),
                run_analysis(root, echo, page=study.get("page")))
 
 

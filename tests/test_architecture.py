@@ -183,7 +183,8 @@ def test_analysis_and_launch_read_run_directories_through_rundir():
     """analysis/ and launch/ parse no run-directory file themselves: config.json, final_eval.json,
     metrics.json, the logs, frontier.json and transfers.json are read by moe.rundir. What they do
     read is outside run directories: the prepared data's manifest, /proc/cpuinfo, a sweep's
-    status.json and job ids, and the user cache of trace facts."""
+    status.json and job ids, the study steps' documents under ROOT/analysis/, and the user cache of
+    trace facts."""
     reads = sorted(f"{path.relative_to(REPO).as_posix()} {read}" for package in ("analysis", "launch")
                    for path in (REPO / package).rglob("*.py") for read in _reads(path))
     assert reads == [
@@ -196,8 +197,8 @@ def test_analysis_and_launch_read_run_directories_through_rundir():
         "analysis/report.py machine: read_text",
         "analysis/report.py sweep_wall_s: loads",
         "analysis/report.py sweep_wall_s: read_text",
-        "analysis/stall.py load_stall: loads",
-        "analysis/stall.py load_stall: read_text",
+        "analysis/runs.py read_step_documents: loads",
+        "analysis/runs.py read_step_documents: read_text",
         "launch/slurm.py SlurmExecutor._load_ids: loads",
         "launch/slurm.py SlurmExecutor._load_ids: read_text",
         "launch/status.py read_status: loads",

@@ -100,6 +100,16 @@ def test_study_steps_run_in_order_fine_tune_frontier_then_analysis(tmp_path, mon
     assert calls[2][3:] == [str(tmp_path / "m-s1"), "--prime"]
 
 
+def writes_out(calls):
+    """A fake subprocess.run for a study step: records the command and writes an empty document to --out."""
+    def run(command, capture_output, text):
+        calls.append(command)
+        out = next(a.split("=", 1)[1] for a in command if a.startswith("--out="))
+        sweep.pathlib.Path(out).write_text("{}")
+        return subprocess.CompletedProcess(command, 0, stdout="", stderr="")
+    return run
+
+
 def test_the_stall_step_replays_each_complete_runs_held_out_traces_once(tmp_path, monkeypatch):
     for name in ("a-s1", "b-lam0.1-s1"):
         write_complete_run(tmp_path / name, steps=4)
@@ -108,14 +118,7 @@ def test_the_stall_step_replays_each_complete_runs_held_out_traces_once(tmp_path
             (tmp_path / name / rundir.train_trace_file(domain)).write_bytes(b"")
     (tmp_path / "unfinished").mkdir()
     calls, lines = [], []
-
-    def stall(command, capture_output, text):
-        calls.append(command)
-        out = next(a.split("=", 1)[1] for a in command if a.startswith("--out="))
-        sweep.pathlib.Path(out).write_text("{}")
-        return subprocess.CompletedProcess(command, 0, stdout="", stderr="")
-
-    monkeypatch.setattr(sweep.subprocess, "run", stall)
+    monkeypatch.setattr(sweep.subprocess, "run", writes_out(calls))
     flags = study_cpu2.study()["stall"]["flags"]
     assert sweep.run_stall(tmp_path, {"flags": flags}, echo=lines.append) == 0
     out = tmp_path / sweep.ANALYSIS_DIR / sweep.STALL_DIR
@@ -131,3 +134,20 @@ def test_the_stall_step_replays_each_complete_runs_held_out_traces_once(tmp_path
     assert sweep.run_stall(tmp_path, {"flags": flags}, echo=lines.append) == 3
     assert lines[-1] == "error: the stall of a-s1 failed (exit 2): error: --model: unknown model 'x'"
     assert not (out / "a-s1.json").exists()
+
+
+def test_the_decode_step_measures_the_named_runs_once_and_needs_them_complete(tmp_path, monkeypatch):
+    spec = study_cpu2.study()["decode"]
+    assert spec["runs"] == ["a-s1", "b-lam0.1-s1"]  # the RQ1-deciding pair
+    calls, lines = [], []
+    monkeypatch.setattr(sweep.subprocess, "run", writes_out(calls))
+    write_complete_run(tmp_path / "a-s1", steps=4)
+    assert sweep.run_decode(tmp_path, spec, echo=lines.append) == 3 and not calls
+    assert lines[-1] == "error: the decode step needs complete runs; not complete: b-lam0.1-s1"
+    write_complete_run(tmp_path / "b-lam0.1-s1", steps=4)
+    assert sweep.run_decode(tmp_path, spec, echo=lines.append) == 0
+    out = tmp_path / sweep.ANALYSIS_DIR / sweep.DECODE_DIR
+    assert calls[0] == [sys.executable, "-m", "moe.decode", f"--run={tmp_path / 'a-s1'}", *spec["flags"],
+                        "--format=json", f"--out={out / '.a-s1.json.tmp'}"]
+    assert sorted(p.name for p in out.iterdir()) == ["a-s1.json", "b-lam0.1-s1.json"]
+    assert sweep.run_decode(tmp_path, spec, echo=lines.append) == 0 and len(calls) == 2  # kept
