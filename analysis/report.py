@@ -127,18 +127,40 @@ def run_timings(runs: Sequence[Run]) -> pd.DataFrame:
 
 
 def sweep_wall_s(root: Path) -> float | None:
-    """The sweep's wall time: from its start (status.json) to the last run's DONE."""
+    """The runs' wall time: from the first sweep's start on this root (status.json) to the last run's DONE."""
     try:
         status = json.loads((root / "status.json").read_text())
     except (OSError, ValueError):
         return None
-    started = status.get("started")
+    started = status.get("first_started", status.get("started"))
     ends = []
     for path in root.iterdir():
         done = rundir.read_done(path) if path.is_dir() else None
         if done and done.get("completed_at"):
             ends.append(pd.Timestamp(done["completed_at"]).timestamp())
     return max(ends) - started if started is not None and ends else None
+
+
+STEP_TIMES = Path("analysis") / "study_steps.json"  # under a sweep root (launch.sweep.STEP_TIMES_FILE)
+
+
+def study_steps_s(root: Path) -> dict[str, float]:
+    """Wall seconds of each study step after the runs (fine-tune, frontier, stall, decode); {} if none ran."""
+    path = root / STEP_TIMES
+    return rundir.read_json(path) if path.is_file() else {}
+
+
+def wall_time_lines(wall_s: float | None, steps_s: Mapping[str, float]) -> list[str]:
+    """The study's wall time: the runs, the steps after them, and their sum."""
+    runs = (rundir.format_duration(wall_s) if wall_s is not None else "unknown (no status.json)")
+    out = [f"* Runs (the first sweep's start to the last run's end): {runs}."]
+    if steps_s:
+        out.append("* Study steps after the runs (summed over sweep invocations): "
+                   + ", ".join(f"{name} {rundir.format_duration(s)}" for name, s in steps_s.items()) + ".")
+        if wall_s is not None:
+            out.append(f"* Study wall time, runs and steps (the tables, verdict and page aside): "
+                       f"{rundir.format_duration(wall_s + sum(steps_s.values()))}.")
+    return out
 
 
 # -- findings (pure) ------------------------------------------------------------------------------
@@ -460,7 +482,7 @@ def render_page(*, name: str, root_label: str, command: str, rows, found: Sequen
                 testability: Sequence[str], deviation_rows: Sequence[tuple[str, str, str]],
                 table_md: Sequence[str], verdict_txt: str, figure_paths: Mapping[str, str],
                 manifests: Sequence[Mapping[str, Any]], commits: Sequence[str], machine_line: str,
-                training: Sequence[str], timings: pd.DataFrame, wall_s: float | None,
+                training: Sequence[str], timings: pd.DataFrame, wall_s: float | None, steps_s: Mapping[str, float],
                 melinoe: Sequence[str] = (), stall_md: Sequence[str] = (), decode_md: Sequence[str] = ()) -> str:
     """The markdown page (pure: every input given)."""
     replicated = sum(f.status == "replicates" for f in found)
@@ -527,8 +549,7 @@ def render_page(*, name: str, root_label: str, command: str, rows, found: Sequen
         out += [f"**{caption}**", "", f"![{caption}]({path})", ""]
     out += [TIMINGS_HEADING, "",
             "Measured wall times (the only lines that change when the page is regenerated).", "",
-            f"* Study wall time (sweep start to the last run's end): "
-            f"{rundir.format_duration(wall_s) if wall_s is not None else 'unknown (no status.json)'}.", "",
+            *wall_time_lines(wall_s, steps_s), "",
             "| run | steps | tokens | wall | tokens/s (median) |", "|---|---|---|---|---|"]
     for t in timings.itertuples():
         out.append(f"| {t.run} | {t.steps} | {summary.format_tokens(t.tokens)} | "
@@ -592,7 +613,8 @@ def build(root: Path, name: str, out: Path, *, command: str, frontier_runs: Sequ
                        table_md=[_table_md(t) for t in built], verdict_txt=verdict.verdict_text(runs, results),
                        figure_paths=figure_paths, manifests=data_manifests(complete), commits=commits,
                        machine_line=machine(), training=_training_lines(complete, rows),
-                       timings=run_timings(complete), wall_s=sweep_wall_s(root), melinoe=_melinoe(complete),
+                       timings=run_timings(complete), wall_s=sweep_wall_s(root), steps_s=study_steps_s(root),
+                       melinoe=_melinoe(complete),
                        stall_md=_stall(root), decode_md=_decode(root))
     path = out / f"{name}.md"
     rundir.write_atomic(path, page)

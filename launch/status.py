@@ -149,6 +149,15 @@ def format_table(status: dict[str, Any]) -> str:
     return "\n".join(line.rstrip() for line in [*table.splitlines(), summary]) + "\n"
 
 
+def first_started(root: pathlib.Path) -> float | None:
+    """When the first sweep on ``root`` started (its status.json), so a resumed study's wall time counts from it."""
+    try:
+        status = json.loads((root / STATUS_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return status.get("first_started", status.get("started")) if isinstance(status, dict) else None
+
+
 def write_status(root: pathlib.Path, status: dict[str, Any]) -> None:
     rundir.write_json(root / STATUS_FILE, status)
 

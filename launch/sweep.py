@@ -311,6 +311,7 @@ def _study_command(command: list[str], what: str, echo) -> bool:
 
 STALL_DIR = "stall"  # ROOT/analysis/stall/<run>.json: the timed tier on each run's held-out traces
 DECODE_DIR = "decode"  # ROOT/analysis/decode/<run>.json: the measured offloaded decode of a run
+STEP_TIMES_FILE = "study_steps.json"  # ROOT/analysis/: wall seconds of each study step before the analysis
 
 
 def _json_per_run(root: pathlib.Path, subdir: str, runs: Sequence[pathlib.Path], command_for, what: str,
@@ -400,11 +401,21 @@ def run_study(root: pathlib.Path, study: dict, echo=print, overrides: Mapping[st
     """The steps after the runs, each run whatever the others' outcome: the fine-tunes, the frontier, the
     stall, the measured decode, then the tables, verdict and page (which read what the others wrote). The
     worst step's exit code."""
-    return max(run_finetunes(root, study.get("finetune"), echo, overrides),
-               run_frontier(root, study.get("frontier"), echo),
-               run_stall(root, study.get("stall"), echo),
-               run_decode(root, study.get("decode"), echo),
-               run_analysis(root, echo, page=study.get("page")))
+    from moe import rundir
+    steps = {"finetune": lambda: run_finetunes(root, study.get("finetune"), echo, overrides),
+             "frontier": lambda: run_frontier(root, study.get("frontier"), echo),
+             "stall": lambda: run_stall(root, study.get("stall"), echo),
+             "decode": lambda: run_decode(root, study.get("decode"), echo)}
+    timings = root / ANALYSIS_DIR / STEP_TIMES_FILE
+    walls = rundir.read_json(timings) if timings.is_file() else {}
+    codes = []
+    for name, step in steps.items():
+        start = time.time()
+        codes.append(step())
+        walls[name] = round(walls.get(name, 0.0) + time.time() - start, 1)  # summed over sweep invocations
+    timings.parent.mkdir(parents=True, exist_ok=True)
+    rundir.write_json(timings, walls)
+    return max(*codes, run_analysis(root, echo, page=study.get("page")))
 
 
 # ---------------------------------------------------------------- main
@@ -471,7 +482,8 @@ def sweep(argv_command: Sequence[str]) -> int:
             for job in jobs:
                 print(f"  {job.name}: {shlex.join(job.command())}", flush=True)
         meta = {"config": config_file, "root": str(root), "executor": _EXECUTOR.value, "parallel": _PARALLEL.value,
-                "command": shlex.join(argv_command), "started": t0}
+                "command": shlex.join(argv_command), "started": t0,
+                "first_started": status.first_started(root) or t0}
         workers = 1 if _EXECUTOR.value == "inline" else max(1, _PARALLEL.value)
         writer = status.StatusWriter(root, list(states.values()), parallel=workers, meta=meta,
                                      print_every=_STATUS_EVERY.value)

@@ -7,7 +7,8 @@ import subprocess
 import sys
 
 from configs import study_cpu2
-from launch import plan, sweep
+from analysis import report
+from launch import plan, status, sweep
 from launch_fixtures import write_complete_run
 from moe import rundir
 from moe.cache_aware import frontier
@@ -94,6 +95,8 @@ def test_study_steps_run_in_order_fine_tune_frontier_then_analysis(tmp_path, mon
              "frontier": [{"runs": ["a-s1"], "flags": ["--tau=0"]}, {"runs": ["m-s1"], "flags": ["--prime"]}],
              "stall": {"flags": []}, "page": "p"}
     assert sweep.run_study(tmp_path, study, echo=lambda line: None) == 0
+    times = rundir.read_json(tmp_path / report.STEP_TIMES)
+    assert list(times) == ["finetune", "frontier", "stall", "decode"]  # written before the page reads it
     assert [c[2] for c in calls] == ["moe.main", "moe.cache_aware.frontier", "moe.cache_aware.frontier",
                                      "analysis.tables", "analysis.tables", "analysis.verdict", "analysis.report"]
     # (the fake runs hold no traces, so the stall step had nothing to replay)
@@ -151,3 +154,18 @@ def test_the_decode_step_measures_the_named_runs_once_and_needs_them_complete(tm
                         "--format=json", f"--out={out / '.a-s1.json.tmp'}"]
     assert sorted(p.name for p in out.iterdir()) == ["a-s1.json", "b-lam0.1-s1.json"]
     assert sweep.run_decode(tmp_path, spec, echo=lines.append) == 0 and len(calls) == 2  # kept
+
+
+def test_the_page_counts_the_runs_from_the_first_sweep_and_adds_the_study_steps(tmp_path):
+    assert report.STEP_TIMES.as_posix() == f"{sweep.ANALYSIS_DIR}/{sweep.STEP_TIMES_FILE}"
+    assert status.first_started(tmp_path) is None
+    (tmp_path / "status.json").write_text('{"started": 100.0}')
+    assert status.first_started(tmp_path) == 100.0  # a sweep resumed on this root keeps the first start
+    (tmp_path / "status.json").write_text('{"started": 900.0, "first_started": 100.0}')
+    assert status.first_started(tmp_path) == 100.0
+    assert report.wall_time_lines(3600.0, {"finetune": 60.0, "decode": 120.0}) == [
+        "* Runs (the first sweep's start to the last run's end): 1:00:00.",
+        "* Study steps after the runs (summed over sweep invocations): finetune 0:01:00, decode 0:02:00.",
+        "* Study wall time, runs and steps (the tables, verdict and page aside): 1:03:00."]
+    assert report.wall_time_lines(None, {}) == ["* Runs (the first sweep's start to the last run's end): unknown "
+                                                "(no status.json)."]
