@@ -9,9 +9,6 @@ from hypothesis import strategies as st
 
 from cachesim.trace import Trace, make_trace
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-REFERENCE = (REPO / ".." / "shared" / "reference" / "cacheable-by-design").resolve()
-
 
 def random_experts(rng: np.random.Generator, num_layers: int, num_tokens: int, k: int,
                    num_experts: int, skew: float = 0.0) -> np.ndarray:

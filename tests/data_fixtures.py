@@ -3,7 +3,7 @@
 Import the fixtures a test module uses (``from data_fixtures import embedded``). pytest makes a
 separate session fixture per importing module, so the expensive ones keep their result in this
 module's ``_SESSION``; the corpus itself is prepared once per session across xdist workers
-(``conftest.shared_dir``).
+(``helpers.shared_dir``).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import shutil
 
 import pytest
 
+from helpers import shared_dir
 from moe.data import config as config_lib
 from moe.data.fetch_tokenizer import ensure_gpt2_ranks
 from moe.data.prepare import prepare
@@ -42,7 +43,6 @@ _SESSION: dict[str, tuple] = {}
 
 def _prepared_once(key: str, tmp_path_factory, cfg_factory):
     if key not in _SESSION:
-        from tests.conftest import shared_dir
         # Prepared once per session, by whichever xdist worker asks first (tests only read it).
         directory = shared_dir(tmp_path_factory, f"corpus-{key}", lambda d: prepare(cfg_factory(d / "corpus"),
                                                                                      log=quiet)) / "corpus"

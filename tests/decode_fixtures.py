@@ -4,7 +4,7 @@ Arm B at the `tiny` size on the synthetic corpus with the byte tokenizer
 (vocab 256), trained for its 12 steps by `moe.run.run` exactly as main.py does,
 so the run directory is a real one: config.json, checkpoints, traces.
 pytest makes a separate session fixture per importing module, so the run is
-kept in this module's `_SESSION`; xdist workers share one run (conftest.shared_dir:
+kept in this module's `_SESSION`; xdist workers share one run (helpers.shared_dir:
 the first to ask trains it, the others wait and read it). Tests only read it.
 """
 
@@ -13,6 +13,8 @@ from __future__ import annotations
 import pathlib
 
 import pytest
+
+from helpers import shared_dir
 
 _SESSION: dict[str, pathlib.Path] = {}
 
@@ -33,6 +35,5 @@ def train_tiny_run(directory: pathlib.Path, arm: str = "B") -> pathlib.Path:
 def tiny_run(tmp_path_factory) -> pathlib.Path:
     """The directory of a finished tiny arm-B run."""
     if "B" not in _SESSION:
-        from tests.conftest import shared_dir
         _SESSION["B"] = shared_dir(tmp_path_factory, "decode-run", train_tiny_run) / "run"
     return _SESSION["B"]

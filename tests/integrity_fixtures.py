@@ -19,9 +19,9 @@ import shutil
 
 import pytest
 
+from helpers import REPO
 from moe import rundir
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
 ARM_B = str(REPO / "configs" / "arm_b.py")
 STEPS = 8
 # Config flags of the reference run, as main.py takes them.

@@ -16,7 +16,8 @@ import textwrap
 
 import pytest
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+from helpers import REPO, shared_dir
+
 ARM_B = str(REPO / "configs" / "arm_b.py")
 
 # Four steps of the tiny model, one eval window per domain, no cache simulation:
@@ -100,11 +101,9 @@ def solo_run(tmp_path_factory) -> pathlib.Path:
     """Run dir of arm B (λ=0.05) seed 2 on the tiny config, trained in-process on one device.
 
     The reference that vmapped seeds and 2-device data parallelism must reproduce.
-    Built once per session across xdist workers (conftest.shared_dir): every module reads one run.
+    Built once per session across xdist workers (helpers.shared_dir): every module reads one run.
     """
     if "dir" not in _SOLO:
-        from tests.conftest import shared_dir
-
         def build(directory):
             from launch import plan
             from moe.run import run

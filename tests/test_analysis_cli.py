@@ -246,7 +246,7 @@ def test_hit_vs_budget_curves_are_full_miss_ratio_curves():
     """Every capacity 0..E from one replay per policy, as the reference counts them."""
     from cachesim import reference as ref
     from cachesim.policies import CacheSpec
-    from tests.cachesim_fixtures import random_trace
+    from cachesim_fixtures import random_trace
 
     trace = random_trace(2, 2, 40, 2, 8, skew=0.5)
     curves = figures.simulated_budget_curves({"code": trace}, policies=("lru", "static_w0.2"))

@@ -16,7 +16,7 @@ import pytest
 from analysis import cli, summary, tables, verdict
 from analysis.cache import MetricsStore
 from analysis.runs import load_runs
-from tests.conftest import shared_dir
+from helpers import shared_dir
 
 RUNS = {"a-sanity-s1", "b-l01", "b-l05", "b-l20", "a-main-s1", "a-main-s2", "b-main-s1", "b-main-s2", "b-l02-main",
         "b-l03-main", "c-main-s1"}

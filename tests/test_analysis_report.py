@@ -11,7 +11,7 @@ import pytest
 
 from analysis import report, verdict
 from moe import rundir
-from tests.analysis_fixtures import block_experts, fake_paper_metrics, fake_run, spread_experts, write_run
+from analysis_fixtures import block_experts, fake_paper_metrics, fake_run, spread_experts, write_run
 
 
 DOMAINS = ("prose", "code", "math")

@@ -206,3 +206,31 @@ def test_analysis_and_launch_read_run_directories_through_rundir():
         "launch/status.py read_status: loads",
         "launch/status.py read_status: read_text",
     ], reads
+
+
+def _double_loads(source: str) -> list[str]:
+    """The imports in ``source`` of `tests.x` or of conftest: each loads a second copy of a module pytest loaded."""
+    names = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names.append(node.module or "")
+    return [n for n in names if n.split(".")[0] in ("tests", "conftest")]
+
+
+def test_tests_import_shared_modules_by_bare_name_and_never_conftest():
+    """Tests import helpers and fixtures by bare name (`from helpers import REPO`): pytest puts tests/ on sys.path."""
+    assert _double_loads("from tests.conftest import REPO\nimport conftest") == ["tests.conftest", "conftest"]
+    offenders = sorted(f"{path.relative_to(REPO)}: {name}" for path in (REPO / "tests").rglob("*.py")
+                       for name in _double_loads(path.read_text()))
+    assert not offenders, "\n".join(offenders)
+
+
+def test_shared_test_helpers_live_in_helpers_py():
+    """conftest.py holds set-up, hooks and fixtures; the functions tests call live in tests/helpers.py."""
+    def functions(path: pathlib.Path) -> set[str]:
+        return {node.name for node in ast.parse(path.read_text()).body
+                if isinstance(node, ast.FunctionDef) and not node.decorator_list and not node.name.startswith("pytest_")}
+    assert functions(REPO / "tests" / "conftest.py") == set()
+    assert {"wait_for", "kill_seed", "wait_for_kill_point", "shared_dir"} <= functions(REPO / "tests" / "helpers.py")

@@ -27,7 +27,7 @@ from moe.model import REMAT_POLICIES
 from moe.train import (compute_loss, init_state, make_optimizer, make_train_step, split_trainable, train,
                        train_step_fn, trainable_filter)
 from remat_fixtures import checkpoint_policies
-from tests.conftest import REPO
+from helpers import REPO
 
 TRAINED = ("router/kernel", "lora_up_a", "lora_up_b", "lora_down_a", "lora_down_b")
 

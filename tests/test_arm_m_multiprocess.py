@@ -12,7 +12,7 @@ import pytest
 
 from arm_m_fixtures import make_base_run
 from test_launch_distributed import WRITE_SPY, finish, free_port, run_dir_writes
-from tests.conftest import REPO
+from helpers import REPO
 
 # 4 fine-tuning steps, 1 eval window per domain, a small transfer study: as small as arm M gets.
 FLAGS = ["--config=configs/arm_m.py:tiny", "--config.train.log_every=1", "--config.train.tokens=512",

@@ -27,7 +27,7 @@ import pytest
 
 from data_fixtures import embedded, gpt2_ranks  # noqa: F401 (fixtures)
 from decode_fixtures import tiny_run, train_tiny_run  # noqa: F401 (fixture)
-from tests.conftest import HANG_S, REPO, shared_dir
+from helpers import HANG_S, REPO, shared_dir
 
 BENCHMARKS = REPO / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))

@@ -10,7 +10,8 @@ import pytest
 from cachesim import cli, profile, reference as ref
 from cachesim.policies import CacheSpec
 from cachesim.trace import make_trace, save_trace
-from tests.cachesim_fixtures import REPO, random_trace
+from cachesim_fixtures import random_trace
+from helpers import REPO
 
 
 @pytest.fixture

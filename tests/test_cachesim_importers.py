@@ -5,7 +5,7 @@ import pytest
 
 from cachesim import importers
 from cachesim.trace import TraceError, load_trace
-from tests.cachesim_fixtures import write_llama_moe_trace, write_route_trace
+from cachesim_fixtures import write_llama_moe_trace, write_route_trace
 
 
 def _ids(rows):

@@ -13,7 +13,7 @@ from cachesim.lcs import engine
 from cachesim.policies import external
 from cachesim.policies import CacheSpec, CacheSpecError
 from cachesim.trace import load_trace, make_trace
-from tests.cachesim_fixtures import random_trace
+from cachesim_fixtures import random_trace
 
 needs_lcs = pytest.mark.skipif(not engine.available(), reason="libCacheSim is not installed "
                                "(pip install 'cacheable-moe[cache-policies]')")

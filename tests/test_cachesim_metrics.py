@@ -9,7 +9,7 @@ import pytest
 from cachesim import metrics, reference as ref
 from cachesim.policies import CacheSpec
 from cachesim.trace import TraceError, make_trace
-from tests.cachesim_fixtures import random_trace
+from cachesim_fixtures import random_trace
 
 # One layer, E = 4, k = 2: counts 0:2, 1:3, 2:2, 3:1 over T = 4 tokens.
 HAND = make_trace(np.array([[[0, 1], [1, 2], [1, 0], [3, 2]]]), 4, name="hand")

@@ -16,7 +16,7 @@ import pytest
 
 from cachesim import online, reference as ref, simulate as sim
 from cachesim.policies import CacheSpec, policy_code, record
-from tests.cachesim_fixtures import random_trace
+from cachesim_fixtures import random_trace
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 ENGINES = ("cachesim/stack.py", "cachesim/online.py", "cachesim/simulate.py", "cachesim/reference.py",

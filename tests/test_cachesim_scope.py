@@ -10,7 +10,7 @@ from cachesim.policies import static as pinning
 from cachesim.policies import (CacheSpec, CacheSpecError, layer_quotas, parse_capacities, parse_scopes,
                                parse_static_fits)
 from cachesim.trace import make_trace
-from tests.cachesim_fixtures import random_trace
+from cachesim_fixtures import random_trace
 
 # Two layers, E <= 8 (so L·E pads to 16 keys), T padded to 30: examples share compiles.
 PAD = 30

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from cachesim import online, policies, reference as ref, simulate as sim, stack
 from cachesim.policies import CacheSpec
 from cachesim.trace import make_trace
-from tests.cachesim_fixtures import random_trace, small_traces
+from cachesim_fixtures import random_trace, small_traces
 
 # Every trace is padded to this many tokens so hypothesis examples share compiles.
 PAD = 40

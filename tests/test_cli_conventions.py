@@ -10,7 +10,7 @@ import pytest
 
 from cachesim.cli_util import CLI, FORMATS
 from launch.cli import HELP_PARSERS
-from tests.conftest import REPO
+from helpers import REPO
 
 # Every CLI built on cachesim.cli_util.CLI: (module, its CLI object's name).
 COMMANDS = [

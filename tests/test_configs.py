@@ -8,7 +8,7 @@ import pytest
 
 from configs.base import SIZES, ConfigError, num_train_steps, parse_arg
 from moe.config import validate
-from tests.conftest import REPO
+from helpers import REPO
 
 ARMS = {"arm_a": "A", "arm_b": "B", "arm_c": "C", "arm_d": "D"}
 

@@ -8,8 +8,8 @@ from flax import nnx
 
 from moe.decode import DecodeModel, InMemoryExperts, decode, restore_run, step_union
 from moe.model import build_model
-from tests.decode_fixtures import tiny_run  # noqa: F401 — a session fixture
-from tests.test_model import model_cfg
+from decode_fixtures import tiny_run  # noqa: F401 — a session fixture
+from test_model import model_cfg
 
 
 def pre_cache_forward(model, tokens):

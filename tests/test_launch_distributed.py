@@ -16,7 +16,7 @@ import pytest
 
 from moe import distributed
 from launch_fixtures import ARM_B, TINY_FLAGS, solo_run  # noqa: F401 (fixture)
-from tests.conftest import HANG_S, wait_for, wait_for_kill_point
+from helpers import HANG_S, wait_for, wait_for_kill_point
 
 SLURM = {"SLURM_JOB_ID": "4242", "SLURM_PROCID": "3", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1",
          "SLURM_STEP_NODELIST": "gpu[007-010]"}
@@ -213,7 +213,7 @@ def start_processes(tmp_path, workdir, count: int = 2, args=()) -> list[tuple[su
 def finish(procs, timeout: float | None = None) -> list[dict[str, str]]:
     """Waits for every process; {"out", "err", "writes"} texts each; every one must exit 0.
 
-    The timeout only guards hangs (conftest.HANG_S unless given): a loaded machine waits longer."""
+    The timeout only guards hangs (helpers.HANG_S unless given): a loaded machine waits longer."""
     deadline = time.time() + (HANG_S if timeout is None else timeout)
     texts = []
     try:

@@ -25,7 +25,7 @@ from launch.local import LocalExecutor
 from launch.plan import Job, RunSpec
 from launch.resources import Slot
 from launch_fixtures import fake_python, quiet, write_complete_run  # noqa: F401 (fixture)
-from tests.conftest import HANG_S
+from helpers import HANG_S
 
 
 def make_specs(root, *names, extra=()):

@@ -18,7 +18,7 @@ from launch import plan, status, sweep
 from moe import rundir
 from launch.plan import Job
 from launch_fixtures import ARM_B, REPO, SOLO_FLAGS, TINY_OVERRIDES, quiet, solo_run  # noqa: F401 (fixture)
-from tests.conftest import wait_for_kill_point
+from helpers import wait_for_kill_point
 
 
 def run_sweep(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from moe import rundir
-from tests.conftest import REPO, shared_dir, wait_for, wait_for_kill_point
+from helpers import REPO, shared_dir, wait_for, wait_for_kill_point
 
 
 def first_log_step(path):

@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import kill_seed, wait_for
+from helpers import kill_seed, wait_for
 from integrity_fixtures import (FLAGS, REPO, comparable_log, copy_run, error_line, final_eval,  # noqa: F401
                                 finished_run, largest_file, run_main, snapshot)
 

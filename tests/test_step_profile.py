@@ -8,7 +8,7 @@ import importlib.util
 
 import pytest
 
-from tests.conftest import REPO
+from helpers import REPO
 
 
 @pytest.fixture(scope="module")

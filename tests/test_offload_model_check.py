@@ -16,7 +16,7 @@ from moe.offload.model_check import modelled, run_header, summarize, write_jsonl
 from moe.offload.records import read_jsonl, stall_summary
 from moe.offload.report import order_check, policy_rows
 from moe.offload.session import DecodeConfig, OffloadConfig, OffloadSession
-from tests.decode_fixtures import tiny_run  # noqa: F401 — a session fixture
+from decode_fixtures import tiny_run  # noqa: F401 — a session fixture
 
 
 def queue_time(latency, stream, link, nbytes, count):

@@ -13,7 +13,7 @@ from moe.cache_aware import reroute
 from cachesim.reference import replay_lfu, replay_lru
 from moe.cache_aware.reroute import Features, RerouteError, Setting, make_params
 from cachesim.online import init_cache_state
-from tests.reroute_fixtures import PyLRU, RangeHistory, py_route
+from cache_aware_fixtures import PyLRU, RangeHistory, py_route
 
 
 def state_with(resident, num_experts, capacity=None):

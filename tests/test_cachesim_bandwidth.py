@@ -12,7 +12,7 @@ from cachesim.simulate import simulate
 from cachesim.timed.spec import StallConfigError, load_hardware, load_model
 from cachesim.trace import make_trace, save_trace
 
-from stall_fixtures import model_for
+from cachesim_timed_fixtures import model_for
 
 
 def test_twelve_gigabytes_at_nvme_speed_is_a_fifth_of_a_token_per_second():

@@ -12,7 +12,7 @@ from cachesim.trace import make_trace
 from moe.cache_aware.coupled import CoupledEvaluator, domain_stats
 from moe.evaluate import evaluate_windows, make_eval_step
 from moe.model import build_model
-from tests.reroute_fixtures import step_by_step_reference, tiny_model_config
+from cache_aware_fixtures import step_by_step_reference, tiny_model_config
 
 CAPACITY = 3  # of 8 experts
 

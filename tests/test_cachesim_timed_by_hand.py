@@ -1,7 +1,7 @@
 """The stall model's JSON records and its CLI's figures against independent expectations.
 
-test_stall_cli.py checks that the header and summary parse and that the table names
-its rows; here every number is worked out by hand (from stall_fixtures' round
+test_cachesim_stall.py checks that the header and summary parse and that the table names
+its rows; here every number is worked out by hand (from cachesim_timed_fixtures' round
 figures) or recomputed by the plain-Python reference simulator.
 """
 
@@ -16,7 +16,7 @@ from cachesim.timed.engine import PrefetchConfig, run_timed
 from cachesim.timed.metrics import run_header, summarize, write_jsonl
 from cachesim.trace import make_trace, save_trace
 
-from stall_fixtures import machine, workload
+from cachesim_timed_fixtures import machine, workload
 
 
 def test_run_header_and_summary_hold_the_hand_worked_schedule(tmp_path):

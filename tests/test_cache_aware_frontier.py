@@ -6,7 +6,7 @@ import pytest
 
 from moe.cache_aware import frontier as fr
 from moe.cache_aware.reroute import Setting
-from tests.reroute_fixtures import make_run_dir
+from cache_aware_fixtures import make_run_dir
 
 
 def test_grid_is_the_product_with_the_plain_point_first_and_no_duplicates():

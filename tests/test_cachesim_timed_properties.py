@@ -11,7 +11,7 @@ from cachesim.timed.engine import PrefetchConfig, run_timed
 from cachesim.timed.metrics import summarize
 from cachesim.timed.prefetch import ADMISSIONS, SOURCES
 
-from stall_fixtures import machine, workload
+from cachesim_timed_fixtures import machine, workload
 
 TOL = 1e-9
 

@@ -13,7 +13,7 @@ from cachesim.timed.residency import (Speculation, home_tiers, make_step_plan, r
 from cachesim.timed.spec import Hardware, StallConfigError, Tier
 from cachesim.trace import make_trace
 
-from stall_fixtures import machine, model_for, workload
+from cachesim_timed_fixtures import machine, model_for, workload
 
 SPECS = [CacheSpec("lru", capacity=c) for c in (0, 1, 3, 8)] + [
     CacheSpec("lru", capacity=3, recency="token"), CacheSpec("lfu", capacity=1),

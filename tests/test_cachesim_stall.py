@@ -14,7 +14,7 @@ from cachesim.timed.spec import (QUANT_BITS, StallConfigError, compute_times, lo
                                  load_model, model_presets, parameter_counts, parse_bytes)
 from cachesim.trace import load_trace, make_trace, save_trace
 
-from stall_fixtures import machine, workload
+from cachesim_timed_fixtures import machine, workload
 
 PUBLISHED_TOTALS = {"moe-137m": 137_319_168, "moe-340m": 340_415_488,
                     "qwen3-30b-a3b": 30_532_122_624, "qwen3-235b-a22b": 235_093_634_560}

@@ -13,7 +13,7 @@ from cachesim.timed.engine import PrefetchConfig, run_timed
 from cachesim.timed.metrics import summarize
 from cachesim.timed.residency import Speculation
 
-from stall_fixtures import machine, workload
+from cachesim_timed_fixtures import machine, workload
 
 # One layer, k = 2. Static pin of 1 expert pins 0 (used by both tokens), so each
 # token hits 0 and misses its second expert.

@@ -11,7 +11,7 @@ import pytest
 
 from cachesim import metrics
 from cachesim.trace import make_trace
-from tests.cachesim_fixtures import random_trace
+from cachesim_fixtures import random_trace
 
 import numpy as np
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from cachesim import reference as ref, simulate as sim
 from cachesim.policies import CacheSpec
-from tests.cachesim_fixtures import random_trace
+from cachesim_fixtures import random_trace
 
 PAD = 48
 WIDTHS = ((9, 16), (57, 64), (121, 128))  # E ranges that pad to one stack width each

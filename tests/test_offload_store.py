@@ -21,7 +21,7 @@ from moe.offload.measure import Recorder
 from moe.offload.calibrate import Calibration
 from moe.offload.model_check import build_hardware, capacity_spec, decode_workload, parse_bandwidth
 from moe.offload.store import MANIFEST, DiskTier, StoreLayout, ensure_store, expert_path, open_tier
-from tests.decode_fixtures import tiny_run  # noqa: F401 — a session fixture
+from decode_fixtures import tiny_run  # noqa: F401 — a session fixture
 
 
 @pytest.fixture(scope="module")
