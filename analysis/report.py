@@ -28,6 +28,7 @@ import math
 import os
 import platform
 import re
+import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -160,6 +161,46 @@ def wall_time_lines(wall_s: float | None, steps_s: Mapping[str, float]) -> list[
         if wall_s is not None:
             out.append(f"* Study wall time, runs and steps (the tables, verdict and page aside): "
                        f"{rundir.format_duration(wall_s + sum(steps_s.values()))}.")
+    return out
+
+
+TRAINING_CODE = ("main.py", "moe", "losses", "configs")  # what a run's numbers depend on
+
+
+def code_commits(runs: Sequence[Run]) -> dict[str, Any]:
+    """The commits the runs recorded, the most runs' first: {"runs": {commit: names}, "changed": {commit:
+    training-code files changed against the first, or None where git cannot tell}}."""
+    grouped: dict[str, list[str]] = {}
+    for r in sorted(runs, key=lambda r: r.name):
+        if r.config.get("git_commit"):
+            grouped.setdefault(str(r.config["git_commit"]), []).append(r.name)
+    by_commit = dict(sorted(grouped.items(), key=lambda item: (-len(item[1]), item[0])))
+    first = next(iter(by_commit), None)
+    return {"runs": by_commit, "changed": {c: _changed_files(first, c) for c in list(by_commit)[1:]}}
+
+
+def _changed_files(old: str, new: str) -> list[str] | None:
+    """Training-code files that differ between two commits of this repository (git), None if git cannot tell."""
+    proc = subprocess.run(["git", "diff", "--name-only", old, new, "--", *TRAINING_CODE], capture_output=True,
+                          text=True, cwd=Path(__file__).resolve().parents[1])
+    return proc.stdout.split() if proc.returncode == 0 else None
+
+
+def code_lines(root_label: str, commits: Mapping[str, Any]) -> list[str]:
+    """Which code made which runs, and what differed between the commits (pure)."""
+    by_commit = commits["runs"]
+    short = lambda c: f"`{c[:7]}`"  # noqa: E731
+    if len(by_commit) <= 1:
+        commit = short(next(iter(by_commit))) if by_commit else "unrecorded"
+        return [f"* Runs under `{root_label}`; code at git commit {commit} (recorded by each run)."]
+    out = [f"* Runs under `{root_label}`; code at the git commits each run recorded: "
+           + "; ".join(f"{short(c)} ({', '.join(names)})" for c, names in by_commit.items()) + "."]
+    first = next(iter(by_commit))
+    for c, files in commits["changed"].items():
+        since = f"{short(c)} against {short(first)}"
+        out.append(f"* Training code ({', '.join(TRAINING_CODE)}) of {since}: "
+                   + ("unknown (this checkout has no git history of both)" if files is None else
+                      "identical" if not files else "differs in " + ", ".join(f"`{f}`" for f in files)) + ".")
     return out
 
 
@@ -481,7 +522,7 @@ def _training_lines(runs: Sequence[Run], rows: Sequence[Mapping[str, Any]]) -> l
 def render_page(*, name: str, root_label: str, command: str, rows, found: Sequence[Finding],
                 testability: Sequence[str], deviation_rows: Sequence[tuple[str, str, str]],
                 table_md: Sequence[str], verdict_txt: str, figure_paths: Mapping[str, str],
-                manifests: Sequence[Mapping[str, Any]], commits: Sequence[str], machine_line: str,
+                manifests: Sequence[Mapping[str, Any]], commits: Mapping[str, Any], machine_line: str,
                 training: Sequence[str], timings: pd.DataFrame, wall_s: float | None, steps_s: Mapping[str, float],
                 melinoe: Sequence[str] = (), stall_md: Sequence[str] = (), decode_md: Sequence[str] = ()) -> str:
     """The markdown page (pure: every input given)."""
@@ -497,8 +538,7 @@ def render_page(*, name: str, root_label: str, command: str, rows, found: Sequen
         caption, path = next(iter(figure_paths.items()))
         out += [f"![{caption}]({path})", ""]
     out += ["## How this page was made", "", "```", command, "```", "",
-            f"* Runs under `{root_label}`; code at git commit {', '.join(f'`{c}`' for c in commits) or 'unrecorded'} "
-            "(recorded by each run).",
+            *code_lines(root_label, commits),
             f"* Machine: {machine_line}."]
     for m in manifests:
         if m["missing"]:
@@ -606,7 +646,7 @@ def build(root: Path, name: str, out: Path, *, command: str, frontier_runs: Sequ
     figure_dir = out / name
     drawn = write_figures(runs, figure_dir, frontier_runs, results)
     figure_paths = {c: f"{name}/{p.name}" for c, p in drawn.items()}
-    commits = sorted({str(r.config.get("git_commit")) for r in complete if r.config.get("git_commit")})
+    commits = code_commits(complete)
     page = render_page(name=name, root_label=root.name, command=command, rows=rows, found=found,
                        testability=verdict.testability(runs, results),
                        deviation_rows=deviations(runs, frontier_runs),

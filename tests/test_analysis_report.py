@@ -179,3 +179,19 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
     assert "--name and --out are required" in capsys.readouterr().err
     assert cli.run_main(report.main, [str(tmp_path), "--name=x", f"--out={tmp_path / 'o'}"]) == 2
     assert "no run directories" in capsys.readouterr().err
+
+
+def test_the_page_says_which_runs_used_which_commit_and_what_training_code_differed():
+    one = {"runs": {"227a9afb8a": ["a-s1", "b-s1"]}, "changed": {}}
+    assert report.code_lines("root", one) == ["* Runs under `root`; code at git commit `227a9af` (recorded by each "
+                                              "run)."]
+    two = {"runs": {"227a9afb8a": ["a-s1", "b-s1"], "20afa08c1d": ["m-s1"]},
+           "changed": {"20afa08c1d": ["configs/study_cpu2.py"]}}
+    assert report.code_lines("root", two) == [
+        "* Runs under `root`; code at the git commits each run recorded: `227a9af` (a-s1, b-s1); `20afa08` (m-s1).",
+        "* Training code (main.py, moe, losses, configs) of `20afa08` against `227a9af`: differs in "
+        "`configs/study_cpu2.py`."]
+    assert report.code_lines("root", {**two, "changed": {"20afa08c1d": []}})[1].endswith("`227a9af`: identical.")
+    assert report.code_lines("root", {**two, "changed": {"20afa08c1d": None}})[1].endswith(
+        "unknown (this checkout has no git history of both).")
+    assert report._changed_files("HEAD", "HEAD") == [] and report._changed_files("HEAD", "0" * 40) is None
