@@ -3,7 +3,7 @@
 Pre-norm blocks ``x += Attn(RMSNorm(x)); x += MoE(RMSNorm(x))``, RoPE, tied
 LM head, no biases, no dropout. The forward pass returns the final-normed
 hidden states (the chunked LM loss applies the tied head itself, so the full
-logits never exist) and a :class:`RouterOutput` stacked over the MoE layers:
+logits never exist) and a :class:`Routing` stacked over the MoE layers:
 router output is data, not a side effect, so losses and traces need no second
 pass.
 """
@@ -32,16 +32,23 @@ _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.floa
 COMPUTE_DTYPES = tuple(_DTYPES)
 
 
-class RouterOutput(NamedTuple):
-    """What a MoE layer routed. Leading axis L when stacked over layers."""
+class Routing(NamedTuple):
+    """One routing decision of a MoE layer (float32). Leading axis L when stacked over layers.
 
-    probs: jax.Array    # (..., B, T, E) float32 softmax over all experts
+    ``MoELayer.route`` gives the router's own decision, with its logits and no
+    drops; the layer's forward gives what it routed after any override, with the
+    dispatcher's drops and no logits, so the record stacked over the layers and
+    fed to the losses carries no logits (a None field holds no arrays).
+    """
+
+    probs: jax.Array    # (..., B, T, E) softmax over all experts
     topk: jax.Array     # (..., B, T, k) int32 expert ids, top-1 first
-    gates: jax.Array    # (..., B, T, k) float32, renormalised p of the chosen experts
-    dropped: jax.Array  # (...,) int32 assignments dropped by a capacity dispatcher
-    # (..., B, T, E) float32 p of the frozen base router on the same input; only
-    # when the model keeps one (arm M's rank-matching loss), else None.
+    gates: jax.Array    # (..., B, T, k) renormalised p of the chosen experts
+    dropped: jax.Array | None = None  # (...,) int32 assignments a capacity dispatcher dropped; None before dispatch
+    # (..., B, T, E) p of the frozen base router on the same input; only when the
+    # model keeps one (arm M's rank-matching loss), else None.
     base_probs: jax.Array | None = None
+    logits: jax.Array | None = None  # (..., B, T, E) router logits; the router's decision only
 
 
 class KVCache(NamedTuple):
@@ -55,16 +62,6 @@ class KVCache(NamedTuple):
     k: jax.Array
     v: jax.Array
     length: jax.Array
-
-
-class Routing(NamedTuple):
-    """The router's decision for one MoE layer, before any override (float32)."""
-
-    logits: jax.Array                   # (..., E) router logits
-    probs: jax.Array                    # (..., E) softmax over all experts
-    topk: jax.Array                     # (..., k) int32, top-1 first
-    gates: jax.Array                    # (..., k) renormalised p of the top-k
-    base_probs: jax.Array | None = None  # the frozen base router's p (arm M), else None
 
 
 # A routing override: the router's decision in, the (topk, gates) actually used out.
@@ -208,7 +205,7 @@ class MoELayer(nnx.Module):
             logits = self.router(x32)
             probs, topk, gates = route(logits, self.k)
             base_probs = None if self.base_router is None else jax.nn.softmax(self.base_router(x32), axis=-1)
-        return Routing(logits, probs, topk, gates, base_probs)
+        return Routing(probs, topk, gates, base_probs=base_probs, logits=logits)
 
     def mix(self, x, topk, gates, weights: ExpertWeights | None = None) -> tuple[jax.Array, jax.Array]:
         """The experts' gated mixture for given choices: x (..., d), topk/gates (..., k) -> (y, dropped).
@@ -225,7 +222,7 @@ class MoELayer(nnx.Module):
                                        capacity_factor=self.capacity_factor, block_size=self.block_size)
         return y.reshape(*lead, d).astype(x.dtype), dropped
 
-    def __call__(self, x, route_fn: RouteFn | None = None) -> tuple[jax.Array, RouterOutput]:
+    def __call__(self, x, route_fn: RouteFn | None = None) -> tuple[jax.Array, Routing]:
         """Routes and mixes x (B, T, d). ``route_fn(routing) -> (topk, gates)`` overrides the choice.
 
         The override is the seam for routing that depends on state outside the
@@ -235,7 +232,7 @@ class MoELayer(nnx.Module):
         routing = self.route(x)
         topk, gates = (routing.topk, routing.gates) if route_fn is None else route_fn(routing)
         y, dropped = self.mix(x, topk, gates)
-        return y, RouterOutput(routing.probs, topk, gates, dropped, routing.base_probs)
+        return y, routing._replace(topk=topk, gates=gates, dropped=dropped, logits=None)
 
 
 class Block(nnx.Module):
@@ -275,7 +272,7 @@ def _block_forward(block: Block, x):
 
 
 class MoETransformer(nnx.Module):
-    """tokens (B, T) -> (final-normed hidden (B, T, d), RouterOutput stacked over L)."""
+    """tokens (B, T) -> (final-normed hidden (B, T, d), Routing stacked over L)."""
 
     def __init__(self, cfg: ml_collections.ConfigDict, *, rngs: nnx.Rngs):
         self.cfg = cfg
@@ -288,7 +285,7 @@ class MoETransformer(nnx.Module):
         self._block_fn = _block_forward if cfg.remat == "none" else nnx.remat(_block_forward, policy=policy)
 
     def __call__(self, tokens, route_fn: Callable[[int, Routing], tuple[jax.Array, jax.Array]] | None = None
-                 ) -> tuple[jax.Array, RouterOutput]:
+                 ) -> tuple[jax.Array, Routing]:
         """``route_fn(layer, routing) -> (topk, gates)`` overrides each MoE layer's choice (evaluation only).
 
         With an override the blocks run without remat: it is an inference path, and
@@ -303,7 +300,7 @@ class MoETransformer(nnx.Module):
             else:
                 x, router = block(x, functools.partial(route_fn, index))
             routers.append(router)
-        stacked = RouterOutput(*(None if parts[0] is None else jnp.stack(parts) for parts in zip(*routers)))
+        stacked = Routing(*(None if parts[0] is None else jnp.stack(parts) for parts in zip(*routers)))
         return self.final_norm(x), stacked
 
     def init_cache(self, batch: int, max_len: int) -> list[KVCache]:

@@ -25,7 +25,7 @@ from losses.melinoe import melinoe_losses
 from losses.router import boundary_pair_mask, domain_slices, expert_usage_entropy, router_losses
 from moe import distributed
 from moe.data.tokenizer import tokenizer_record
-from moe.model import MoETransformer, RouterOutput, build_model
+from moe.model import MoETransformer, Routing, build_model
 from moe.seeds import SoloLayout, StackedLayout
 from moe.train_io import NonFiniteLossError, RunIO  # noqa: F401 (NonFiniteLossError: callers catch it from here)
 
@@ -148,7 +148,7 @@ def all_finite(tree) -> jax.Array:
     return jnp.all(jnp.stack(checks)) if checks else jnp.bool_(True)
 
 
-def usage_counts(router: RouterOutput, num_experts: int) -> jax.Array:
+def usage_counts(router: Routing, num_experts: int) -> jax.Array:
     """(L, E) int32 number of (token, expert) assignments in this batch."""
     return jnp.sum(jax.nn.one_hot(router.topk, num_experts, dtype=jnp.int32), axis=(1, 2, 3))
 

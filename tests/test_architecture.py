@@ -234,3 +234,22 @@ def test_shared_test_helpers_live_in_helpers_py():
                 if isinstance(node, ast.FunctionDef) and not node.decorator_list and not node.name.startswith("pytest_")}
     assert functions(REPO / "tests" / "conftest.py") == set()
     assert {"wait_for", "kill_seed", "wait_for_kill_point", "shared_dir"} <= functions(REPO / "tests" / "helpers.py")
+
+
+def _routing_records(source: str) -> list[str]:
+    """The NamedTuple classes in ``source`` with both a ``topk`` and a ``gates`` field."""
+    found = []
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.ClassDef) and any(getattr(b, "id", getattr(b, "attr", "")) == "NamedTuple"
+                                                   for b in node.bases):
+            fields = {s.target.id for s in node.body if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)}
+            if {"topk", "gates"} <= fields:
+                found.append(node.name)
+    return found
+
+
+def test_one_record_of_a_routing_decision():
+    """The router's decision and what a MoE layer routed are one type, moe.model.Routing, not two."""
+    assert _routing_records("class A(NamedTuple):\n    topk: int\n    gates: int\n"
+                            "class B(typing.NamedTuple):\n    topk: int\n    gates: int\n    logits: int\n") == ["A", "B"]
+    assert _routing_records((REPO / "moe" / "model.py").read_text()) == ["Routing"]

@@ -29,7 +29,7 @@ def _jitted_forward(model_cfg_json: str):
 
 
 def forward(model_cfg, params, tokens):
-    """Jitted forward of a model with these params: (hidden, RouterOutput); one compile per config."""
+    """Jitted forward of a model with these params: (hidden, Routing); one compile per config."""
     return _jitted_forward(json.dumps(model_cfg.to_dict(), sort_keys=True))(params, tokens)
 
 

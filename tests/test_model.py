@@ -53,6 +53,8 @@ def test_forward_shapes_and_router_output():
     np.testing.assert_allclose(router.probs.sum(-1), 1.0, rtol=1e-5)
     np.testing.assert_allclose(router.gates.sum(-1), 1.0, rtol=1e-5)
     np.testing.assert_array_equal(router.topk[..., 0], jnp.argmax(router.probs, -1))
+    # What the layers routed carries their drops but no logits: the stacked record adds no (L, B, T, E) array.
+    assert router.dropped.shape == (2,) and router.logits is None and router.base_probs is None
     # The tied head: the embedding is initialised N(0, 0.02), so initial logits are small.
     assert abs(float(jnp.std(model.head_weights())) - 0.02) < 0.002
 
