@@ -281,7 +281,7 @@ def training_curve_data(runs: Sequence[Run]) -> list[dict[str, Any]]:
     for r in runs:
         train, val = train_curve(r), val_curves(r)
         final = {d: ([r.tokens], [ev.val_ppl]) for d, ev in r.domains.items()}
-        windows = ((r.config.get("config") or {}).get("train") or {}).get("eval_windows")
+        windows = ((r.record.resolved_config or {}).get("train") or {}).get("eval_windows")
         if train[0] or val or final:
             out.append({"label": r.name, "arm": r.arm, "strength": r.mu if r.arm == "C" else r.lam,
                         "train": train, "val": val, "final": final,

@@ -82,7 +82,7 @@ def data_manifests(runs: Sequence[Run]) -> list[dict[str, Any]]:
 
     found: dict[str, dict[str, Any]] = {}
     for run in runs:
-        data = (run.config.get("config") or {}).get("data")
+        data = (run.record.resolved_config or {}).get("data")
         if not data:
             continue
         directory = data_config.prepared_dir(ml_collections.ConfigDict(data))
@@ -401,7 +401,7 @@ PAPER_PROTOCOL = {
 
 
 def _model_line(run: Run) -> str:
-    model = (run.config.get("config") or {}).get("model") or {}
+    model = (run.record.resolved_config or {}).get("model") or {}
     parts = [run.size]
     if run.params:
         parts.append(f"{run.params:,} parameters")
@@ -419,12 +419,12 @@ def deviations(runs: Sequence[Run], frontier_runs: Sequence[str]) -> list[tuple[
         return "; ".join(dict.fromkeys(str(v) for v in values if v not in (None, ""))) or "unrecorded"
 
     models = distinct(_model_line(r) for r in complete)
-    corpus = distinct(r.config.get("corpus") or ((r.config.get("config") or {}).get("data") or {}).get("corpus")
+    corpus = distinct(r.config.get("corpus") or ((r.record.resolved_config or {}).get("data") or {}).get("corpus")
                       for r in complete)
     lams = sorted({r.lam for r in complete if r.arm == "B"})
     seeds = "; ".join(f"arm {arm}: {', '.join(str(s) for s in sorted({r.seed for r in complete if r.arm == arm and r.seed is not None}))}"
                       for arm in sorted({r.arm for r in complete}))
-    dtype = distinct(((r.config.get("config") or {}).get("model") or {}).get("compute_dtype") for r in complete)
+    dtype = distinct(((r.record.resolved_config or {}).get("model") or {}).get("compute_dtype") for r in complete)
     windows = distinct(
         f"{r.window_tokens}-token windows, " + ", ".join(f"{d} {ev.tokens // r.window_tokens}" for d, ev in r.domains.items())
         if r.window_tokens else f"{', '.join(f'{d} {ev.tokens:,} tokens' for d, ev in r.domains.items())}"

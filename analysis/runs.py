@@ -31,7 +31,6 @@ DOMAIN_ORDER = rundir.DOMAINS
 ARMS = rundir.ARMS
 # Reference final_eval.json lacks per-domain token counts: 488 windows of 1024.
 REFERENCE_EVAL_TOKENS = 499_712
-run_size = rundir.run_size
 domain_sort_key = rundir.domain_sort_key
 trace_paths = rundir.trace_files
 
@@ -60,23 +59,43 @@ class DomainEval:
 
 @dataclasses.dataclass(frozen=True)
 class Run:
-    """One run directory, parsed. ``problems`` lists why a run is incomplete."""
+    """One run directory, parsed: its identity (moe.rundir's record) and evaluation. ``problems`` lists why a
+    run is incomplete."""
 
-    path: Path
-    name: str
-    arm: str
+    record: rundir.RunRecord  # path and config.json's record; the run's name, arm and size derive from them
     lam: float
     mu: float
     seed: int | None
     tokens: float
-    size: str
     params: int | None
-    config: dict[str, Any]
     domains: dict[str, DomainEval]
     problems: tuple[str, ...] = ()
     done_marker: bool = False
     # Tokens per evaluation window (eval_windows.npz, else config.json's "seq"); None when unknown.
     window_tokens: int | None = None
+    # Shown instead of the record's name when loaded runs share it (load_runs prefixes the parent folder).
+    shown_name: str | None = None
+
+    @property
+    def path(self) -> Path:
+        return self.record.path
+
+    @property
+    def name(self) -> str:
+        return self.shown_name or self.record.name
+
+    @property
+    def arm(self) -> str:
+        return self.record.arm
+
+    @property
+    def size(self) -> str:
+        return self.record.size
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """config.json's record (its resolved config, when it has one, is ``record.resolved_config``)."""
+        return self.record.record
 
     @property
     def finetuned(self) -> bool:
@@ -266,16 +285,12 @@ def load_run(run_dir: str | os.PathLike, *, store: cache.MetricsStore | None = N
         for d, (loss, ppl, n, assumed) in sorted(evals.items(), key=lambda kv: domain_sort_key(kv[0]))
     }
     run = Run(
-        path=path,
-        name=str(config.get("run_name") or path.name),
-        arm=arm,
+        record=rundir.RunRecord(path, config),
         lam=_number(config, "lambda_loc", config_path, default=0.0),
         mu=_number(config, "mu_dom", config_path, default=0.0),
         seed=int(seed) if isinstance(seed, (int, float)) and not isinstance(seed, bool) else None,
         tokens=tokens,
-        size=run_size(config),
         params=int(params) if isinstance(params, (int, float)) and not isinstance(params, bool) else None,
-        config=config,
         domains=domains,
         problems=tuple(problems),
         done_marker=rundir.is_done(path),
@@ -319,4 +334,5 @@ def load_runs(paths: Sequence[str | os.PathLike], *, store: cache.MetricsStore |
     counts: dict[str, int] = {}
     for r in runs:
         counts[r.name] = counts.get(r.name, 0) + 1
-    return [dataclasses.replace(r, name=f"{r.path.parent.name}/{r.name}") if counts[r.name] > 1 else r for r in runs]
+    return [dataclasses.replace(r, shown_name=f"{r.path.parent.name}/{r.name}") if counts[r.name] > 1 else r
+            for r in runs]

@@ -190,7 +190,7 @@ def base_run_lookup(run: Run, runs: Sequence[Run]) -> tuple[Run | None, str]:
         candidates = [r for r in runs if r.path.resolve() == target]
     base_name, base_tokens = run.config.get("base_run"), _config_number(run, "base_tokens")
     if not candidates and base_name is not None and base_tokens is not None:
-        candidates = [r for r in runs if r is not run and str(r.config.get("run_name") or r.path.name) == base_name
+        candidates = [r for r in runs if r is not run and r.record.name == base_name
                       and r.tokens == base_tokens and r.size == run.size]
     wanted = (f"init_from={init_from or '(unset)'}, base_run={base_name or '(unset)'}, "
               f"base_tokens={format_tokens(base_tokens) if base_tokens is not None else '(unset)'}, size={run.size}")

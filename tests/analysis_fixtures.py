@@ -13,11 +13,13 @@ Traces use E = 16, k = 2 (the paper's layout) with a few layers and tokens:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -148,9 +150,14 @@ def fake_run(name: str, *, arm: str = "A", lam: float = 0.0, mu: float = 0.0, se
         domains[d] = DomainEval(val_loss=loss, val_ppl=math.exp(loss), tokens=n, tokens_assumed=False,
                                 trace_path=None, facts=None if problems else facts, window_ce=ce)
     config = {"arm": arm, "lambda_loc": lam, "mu_dom": mu, "tokens": tokens, "seed": seed, "size": size}
-    return Run(path=Path("/nonexistent") / name, name=name, arm=arm, lam=lam, mu=mu, seed=seed, tokens=tokens,
-               size=size, params=None, config=config, domains=domains, problems=problems,
-               window_tokens=window_tokens)
+    return Run(record=rundir.RunRecord(Path("/nonexistent") / name, config), lam=lam, mu=mu, seed=seed,
+               tokens=tokens, params=None, domains=domains, problems=problems, window_tokens=window_tokens)
+
+
+def with_record(run, path: Path | None = None, *, shown_name: str | None = None, **record: Any):
+    """``run`` moved to ``path`` and/or with config.json keys added (its identity is its rundir.RunRecord)."""
+    return dataclasses.replace(run, record=rundir.RunRecord(path or run.path, {**run.config, **record}),
+                               shown_name=shown_name)
 
 
 def squash(text: str) -> str:

@@ -16,7 +16,9 @@ import json
 import math
 
 import pytest
-from analysis_fixtures import alternating_experts, fake_run, spread_experts, squash, sticky_experts, write_run
+from analysis_fixtures import (
+    alternating_experts, fake_run, spread_experts, squash, sticky_experts, with_record, write_run,
+)
 
 from analysis import arm_m, cli, formatting, summary, tables, verdict
 from analysis.cache import MetricsStore
@@ -91,13 +93,12 @@ def _named(runs, name):
 
 # -- baseline of arm M ------------------------------------------------------------------------
 def test_base_lookup_prefers_init_from_then_falls_back_to_name_and_budget(tmp_path):
-    base = dataclasses.replace(fake_run("a-s1", tokens=1e6), path=tmp_path / "x" / "a-s1")
-    twin = dataclasses.replace(fake_run("a-s1", tokens=1e6), path=tmp_path / "y" / "a-s1", name="y/a-s1")
-    m = fake_run("m", arm="M", tokens=1e5)
-    m = dataclasses.replace(m, config={**m.config, "init_from": str(tmp_path / "x" / ".." / "x" / "a-s1"),
-                                       "base_run": "a-s1", "base_tokens": 1e6})
+    base = with_record(fake_run("a-s1", tokens=1e6), tmp_path / "x" / "a-s1")
+    twin = with_record(fake_run("a-s1", tokens=1e6), tmp_path / "y" / "a-s1", shown_name="y/a-s1")
+    m = with_record(fake_run("m", arm="M", tokens=1e5), init_from=str(tmp_path / "x" / ".." / "x" / "a-s1"),
+                    base_run="a-s1", base_tokens=1e6)
     assert summary.base_run_lookup(m, [m, twin, base]) == (base, "")  # the path wins over a same-named twin
-    moved = dataclasses.replace(m, config={**m.config, "init_from": "/elsewhere/a-s1"})
+    moved = with_record(m, init_from="/elsewhere/a-s1")
     assert summary.base_run_lookup(moved, [moved, base]) == (base, "")  # fallback: run_name + tokens + size
     run, why = summary.base_run_lookup(moved, [moved, base, twin])
     assert run is None and why.startswith("no base run: 2 runs match") and "pass only one of them" in why

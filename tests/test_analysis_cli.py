@@ -181,10 +181,9 @@ def test_figures(study, tmp_path, capsys):
 
 
 def test_read_frontier_series_start_at_the_plain_point(tmp_path):
-    from analysis_fixtures import fake_run
+    from analysis_fixtures import fake_run, with_record
 
-    run = fake_run("b")
-    run = type(run)(**{**run.__dict__, "path": tmp_path})
+    run = with_record(fake_run("b"), tmp_path)
     assert figures.read_frontier(run) is None
     (tmp_path / "frontier.json").write_text(json.dumps(FRONTIER))
     series, reference = figures.read_frontier(run)

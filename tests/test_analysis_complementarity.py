@@ -1,10 +1,9 @@
 """The complementarity table (analysis.complementarity + tables CLI) on hand-built frontier.json files."""
 
-import dataclasses
 import json
 
 import pytest
-from analysis_fixtures import fake_run, squash, write_run
+from analysis_fixtures import fake_run, squash, with_record, write_run
 
 from analysis import cli, complementarity, tables
 from analysis.runs import AnalysisError
@@ -26,7 +25,7 @@ def _frontier(tax, stacked, *, extra=()):
 
 
 def _at(run, path):
-    return dataclasses.replace(run, path=path)
+    return with_record(run, path)
 
 
 # Arm A (own baseline) at τ=0.5: +1% PPL, 70% fewer misses. Two arm-B seeds: their means are the row.

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import pathlib
+from collections.abc import Iterator
 
 import pytest
 
@@ -157,25 +158,30 @@ def test_one_progress_display_and_one_duration_spelling():
     assert durations == ["moe/rundir/names.py"], durations
 
 
-def _reads(path: pathlib.Path) -> set[str]:
-    """``function: call`` of every JSON, npz or whole-file read in a module (methods as Class.method)."""
-    readers = {"load", "loads", "read_text", "read_bytes"}
-    found = set()
-
-    def visit(node: ast.AST, where: str) -> None:
+def _located(path: pathlib.Path) -> Iterator[tuple[str, ast.AST]]:
+    """Every node of a module with the function it is in (methods as Class.method; "" at module level)."""
+    def visit(node: ast.AST, where: str) -> Iterator[tuple[str, ast.AST]]:
         for child in ast.iter_child_nodes(node):
             if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                visit(child, f"{where}.{child.name}".lstrip("."))
+                yield from visit(child, f"{where}.{child.name}".lstrip("."))
                 continue
-            if isinstance(child, ast.Call):
-                func = child.func
-                if isinstance(func, ast.Attribute) and func.attr in readers:
-                    found.add(f"{where}: {func.attr}")
-                elif isinstance(func, ast.Name) and func.id == "open":
-                    found.add(f"{where}: open")
-            visit(child, where)
+            yield where, child
+            yield from visit(child, where)
 
-    visit(ast.parse(path.read_text()), "")
+    return visit(ast.parse(path.read_text()), "")
+
+
+def _reads(path: pathlib.Path) -> set[str]:
+    """``function: call`` of every JSON, npz or whole-file read in a module."""
+    readers = {"load", "loads", "read_text", "read_bytes"}
+    found = set()
+    for where, node in _located(path):
+        if isinstance(node, ast.Call):
+            func = node.func
+            if isinstance(func, ast.Attribute) and func.attr in readers:
+                found.add(f"{where}: {func.attr}")
+            elif isinstance(func, ast.Name) and func.id == "open":
+                found.add(f"{where}: open")
     return found
 
 
@@ -206,6 +212,46 @@ def test_analysis_and_launch_read_run_directories_through_rundir():
         "launch/status.py read_status: loads",
         "launch/status.py read_status: read_text",
     ], reads
+
+
+# What a run's identity is derived from: config.json's "run_name" (its name) and its "size", else the reference
+# runs' parameter count (its size). Anything that reads these, or names the size rule, derives an identity.
+_IDENTITY_KEYS = {"run_name"}
+_SIZE_RULE = {"run_size", "REFERENCE_137M_PARAMS"}
+
+
+def _identity_reads(path: pathlib.Path) -> set[str]:
+    """``function: what`` wherever a module reads a record's run name (``.get``, ``[...]``, ``in``) or uses the
+    size rule."""
+    found = set()
+    for where, node in _located(path):
+        keys = []
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get":
+            keys = node.args[:1]
+        elif isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load):
+            keys = [node.slice]
+        elif isinstance(node, ast.Compare) and isinstance(node.ops[0], (ast.In, ast.NotIn)):
+            keys = [node.left]
+        found.update(f"{where}: {k.value}" for k in keys if isinstance(k, ast.Constant) and k.value in _IDENTITY_KEYS)
+        name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
+        if name in _SIZE_RULE and isinstance(node.ctx, ast.Load):
+            found.add(f"{where}: {name}")
+    return found
+
+
+def test_run_identity_is_derived_in_moe_rundir_alone():
+    """A run's name, arm and size follow from its config.json record in one place, moe.rundir's RunRecord;
+    analysis.runs.Run holds a RunRecord rather than deriving them again. (unresolved_fields checks a resolved
+    config's own run_name; launch/plan.py reads the run_name of its planned overrides, not of a record.)"""
+    sites = sorted(f"{path.relative_to(REPO).as_posix()} {site}" for path in _modules().values()
+                   for site in _identity_reads(path))
+    assert sites == [
+        "launch/plan.py merge_overrides: run_name",
+        "moe/rundir/identity.py unresolved_fields: run_name",
+        "moe/rundir/records.py RunRecord.name: run_name",
+        "moe/rundir/records.py RunRecord.size: run_size",
+        "moe/rundir/records.py run_size: REFERENCE_137M_PARAMS",
+    ], sites
 
 
 def _double_loads(source: str) -> list[str]:

@@ -87,22 +87,19 @@ def primed(points: Sequence[Point]) -> list[Point]:
 # ---------------------------------------------------------------- runs
 
 
-Run = rundir.RunRecord
-
-
-def read_run(path: str | os.PathLike) -> Run:
+def read_run(path: str | os.PathLike) -> rundir.RunRecord:
     """The run's config.json record; a clear error when `path` is not a trained run of this codebase."""
     try:
         run = rundir.read_run(path)
     except rundir.RunDirError as e:
         raise FrontierError(str(e)) from None
-    if run.config is None:
+    if run.resolved_config is None:
         raise FrontierError(f"{run.path / rundir.CONFIG} has no resolved 'config' (a reference run?); the "
                             "cache-coupled evaluation needs a run trained by this codebase, with checkpoints")
     return run
 
 
-def load_model(run: Run) -> tuple[Any, Any, Any, int]:
+def load_model(run: rundir.RunRecord) -> tuple[Any, Any, Any, int]:
     """(graphdef, params, config, checkpoint step) from the run's newest checkpoint (parameters only)."""
     import ml_collections
 
@@ -110,7 +107,7 @@ def load_model(run: Run) -> tuple[Any, Any, Any, int]:
 
     if not rundir.has_checkpoints(run.path):
         raise FrontierError(f"{run.path} has no {rundir.CHECKPOINTS}/ directory; train it with main.py first")
-    config = ml_collections.ConfigDict(run.config)
+    config = ml_collections.ConfigDict(run.resolved_config)
     try:
         step, graphdef, params = checkpoint.restore_params(run.path, config.model)  # skips corrupt steps
     except checkpoint.CheckpointError as e:
@@ -118,9 +115,10 @@ def load_model(run: Run) -> tuple[Any, Any, Any, int]:
     return graphdef, params, config, step
 
 
-def find_arm_a(run: Run, given: Sequence[Run], explicit: Run | None) -> tuple[Run | None, str]:
+def find_arm_a(run: rundir.RunRecord, given: Sequence[rundir.RunRecord],
+               explicit: rundir.RunRecord | None) -> tuple[rundir.RunRecord | None, str]:
     """The arm-A run to compare `run` against, and a note saying how it was found (or why not)."""
-    def matches(other: Run) -> bool:
+    def matches(other: rundir.RunRecord) -> bool:
         return baselines.is_arm_a_match(other.arm, other.size, other.record.get("tokens"), of_size=run.size,
                                         of_tokens=run.record.get("tokens"))
 
@@ -151,9 +149,9 @@ def find_arm_a(run: Run, given: Sequence[Run], explicit: Run | None) -> tuple[Ru
                   "--run directories or their siblings; pass one with --arm-a")
 
 
-def check_points(run: Run, points: Sequence[Point]) -> None:
+def check_points(run: rundir.RunRecord, points: Sequence[Point]) -> None:
     """Validates every setting against the run's k and E (from its config.json)."""
-    model = run.config.get("model", {})
+    model = run.resolved_config.get("model", {})
     try:
         k, num_experts = int(model["top_k"]), int(model["num_experts"])
     except (KeyError, TypeError, ValueError):
@@ -315,13 +313,13 @@ def frontier(run_dirs: Sequence[str | os.PathLike], points: Sequence[Point], *, 
                          advance=advance)
 
 
-def _frontier(runs: list[Run], points: Sequence[Point], *, prime: bool, options: EvalOptions,
+def _frontier(runs: list[rundir.RunRecord], points: Sequence[Point], *, prime: bool, options: EvalOptions,
               arm_a_dir: str | os.PathLike | None, log, advance: Callable[[], None]) -> dict[pathlib.Path, dict]:
     explicit = read_run(arm_a_dir) if arm_a_dir is not None else None
     mixed_points = primed(points) if prime else []
     evaluated: dict[pathlib.Path, tuple[list[dict], dict]] = {}
 
-    def results(run: Run, run_points, run_mixed) -> tuple[list[dict], dict]:
+    def results(run: rundir.RunRecord, run_points, run_mixed) -> tuple[list[dict], dict]:
         key = run.path.resolve()
         if key not in evaluated:
             log(f"frontier: evaluating {run.name} ({run.path}) on {len(run_points)} settings"

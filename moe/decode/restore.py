@@ -34,12 +34,12 @@ def restore_run(run_dir: str | pathlib.Path) -> RestoredRun:
 
     try:
         run = rundir.read_run(run_dir)
-        if run.config is None:
+        if run.resolved_config is None:
             raise DecodeError(f"{run.path / rundir.CONFIG} has no resolved 'config' (a reference run?); decoding "
                               "needs a run trained by this codebase, with checkpoints")
         if not rundir.has_checkpoints(run.path):
             raise DecodeError(f"{run.path} has no {rundir.CHECKPOINTS}/ directory; train it with main.py first")
-        config = ml_collections.ConfigDict(run.config)
+        config = ml_collections.ConfigDict(run.resolved_config)
         step, graphdef, params = checkpoint.restore_params(run.path, config.model)
     except (rundir.RunDirError, checkpoint.CheckpointError) as e:
         raise DecodeError(str(e)) from None

@@ -28,7 +28,8 @@ REFERENCE_137M_PARAMS = 137_319_168
 
 @dataclasses.dataclass(frozen=True)
 class RunRecord:
-    """A run directory and its config.json record (the reference runs' format, or ours)."""
+    """A run's identity: its directory and config.json record (the reference runs' format, or ours), with the
+    name, arm and size derived from them here alone."""
 
     path: pathlib.Path
     record: dict[str, Any]
@@ -46,8 +47,8 @@ class RunRecord:
         return run_size(self.record)
 
     @property
-    def config(self) -> dict[str, Any] | None:
-        """The full resolved config (runs trained by this codebase), else None (reference runs)."""
+    def resolved_config(self) -> dict[str, Any] | None:
+        """The record's full resolved config (runs trained by this codebase), else None (reference runs)."""
         config = self.record.get("config")
         return config if isinstance(config, dict) else None
 
