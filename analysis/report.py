@@ -128,7 +128,8 @@ def run_timings(runs: Sequence[Run]) -> pd.DataFrame:
 
 
 def sweep_wall_s(root: Path) -> float | None:
-    """The runs' wall time: from the first sweep's start on this root (status.json) to the last run's DONE."""
+    """The runs' wall time: from the first sweep's start on this root (status.json) to the last run's DONE;
+    runs a study step trained (fine-tunes, counted with the steps) aside."""
     try:
         status = json.loads((root / "status.json").read_text())
     except (OSError, ValueError):
@@ -136,7 +137,9 @@ def sweep_wall_s(root: Path) -> float | None:
     started = status.get("first_started", status.get("started"))
     ends = []
     for path in root.iterdir():
-        done = rundir.read_done(path) if path.is_dir() else None
+        if not path.is_dir() or any(a.get("executor") == "study" for a in rundir.read_attempts(path)):
+            continue
+        done = rundir.read_done(path)
         if done and done.get("completed_at"):
             ends.append(pd.Timestamp(done["completed_at"]).timestamp())
     return max(ends) - started if started is not None and ends else None

@@ -169,3 +169,12 @@ def test_the_page_counts_the_runs_from_the_first_sweep_and_adds_the_study_steps(
         "* Study wall time, runs and steps (the tables, verdict and page aside): 1:03:00."]
     assert report.wall_time_lines(None, {}) == ["* Runs (the first sweep's start to the last run's end): unknown "
                                                 "(no status.json)."]
+
+
+def test_the_runs_wall_time_ends_at_the_last_sweep_run_not_at_a_study_steps_fine_tune(tmp_path):
+    (tmp_path / "status.json").write_text('{"started": 900.0, "first_started": 100.0}')
+    for name, ended in (("a-s1", "1970-01-01T00:10:00+00:00"), ("m-s1", "1970-01-01T01:00:00+00:00")):
+        write_complete_run(tmp_path / name, steps=4)
+        rundir.write_json(tmp_path / name / rundir.DONE, {"completed_at": ended})
+    rundir.record_attempt(tmp_path / "m-s1", {"executor": "study", "job": "m-s1", "started": 0.0, "rc": 0})
+    assert report.sweep_wall_s(tmp_path) == 600.0 - 100.0  # m-s1's hour is counted with the study steps
