@@ -152,10 +152,10 @@ def format_table(status: dict[str, Any]) -> str:
 def first_started(root: pathlib.Path) -> float | None:
     """When the first sweep on ``root`` started (its status.json), so a resumed study's wall time counts from it."""
     try:
-        status = json.loads((root / STATUS_FILE).read_text())
+        status = read_status(root / STATUS_FILE)
     except (OSError, ValueError):
         return None
-    return status.get("first_started", status.get("started")) if isinstance(status, dict) else None
+    return status.get("first_started", status.get("started"))
 
 
 def write_status(root: pathlib.Path, status: dict[str, Any]) -> None:

@@ -207,8 +207,6 @@ def test_analysis_and_launch_read_run_directories_through_rundir():
         "analysis/runs.py read_step_documents: read_text",
         "launch/slurm.py SlurmExecutor._load_ids: loads",
         "launch/slurm.py SlurmExecutor._load_ids: read_text",
-        "launch/status.py first_started: loads",
-        "launch/status.py first_started: read_text",
         "launch/status.py read_status: loads",
         "launch/status.py read_status: read_text",
     ], reads

@@ -159,9 +159,10 @@ def test_the_decode_step_measures_the_named_runs_once_and_needs_them_complete(tm
 def test_the_page_counts_the_runs_from_the_first_sweep_and_adds_the_study_steps(tmp_path):
     assert report.STEP_TIMES.as_posix() == f"{sweep.ANALYSIS_DIR}/{sweep.STEP_TIMES_FILE}"
     assert status.first_started(tmp_path) is None
-    (tmp_path / "status.json").write_text('{"started": 100.0}')
+    table = {"counts": {state: 0 for state in status.STATES}, "runs": [], "eta_s": 0.0}
+    status.write_status(tmp_path, {**table, "started": 100.0})
     assert status.first_started(tmp_path) == 100.0  # a sweep resumed on this root keeps the first start
-    (tmp_path / "status.json").write_text('{"started": 900.0, "first_started": 100.0}')
+    status.write_status(tmp_path, {**table, "started": 900.0, "first_started": 100.0})
     assert status.first_started(tmp_path) == 100.0
     assert report.wall_time_lines(3600.0, {"finetune": 60.0, "decode": 120.0}) == [
         "* Runs (the first sweep's start to the last run's end): 1:00:00.",
