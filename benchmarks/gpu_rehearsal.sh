@@ -17,7 +17,10 @@ VENV=${REHEARSAL_VENV:-${CACHEABLE_MOE_CACHE:-$HOME/.cache/cacheable-moe}/gpu-re
 GPU_MACHINE_PACKAGES=(jax==0.11.2 jaxlib==0.11.2 "numpy>=2.5,<2.6" flax optax orbax-checkpoint chex absl-py
   pandas scipy matplotlib rich tensorboard tabulate pytest pytest-xdist hypothesis filelock jaxtyping tqdm)
 if [ ! -f "$VENV/.complete" ]; then
-  PY312=$(command -v python3.12 2>/dev/null || ls "$(pyenv root 2>/dev/null)"/versions/3.12*/bin/python3.12 | head -1)
+  source scripts/pick_python.sh
+  if ! PY312=$(pick_python); then
+    echo "rehearsal: Python >= 3.12 is required to build $VENV; set PYTHON=/path/to/python3.12" >&2; exit 2
+  fi
   echo "rehearsal: building $VENV (once) with $PY312"
   "$PY312" -m venv "$VENV"
   "$VENV/bin/python3" -m pip install -q "${GPU_MACHINE_PACKAGES[@]}"

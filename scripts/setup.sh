@@ -21,18 +21,8 @@ for arg in "$@"; do
   esac
 done
 
-# Python >= 3.12 (jax 0.11's floor): $PYTHON, else the first of these that is new enough
-# (pyenv keeps versions that are not on the PATH).
-pick_python() {
-  local cand
-  for cand in ${PYTHON:-} python3.12 python3.13 python3 "$(pyenv root 2>/dev/null)"/versions/3.1[23]*/bin/python3 \
-      "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.1[23]*/bin/python3; do
-    if [ -n "$cand" ] && "$cand" -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; then
-      echo "$cand"; return 0
-    fi
-  done
-  return 1
-}
+# Python >= 3.12 (jax 0.11's floor), found the one way (scripts/pick_python.sh).
+source scripts/pick_python.sh
 if ! PY=$(pick_python); then
   echo "setup: Python >= 3.12 is required (found: $(python3 --version 2>&1)); set PYTHON=/path/to/python3.12" >&2
   exit 1
