@@ -220,7 +220,7 @@ def ablation_table(runs: Sequence[Run], studies: Mapping[str, Mapping[str, Any]]
                Column("lambda_rm", "λ_rm", general),
                Column("gamma", "γ", general),
                Column("cache_capacity", "capacity", general),
-               Column("tokens", "tokens", summary.format_tokens),
+               Column("tokens", "tokens", rundir.format_tokens),
                Column("seeds", "seeds", general),
                Column("ppl", "mean PPL", fixed(2)),
                Column("delta_ppl", "ΔPPL vs base", signed_percent()),

@@ -60,7 +60,7 @@ def dose_response_points(runs: Sequence[Run]) -> list[dict[str, Any]]:
         m, q = r.metric_gate, r.quality_gate
         kind = "seed-level t" if m.seed_ci is not None else "window bootstrap" if m.interval is not None else ""
         points.append({"config": r.config, "runs": list(r.runs), "lam": head.lam,
-                       "series": f"{summary.format_tokens(head.tokens)} tokens, {head.size}",
+                       "series": f"{rundir.format_tokens(head.tokens)} tokens, {head.size}",
                        "miss_reduction": m.point, "ppl_cost": q.point, "miss_seeds": list(m.per_seed),
                        "ppl_seeds": list(q.per_seed), "miss_interval": m.interval, "ppl_interval": q.interval,
                        "interval": kind})
@@ -86,7 +86,7 @@ def a_seed_bands(runs: Sequence[Run]) -> dict[str, dict[str, tuple[float, float]
         miss = np.mean([v["lru_miss_25"] for v in vals])
         costs = [v["ppl"] / ppl - 1 for v in vals]
         reductions = [1 - v["lru_miss_25"] / miss for v in vals]
-        bands[f"{summary.format_tokens(group[0].tokens)} tokens, {group[0].size}"] = {
+        bands[f"{rundir.format_tokens(group[0].tokens)} tokens, {group[0].size}"] = {
             "ppl_cost": (min(costs), max(costs)), "miss_reduction": (min(reductions), max(reductions))}
     return bands
 
@@ -389,7 +389,7 @@ def _figure_tasks(runs: Sequence[Run], complete: Sequence[Run], trace_dirs: Sequ
     def run_figures(r: Run) -> list[Path]:
         curves[r.name] = budget_curves(r, dense=r.name in dense)
         paths = plots.hit_vs_budget(curves[r.name], out / f"hit_vs_budget_{_slug(r.name)}", title=f"{r.name}: hit "
-                                    f"rate vs cache budget (per layer, {summary.format_tokens(r.tokens)} tokens)")
+                                    f"rate vs cache budget (per layer, {rundir.format_tokens(r.tokens)} tokens)")
         paths += plots.expert_usage({r.name: usage[r.name]}, out / f"usage_{_slug(r.name)}",
                                     title=f"{r.name}: expert usage", vmax=vmax)
         frontier = read_frontier(r, with_tau=True)

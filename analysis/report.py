@@ -436,7 +436,7 @@ def deviations(runs: Sequence[Run], frontier_runs: Sequence[str]) -> list[tuple[
     return [
         ("model", PAPER_PROTOCOL["model"], models),
         ("training tokens", PAPER_PROTOCOL["training tokens"],
-         distinct(summary.format_tokens(t) for t in sorted({r.tokens for r in complete}))),
+         distinct(rundir.format_tokens(t) for t in sorted({r.tokens for r in complete}))),
         ("corpus", PAPER_PROTOCOL["corpus"], corpus),
         ("λ grid (arm B)", PAPER_PROTOCOL["λ grid (arm B)"], ", ".join(f"{x:g}" for x in lams) or "no arm-B run"),
         ("seeds", PAPER_PROTOCOL["seeds"], seeds or "none"),
@@ -506,7 +506,7 @@ def _training_lines(runs: Sequence[Run], rows: Sequence[Mapping[str, Any]]) -> l
     a_rows = [r for r in rows if r["arm"] == "A"]
     for r in a_rows:
         per = ", ".join(f"{d} {v['ppl']:.2f}" for d, v in r["domains"].items())
-        lines.append(f"* Arm A `{r['run']}`: mean PPL **{r['ppl']:.2f}** after {summary.format_tokens(r['tokens'])} "
+        lines.append(f"* Arm A `{r['run']}`: mean PPL **{r['ppl']:.2f}** after {rundir.format_tokens(r['tokens'])} "
                      f"tokens ({per}).")
     falling, flat = [], []
     for run in runs:
@@ -595,7 +595,7 @@ def render_page(*, name: str, root_label: str, command: str, rows, found: Sequen
             *wall_time_lines(wall_s, steps_s), "",
             "| run | steps | tokens | wall | tokens/s (median) |", "|---|---|---|---|---|"]
     for t in timings.itertuples():
-        out.append(f"| {t.run} | {t.steps} | {summary.format_tokens(t.tokens)} | "
+        out.append(f"| {t.run} | {t.steps} | {rundir.format_tokens(t.tokens)} | "
                    f"{rundir.format_duration(t.wall_s) if pd.notna(t.wall_s) else '—'} | "
                    f"{f'{t.tok_s:,.0f}' if pd.notna(t.tok_s) else '—'} |")
     return "\n".join(out) + "\n"

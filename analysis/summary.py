@@ -36,7 +36,7 @@ import numpy as np
 
 from analysis.runs import Run
 from cachesim.metrics import COLLAPSE_THRESHOLD
-from moe import baselines
+from moe import baselines, rundir
 
 # Cache fractions are the keys paper_metrics uses (capacity = ceil(frac * E)).
 _CACHE_FIELDS = {
@@ -193,7 +193,7 @@ def base_run_lookup(run: Run, runs: Sequence[Run]) -> tuple[Run | None, str]:
         candidates = [r for r in runs if r is not run and r.record.name == base_name
                       and r.tokens == base_tokens and r.size == run.size]
     wanted = (f"init_from={init_from or '(unset)'}, base_run={base_name or '(unset)'}, "
-              f"base_tokens={format_tokens(base_tokens) if base_tokens is not None else '(unset)'}, size={run.size}")
+              f"base_tokens={rundir.format_tokens(base_tokens) if base_tokens is not None else '(unset)'}, size={run.size}")
     if not candidates:
         return None, f"no base run: none of the given runs matches {wanted}; pass the base run's directory too"
     if len(candidates) > 1:
@@ -247,7 +247,7 @@ def no_baseline_reason(run: Run, runs: Sequence[Run] | None = None) -> str:
     """The sentence printed where a run has no matching baseline (arm M: why its base was not found)."""
     if run.finetuned and runs is not None:
         return base_run_lookup(run, runs)[1] or "no base run: the seeds' base runs differ in arm, tokens or size"
-    return (f"no matching baseline: no complete arm-A run with tokens={format_tokens(run.tokens)} "
+    return (f"no matching baseline: no complete arm-A run with tokens={rundir.format_tokens(run.tokens)} "
             f"and size={run.size}")
 
 
@@ -330,8 +330,8 @@ def config_label(run: Run) -> str:
               for k in ARM_M_KEYS if k in run.config and run.config[k] is not None]
     base_tokens = _config_number(run, "base_tokens")
     if run.finetuned and base_tokens is not None:  # what was fine-tuned, e.g. 'from A 200M'
-        parts.append(f"from {run.config.get('base_arm', '?')} {format_tokens(base_tokens)}")
-    return " ".join(parts + [format_tokens(run.tokens), run.size])
+        parts.append(f"from {run.config.get('base_arm', '?')} {rundir.format_tokens(base_tokens)}")
+    return " ".join(parts + [rundir.format_tokens(run.tokens), run.size])
 
 
 def group_by_config(runs: Sequence[Run]) -> list[list[Run]]:
@@ -343,9 +343,3 @@ def group_by_config(runs: Sequence[Run]) -> list[list[Run]]:
     return list(groups.values())
 
 
-def format_tokens(tokens: float) -> str:
-    """200000000 -> '200M', 50e6 -> '50M', 1.5e9 -> '1.5B', 38400 -> '38.4k'."""
-    for scale, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
-        if abs(tokens) >= scale:
-            return f"{tokens / scale:.4g}{suffix}"
-    return f"{tokens:g}"

@@ -41,6 +41,7 @@ from analysis import arm_m, cli, complementarity, formatting, intervals, summary
 from analysis.formatting import (Column, Table, fixed, general, percent, percent_interval, percent_spread,
                                  signed_percent)
 from analysis.runs import Run, load_runs
+from moe import rundir
 
 TABLE_NAMES = ("main", "per_domain", "runs", "scale", "complementarity", "transfers", "ablation")
 NO_FRONTIER_NOTE = ("note: complementarity table skipped: no run directory holds a frontier.json; "
@@ -56,7 +57,7 @@ _ID_COLUMNS = (
     Column("lam", "λ", general),
     Column("mu", "μ", general),
     Column("seed", "seed", general),
-    Column("tokens", "tokens", summary.format_tokens),
+    Column("tokens", "tokens", rundir.format_tokens),
 )
 _METRIC_COLUMNS = (
     Column("reuse", "reuse (lag 1)", fixed(3)),
@@ -83,7 +84,7 @@ def _baseline_note(runs: Sequence[Run]) -> str:
             continue
         seen.add((r.tokens, r.size))
         base = summary.baseline_for(r, runs)
-        where = f"{summary.format_tokens(r.tokens)} tokens, {r.size}"
+        where = f"{rundir.format_tokens(r.tokens)} tokens, {r.size}"
         if base is None:
             lines.append(f"{where}: {summary.no_baseline_reason(r)}")
         else:
@@ -221,7 +222,7 @@ def runs_log_table(runs: Sequence[Run]) -> Table:
         rows.append(row)
     columns = (*_ID_COLUMNS,
                Column("size", "size", align="l"),
-               Column("params", "params", lambda v: formatting.EMPTY if v is None else summary.format_tokens(v)),
+               Column("params", "params", lambda v: formatting.EMPTY if v is None else rundir.format_tokens(v)),
                Column("status", "status", align="l"),
                Column("ppl", "mean PPL", fixed(2)),
                Column("delta_ppl", "ΔPPL vs A", signed_percent()),
@@ -260,7 +261,7 @@ def scale_table(runs: Sequence[Run]) -> Table:
     sizes = sorted({r.size for r in runs if r.complete})
     rows = scale_rows(runs) if len(sizes) > 1 else []
     columns = (Column("size", "size", align="l"),
-               Column("tokens", "tokens", summary.format_tokens),
+               Column("tokens", "tokens", rundir.format_tokens),
                Column("config", "configuration", align="l"),
                Column("seeds", "seeds", general),
                Column("baseline_ppl", "arm-A PPL", fixed(2)),
@@ -281,7 +282,7 @@ def complementarity_table(runs: Sequence[Run], frontiers: Mapping[str, Sequence[
     rows = tuple(complementarity.complementarity_rows(runs, frontiers))
     cost, miss = signed_percent(), signed_percent(1)
     columns = (Column("size", "size", align="l"),
-               Column("tokens", "tokens", summary.format_tokens),
+               Column("tokens", "tokens", rundir.format_tokens),
                Column("config", "arm-B configuration", align="l"),
                Column("capacity_fraction", "cache", percent(1)),
                Column("seeds", "seeds", general),

@@ -52,6 +52,7 @@ import numpy as np
 
 from analysis import cli, intervals, summary
 from analysis.runs import Run, load_runs
+from moe import rundir
 
 RQ1_MIN_MISS_REDUCTION = 0.30
 RQ1_MAX_PPL_COST = 0.01
@@ -366,7 +367,7 @@ def testability(runs: Sequence[Run], results: Sequence[CriterionResult]) -> list
         vals = [summary.run_values(r) for r in a_runs]
         ppls = np.array([v["ppl"] for v in vals])
         head = a_runs[0]
-        lines.append(f"Arm A at {summary.format_tokens(head.tokens)} tokens, size {head.size} "
+        lines.append(f"Arm A at {rundir.format_tokens(head.tokens)} tokens, size {head.size} "
                      f"({', '.join(names)}):")
         miss = float(np.mean([v["lru_miss_25"] for v in vals]))
         lines.append(f"* RQ1's miss gate is relative to arm A (A's own reduction is 0 by definition): A's LRU "
@@ -398,9 +399,9 @@ def testability(runs: Sequence[Run], results: Sequence[CriterionResult]) -> list
             lines.append("* Arm A's seed spread: unknown (one arm-A seed), so no seed-level interval can be formed.")
         if head.params:
             ratio, paper = head.tokens / head.params, PAPER_TOKENS / PAPER_PARAMS
-            lines.append(f"* Tokens per parameter: {ratio:.3g} ({summary.format_tokens(head.tokens)} tokens, "
-                         f"{summary.format_tokens(head.params)} parameters) against the paper's {paper:.3g} "
-                         f"({summary.format_tokens(PAPER_TOKENS)} on {summary.format_tokens(PAPER_PARAMS)}).")
+            lines.append(f"* Tokens per parameter: {ratio:.3g} ({rundir.format_tokens(head.tokens)} tokens, "
+                         f"{rundir.format_tokens(head.params)} parameters) against the paper's {paper:.3g} "
+                         f"({rundir.format_tokens(PAPER_TOKENS)} on {rundir.format_tokens(PAPER_PARAMS)}).")
         rq1_words = ("cannot be decided at the quality gate: with one arm-A seed the seed noise is unknown"
                      if rq1_open is None else
                      f"{'can' if rq1_open else 'cannot'} be decided at the quality gate with the {len(a_runs)} seeds "

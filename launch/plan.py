@@ -126,15 +126,6 @@ def format_number(x: float) -> str:
     return f"{x:g}" if isinstance(x, float) else str(x)
 
 
-def format_tokens(tokens: int) -> str:
-    """Token budgets as in the paper: 50_000_000 -> "50M", 204_800 -> "204.8K", 2e9 -> "2B"."""
-    tokens = int(tokens)
-    for unit, scale in (("B", 10**9), ("M", 10**6), ("K", 10**3)):
-        if tokens >= scale:
-            return f"{tokens / scale:.4g}{unit}"
-    return str(tokens)
-
-
 def base_name(arm: str, lambda_loc: float, mu_dom: float, seed: int) -> str:
     """``b-lam0.05-s1``: the run-name rule of ``moe.rundir.run_name``."""
     from moe import rundir  # stdlib-only module: planning stays jax-free
@@ -143,7 +134,8 @@ def base_name(arm: str, lambda_loc: float, mu_dom: float, seed: int) -> str:
 
 def _label(key: str, value: Any) -> str:
     if key == "train.tokens":
-        return format_tokens(value)
+        from moe import rundir  # stdlib-only module: planning stays jax-free
+        return rundir.format_tokens(value)
     short = _SHORT.get(key, key.rsplit(".", 1)[-1])
     text = format_number(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
     return f"{short}{text}"

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from analysis import summary, tables
+from moe import rundir
 
 JSON_KEYS = {"run", "arm", "lam", "mu", "seed", "tokens", "ppl", "ppl_token_weighted", "reuse", "lru_hit_12",
              "lru_hit_25", "static_hit_50", "belady_hit_25", "lru_miss_25", "collapsed", "domains"}
@@ -127,9 +128,9 @@ def test_token_weighted_ppl_lies_between_domain_extremes(domains):
 
 
 @pytest.mark.parametrize("tokens, text", [(2e8, "200M"), (5e7, "50M"), (1.5e9, "1.5B"), (38400, "38.4k"),
-                                          (12, "12")])
+                                          (12, "12"), (204_800, "204.8k"), (-38400, "-38.4k"), (0.5, "0.5")])
 def test_format_tokens(tokens, text):
-    assert summary.format_tokens(tokens) == text
+    assert rundir.format_tokens(tokens) == text
 
 
 def test_collapse_threshold_matches_cachesim():

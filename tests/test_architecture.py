@@ -158,6 +158,13 @@ def test_one_progress_display_and_one_duration_spelling():
     assert durations == ["moe/rundir/names.py"], durations
 
 
+def test_one_token_count_spelling():
+    """A token count is spelled by rundir.format_tokens alone (run names, tables, pages and plans agree)."""
+    defining = sorted(path.relative_to(REPO).as_posix() for path in _modules().values()
+                      if "def format_tokens" in path.read_text())
+    assert defining == ["moe/rundir/names.py"], defining
+
+
 def _located(path: pathlib.Path) -> Iterator[tuple[str, ast.AST]]:
     """Every node of a module with the function it is in (methods as Class.method; "" at module level)."""
     def visit(node: ast.AST, where: str) -> Iterator[tuple[str, ast.AST]]:

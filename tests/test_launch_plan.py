@@ -100,10 +100,10 @@ def test_other_varying_keys_are_labelled(tmp_path):
         "b-lam0.05-s1-alpha0.02-sort"]
 
 
-@pytest.mark.parametrize("tokens, label", [(50_000_000, "50M"), (200_000_000, "200M"), (204_800, "204.8K"),
-                                           (1536, "1.536K"), (999, "999"), (2_000_000_000, "2B")])
-def test_format_tokens(tokens, label):
-    assert plan.format_tokens(tokens) == label
+@pytest.mark.parametrize("tokens, label", [(50_000_000, "50M"), (200_000_000, "200M"), (204_800, "204.8k"),
+                                           (1536, "1.536k"), (999, "999"), (2_000_000_000, "2B")])
+def test_a_varying_token_budget_is_named_as_the_analysis_spells_it(tokens, label):
+    assert plan._label("train.tokens", tokens) == label == rundir.format_tokens(tokens)
 
 
 def _parse_like_main(argv: list[str]):

@@ -8,7 +8,8 @@ Everything public is re-exported here: ``from moe import rundir; rundir.X``.
 from moe.rundir.names import (  # noqa: F401
     ARMS, ATTEMPTS, CHECKPOINTS, CHECKSUMS, CONFIG, DOMAINS, DONE, EVAL_LOG, EVAL_MANIFEST, EVAL_STAGING,
     EVAL_WINDOWS, FINAL_EVAL, FRONTIER, LAUNCH_LOG, LOCK, LOG, METRICS, PROGRESS, QUARANTINE, SUPERSEDED,
-    TRACE_PREFIX, TRAIN_SUFFIX, TRANSFERS, PathLike, RunDirError, domain_sort_key, format_duration, now_iso,
+    TRACE_PREFIX, TRAIN_SUFFIX, TRANSFERS, PathLike, RunDirError, domain_sort_key, format_duration, format_tokens,
+    now_iso,
     os_error_line, read_json, run_name, trace_domain, trace_file, trace_files, train_trace_file, train_trace_files,
     write_atomic, write_json,
 )

@@ -198,6 +198,15 @@ def now_iso() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
+def format_tokens(tokens: float) -> str:
+    """200000000 -> '200M', 1.5e9 -> '1.5B', 38400 -> '38.4k', 12 -> '12': the one spelling of a token
+    count, in run names (a sweep's varying ``train.tokens``), tables, pages and plans."""
+    for scale, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if abs(tokens) >= scale:
+            return f"{tokens / scale:.4g}{suffix}"
+    return f"{tokens:g}"
+
+
 def format_duration(seconds: float | None) -> str:
     """``H:MM:SS`` (``?`` when unknown): the one spelling of a duration or ETA in logs, status and pages."""
     if seconds is None or not math.isfinite(seconds):
