@@ -181,6 +181,17 @@ def fail(message: str) -> NoReturn:
     sys.exit(2)
 
 
+def flags_only(remaining: Sequence[str], prog: str) -> list[str]:
+    """absl's leftover argv (the program, then positional arguments), refused in one line when any is left.
+
+    absl apps take flags alone; absl itself would print its whole usage and exit 1.
+    """
+    if len(remaining) > 1:
+        extra = " ".join(remaining[1:])
+        fail(f"unexpected argument {extra!r}: {prog} takes only flags (--name=value); see {prog} --help")
+    return list(remaining)
+
+
 def run(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None = None, *,
         errors: tuple[type[BaseException], ...] = USER_ERRORS) -> int:
     """Runs a CLI body; the user's bad input becomes one ``error: ...`` line and exit code 2."""
@@ -241,11 +252,12 @@ def parse_app_flags(argv: list[str], *, prog: str, description: str, prepare: Ca
         sys.stdout.write(app_help(prog, description, flags.FLAGS, own_flag_names(flags.FLAGS), notes))
         sys.exit(0)
     try:
-        return flags.FLAGS(prepare(argv))
+        remaining = flags.FLAGS(prepare(argv))
     except flags.UnrecognizedFlagError as e:
         fail(unknown_flag_line(e, own_flag_names(flags.FLAGS), prog))
     except Exception as e:  # noqa: BLE001 — config_flags raises assorted types
         fail(error_line(e))
+    return flags_only(remaining, prog)
 
 
 class Progress:

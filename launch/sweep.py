@@ -582,8 +582,6 @@ def slurm_options(specs):
 
 
 def main(argv: Sequence[str]) -> int:
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     # Orbax and absl log every checkpoint step at INFO; runs print their own progress (as main.py).
     logging.set_verbosity(logging.WARNING)
     try:

@@ -50,9 +50,6 @@ def _main(argv: Sequence[str]) -> int:
     from moe.seeds import SeedGroupError
     from moe.train import NonFiniteLossError
 
-    if len(argv) > 1:
-        print(f"error: unexpected arguments: {' '.join(argv[1:])}", file=sys.stderr)
-        return 2
     logging.set_verbosity(logging.WARNING)
     flag_values = flags.FLAGS
     try:

@@ -72,7 +72,9 @@ def validate(c: ml_collections.ConfigDict) -> None:
     for name in ("init_div", "final_div"):  # the schedule divides by both
         if not (math.isfinite(o[name]) and o[name] > 0):
             raise ConfigError(f"optim.{name} must be a finite number > 0, got {o[name]} (defaults 25 and 1e4)")
-    if t.batch_size <= 0 or t.tokens < t.batch_size * m.context:
+    if t.batch_size <= 0:
+        raise ConfigError(f"train.batch_size must be a positive integer, got {t.batch_size}")
+    if t.tokens < t.batch_size * m.context:
         raise ConfigError(
             f"train.tokens={t.tokens} is less than one batch ({t.batch_size}x{m.context}); raise train.tokens")
     if t.eval_every < 0 or t.eval_windows <= 0:

@@ -59,8 +59,6 @@ _FLAGS: _Flags | None = None
 
 
 def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     from configs import require_config
     from configs.base import ConfigError
     from moe import rundir
@@ -186,7 +184,7 @@ def parse_flags(argv: list[str]) -> list[str]:
 
     ``--config`` also finds the package's configs by name (``configs.locate``), from any directory.
     """
-    from cachesim.cli_util import HELP_ARGS, fail, invoked_as, unknown_flag_line
+    from cachesim.cli_util import HELP_ARGS, fail, flags_only, invoked_as, unknown_flag_line
     from configs import flag_error, locate_in_argv
 
     global _FLAGS
@@ -204,7 +202,7 @@ def parse_flags(argv: list[str]) -> list[str]:
     except Exception as e:  # noqa: BLE001 — config_flags raises assorted types
         fail(flag_error(e))
     _FLAGS = parsed
-    return remaining
+    return flags_only(remaining, prog)
 
 
 def check_workdir(workdir: str, flag: str = "--workdir") -> None:

@@ -52,6 +52,18 @@ def test_absl_apps_help_is_the_projects_help_page(argv):
     assert "--config names one of arm_a, arm_b" in proc.stdout
 
 
+@pytest.mark.parametrize("argv", APPS, ids=lambda a: a[-1])
+def test_absl_apps_refuse_a_positional_argument_in_one_line_before_heavy_imports(argv):
+    proc = subprocess.run([sys.executable, "-X", "importtime", *argv, "--config=arm_b:tiny", "extra", "more"],
+                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    prog = "python main.py" if argv == ["main.py"] else f"python -m {argv[-1]}"
+    said = [line for line in proc.stderr.splitlines() if not line.startswith("import time:")]
+    assert proc.returncode == 2 and proc.stdout == "", (proc.returncode, proc.stdout[-300:])
+    assert said == [f"error: unexpected argument 'extra more': {prog} takes only flags (--name=value); "
+                    f"see {prog} --help"], said
+    assert not _imported(proc.stderr) & HEAVY, _imported(proc.stderr) & HEAVY
+
+
 # What --help must not wait for (benchmarks/help_bench.py times every subcommand's help against 0.3 s CPU).
 HEAVY = {"jax", "numpy", "pandas", "flax", "matplotlib", "scipy", "optax", "orbax"}
 

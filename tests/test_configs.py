@@ -93,6 +93,8 @@ def test_every_sweep_entry_applies_and_validates(module, size):
     ("model.dispatch", "magic", "unknown model.dispatch"),
     ("model.remat", "sometimes", "unknown model.remat"),
     ("train.tokens", 10, "less than one batch"),
+    ("train.batch_size", -4, r"^train\.batch_size must be a positive integer, got -4$"),  # not blamed on tokens
+    ("train.batch_size", 0, r"^train\.batch_size must be a positive integer, got 0$"),
     ("optim.peak_lr", 0.0, "optim.peak_lr"),
     ("model.d_model", 100, "multiple of head_dim"),
 ])
@@ -133,7 +135,8 @@ def test_main_rejects_bad_config_with_one_line_before_compiling(tmp_path, flag, 
     (["--config=arm_b:smoke", "--config.train.tokens=abc"],
      "--config.train.tokens=abc: 'abc' is not an integer; give --config.train.tokens an integer"),
     (["--config=arm_b:smoke,seed=1.5"], "bad value '1.5' for seed= (seed): pass an integer"),
-], ids=["unknown-config", "misspelt-flag", "bad-value", "fractional-seed"])
+    (["--config=arm_b:smoke", "extra"], "unexpected argument 'extra': python main.py takes only flags"),
+], ids=["unknown-config", "misspelt-flag", "bad-value", "fractional-seed", "positional"])
 def test_main_command_line_errors_are_one_line_naming_the_key(argv, message, capsys):
     from moe import main
     with pytest.raises(SystemExit) as exc:
