@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from cachesim.cli_util import CLI, UsageError, comma_list, progress, write_output
+from cachesim.cli_util import CLI, UsageError, check_writable, comma_list, progress, write_output
 from cachesim.policies import (ALL_CAPACITIES, ALL_POLICIES, RECENCY_MODES, ROUNDING_MODES, CacheSpec, CacheSpecError,
                                parse_capacities, parse_scopes, parse_static_fits, spec_for)
 
@@ -212,6 +212,7 @@ def warn_collapse(path: str, trace: Trace) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = COMMAND.parse(argv)
+    check_writable(args.out)
     from cachesim.simulate import SimulationError
     from cachesim.trace import TraceError, load_trace
 
