@@ -117,3 +117,43 @@ def test_subprocess_directory_target_is_one_line(trace, tmp_path):
                             capture_output=True, text=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.splitlines() == [f"error: --out={tmp_path} is a directory; give a file path"]
+
+
+# ---------------------------------------------------------------- --capacity: all in a list, counts beyond E
+
+
+def _records(argv, capsys):
+    assert cli.main([*argv, "--format", "json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_all_combines_with_other_capacities(trace, capsys):
+    curve = _records([trace, "--capacity", "all"], capsys)
+    assert _records([trace, "--capacity", "0.125,4,all"], capsys) == curve
+    assert _records([trace, "--capacity", "all,8"], capsys) == curve
+    assert {r["capacity"] for r in curve} == set(range(9))  # E = 8: every capacity 0..8, 4 and ceil(1) among them
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["--capacity", "99"], "error: --capacity=99 is larger than E = 8 of {trace}; give a count 0..8, "
+                           "a fraction of E like 0.25, or all"),
+    (["--capacity", "0.25,9,all"], "error: --capacity=9 is larger than E = 8 of {trace}; give a count 0..8, "
+                                   "a fraction of E like 0.25, or all"),
+    (["--capacity", "17", "--scope", "global"],
+     "error: --capacity=17 is larger than L·E = 16 (2 layers x E = 8) under --scope global of {trace}; "
+     "give a count 0..16, a fraction of E like 0.25, or all"),
+    (["--capacity", "9", "--scope", "global", "--layers", "1"],
+     "error: --capacity=9 is larger than L·E = 8 (1 layers x E = 8) under --scope global of {trace}; "
+     "give a count 0..8, a fraction of E like 0.25, or all"),
+    (["--capacity", "0.25,all,x"], "error: --capacity: cannot read 'x'; give fractions of E with a decimal point "
+                                   "(0.25) or expert counts (4), comma-separated"),
+])
+def test_capacity_beyond_the_keys_is_refused(trace, capsys, argv, line):
+    assert cli.main([trace, *argv]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.splitlines() == [line.format(trace=trace)]
+
+
+def test_counts_up_to_the_keys_run(trace, capsys):
+    assert [r["capacity"] for r in _records([trace, "--capacity", "8"], capsys)] == [8] * 4  # 4 policies
+    assert {r["capacity"] for r in _records([trace, "--capacity", "16", "--scope", "global"], capsys)} == {16}
