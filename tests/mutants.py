@@ -7,7 +7,8 @@
 
 Not collected by pytest (the name does not start with ``test_``). Each mutant is one
 exact text replacement in one file (the script fails loudly when the text is gone, so
-a refactor cannot silently turn a mutant into a no-op); its tests run in a fresh copy
+a refactor cannot silently turn a mutant into a no-op, and tests/test_mutants_anchors.py checks
+every anchor in the ordinary suite); its tests run in a fresh copy
 of the working tree (tracked and untracked, non-ignored files) under a temporary
 directory, so the checkout is never touched. A mutant is *caught* when at least one of
 its tests fails; the table lists the failing tests. Exit status 1 when any mutant
@@ -71,9 +72,9 @@ MUTANTS = [
            "    return masked_mean(overlap - 1.0, pair_mask)",
            ("tests/test_losses_router.py",)),
     Mutant("ckpt_data", "resume skips the data iterator: the checkpointed position is never restored",
-           "moe/train.py",
-           "                m.train_iter.set_state(data_state)",
-           "                pass  # mutant: data position not restored",
+           "moe/train_io.py",
+           "                    m.train_iter.set_state(r[2])",
+           "                    pass  # mutant: data position not restored",
            ("tests/test_train.py::test_resume_continues_exactly",)),
 ]
 
