@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from cachesim.cli_util import CLI, comma_list, write_output
+from cachesim.cli_util import CLI, check_writable, comma_list, write_output
 
 # cachesim.timed (numpy) is imported in main: `--help` starts without it (benchmarks/help_bench.py).
 
@@ -74,6 +74,7 @@ def _format_table(rep: dict[str, Any]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = COMMAND.parse(argv)
+    check_writable(args.out)
     from cachesim.timed.bandwidth import report
     from cachesim.timed.spec import StallConfigError, load_hardware, load_model
 

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from cachesim.cli_util import CLI, UsageError, comma_list, progress, write_output
+from cachesim.cli_util import CLI, UsageError, check_writable, comma_list, progress, write_output
 from cachesim.policies import (ALL_CAPACITIES, ALL_POLICIES, RECENCY_MODES, ROUNDING_MODES, CacheSpec, CacheSpecError,
                                parse_capacities, parse_scopes, parse_static_fits, spec_for)
 
@@ -35,7 +35,8 @@ COMMAND.define("list", "cache_policy", ["lru", "lfu", "static", "belady"],
 COMMAND.deprecated("policies", "cache_policy")
 COMMAND.define("string", "capacity", "0.125,0.25,0.5",
             "capacities, comma-separated: fractions of E (of L·E for --scope global) with a decimal point "
-            "(0.25) or expert counts (4); or all: every capacity 0..E (0..L·E), the miss-ratio curve")
+            "(0.25) or expert counts (4), at most E (L·E); all, alone or in the list, gives every capacity 0..E "
+            "(0..L·E), the miss-ratio curve")
 COMMAND.deprecated("capacity-count", "capacity")
 COMMAND.define("enum", "rounding", "ceil", "rounding of fraction x E", enum_values=list(ROUNDING_MODES))
 COMMAND.define("multi_string", "layers", None, "layer selection summed into one record: all, 24 or 0,3; repeat for "
@@ -81,8 +82,9 @@ def _specs(args) -> list[CacheSpec]:
     warmups = comma_list(",".join(args.static_warmup), float, "--static_warmup")
     scopes = parse_scopes(",".join(args.scope))
     fits = parse_static_fits(",".join(args.static_fit))
-    # `all`: one curve per spec, its capacity a placeholder.
-    capacities = [0] if _curves(args) else parse_capacities(args.capacity)
+    # `all`: one curve per spec, its capacity a placeholder (the curve holds every listed capacity too).
+    listed = _listed_capacities(args)
+    capacities = [0] if _curves(args) else listed
     specs = []
     for capacity in capacities:
         for scope, quota in scopes:
@@ -98,8 +100,38 @@ def _specs(args) -> list[CacheSpec]:
     return specs
 
 
+def _capacity_words(args) -> list[str]:
+    return [part.strip() for part in str(args.capacity).split(",") if part.strip()]
+
+
 def _curves(args) -> bool:
-    return str(args.capacity).strip() == ALL_CAPACITIES
+    """Whether ``all`` is among the capacities: every capacity 0..E, a superset of any others listed."""
+    return ALL_CAPACITIES in _capacity_words(args)
+
+
+def _listed_capacities(args) -> list[int | float]:
+    """The capacities besides ``all``, parsed (and so checked) even when ``all`` makes them redundant."""
+    rest = [word for word in _capacity_words(args) if word != ALL_CAPACITIES]
+    return parse_capacities(",".join(rest)) if rest or not _curves(args) else []
+
+
+def check_counts(args, paths: Sequence[str], traces: Sequence[Trace]) -> None:
+    """Refuses a capacity count larger than the keys it is a count of (E, or L·E under --scope global)."""
+    counts = [c for c in _listed_capacities(args) if isinstance(c, int)]
+    if not counts:
+        return
+    scopes = {scope for scope, _ in parse_scopes(",".join(args.scope))}
+    for path, trace in zip(paths, traces):
+        for selection in args.layers or ["all"]:
+            num_layers = len(_layer_selection(selection, trace))
+            for scope in sorted(scopes):
+                keys = trace.num_experts * (num_layers if scope == "global" else 1)
+                for count in counts:
+                    if count > keys:
+                        what = (f"L·E = {keys} ({num_layers} layers x E = {trace.num_experts}) under --scope global"
+                                if scope == "global" else f"E = {trace.num_experts}")
+                        raise CacheSpecError(f"--capacity={count} is larger than {what} of {path}; give a count "
+                                             f"0..{keys}, a fraction of E like 0.25, or all")
 
 
 def _simulate(traces: Sequence[Trace], specs: Sequence[CacheSpec], layers, fits, curves: bool):
@@ -212,6 +244,7 @@ def warn_collapse(path: str, trace: Trace) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = COMMAND.parse(argv)
+    check_writable(args.out)
     from cachesim.simulate import SimulationError
     from cachesim.trace import TraceError, load_trace
 
@@ -225,6 +258,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for path in paths:
                 traces.append(load_trace(path))
                 bar.advance()
+            check_counts(args, paths, traces)
             fits = {fit: load_trace(fit) for fit in {s.fit for s in specs} if fit is not None}
             records = cache_records(paths, traces, specs, args.layers or ["all"], fits, curves=_curves(args))
             bar.advance()

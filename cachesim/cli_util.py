@@ -7,7 +7,9 @@
   decimal point, or counts: ``0.125,0.25`` or ``4,8``; see
   ``cachesim.policies.parse_capacities``), ``--cache_policy`` (which experts a
   cache keeps), ``--prefetch_policy`` (which transfers prefetch admits),
-  ``--layers``, ``--lru_recency``, ``--out``, and ``--format`` (one of
+  ``--layers``, ``--lru_recency``, ``--out`` (checked by
+  :func:`check_writable` before computing, written atomically by
+  :func:`write_output`), and ``--format`` (one of
   :data:`FORMATS`; each command accepts the subset it can write).
 * ``--help`` (or ``-h``) prints the CLI's flags and exits 0.
 * Bad input is one ``error: ...`` line on stderr and exit code 2.
@@ -23,7 +25,12 @@ deprecation notes and the error contract, which absl leaves to app.run.
 from __future__ import annotations
 
 import difflib
+import errno
+import os
+import pathlib
+import shutil
 import sys
+import tempfile
 import types
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
@@ -213,13 +220,69 @@ def comma_list(text: str, kind: type, what: str) -> list:
     return values
 
 
+def check_writable(out: str | None) -> None:
+    """Refuses an ``--out`` that cannot be written, before any computation: one ``error:`` line, exit 2."""
+    if not out:
+        return
+    path = pathlib.Path(out)
+    folder = path.parent
+    if path.is_dir():
+        problem = "is a directory; give a file path"
+    elif not folder.is_dir():
+        problem = f"folder {str(folder)!r} does not exist; create it or choose another --out"
+    elif path.exists() and not os.access(path, os.W_OK):
+        problem = "is read-only; make it writable or choose another --out"
+    elif not os.access(folder, os.W_OK | os.X_OK):
+        problem = f"folder {str(folder)!r} is read-only; choose another --out"
+    else:
+        return
+    fail(f"--out={out} {problem}")
+
+
+def _write_atomic(path: pathlib.Path, data: str) -> None:
+    """Writes through a hidden temporary sibling, fsyncs and renames it over ``path``: the old file
+    stays whole or is replaced whole. (moe.rundir.names.write_atomic does this for run directories;
+    cachesim is a leaf and imports nothing of the project, so its command outputs use this one.)"""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        # The mode an ordinary open() would give (mkstemp's 0600), or the replaced file's.
+        mode = path.stat().st_mode & 0o7777 if path.exists() else 0o666 & ~_umask()
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        pathlib.Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def write_error_line(out: str, error: OSError) -> str:
+    """``--out=PATH: cannot write (No space left on device; 4,096 bytes free in DIR) ...``."""
+    reason = error.strerror or str(error)
+    if error.errno == errno.ENOSPC:
+        folder = pathlib.Path(out).parent
+        reason += f"; {shutil.disk_usage(folder).free:,} bytes free in {str(folder)!r}"
+    return f"--out={out}: cannot write ({reason}); the old file, if any, is kept; free space or choose another --out"
+
+
 def write_output(text: str, out: str | None) -> None:
-    """Prints ``text``, or writes it to the file ``--out`` names (then prints the path)."""
+    """Prints ``text``, or writes it atomically to the file ``--out`` names (then prints the path);
+    a failed write is one ``error:`` line and exit 2, leaving any old file whole."""
     if not out:
         print(text)
         return
-    with open(out, "w", encoding="utf-8") as f:
-        f.write(text if text.endswith("\n") else text + "\n")
+    try:
+        _write_atomic(pathlib.Path(out), text if text.endswith("\n") else text + "\n")
+    except OSError as e:
+        fail(write_error_line(out, e))
     print(out)
 
 

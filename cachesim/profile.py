@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from cachesim.cli import warn_collapse
-from cachesim.cli_util import CLI, UsageError, comma_list, write_output
+from cachesim.cli_util import CLI, UsageError, check_writable, comma_list, write_output
 
 # The metrics (numpy, jax) and the trace reader are imported where they are used: `--help` starts
 # without them (benchmarks/help_bench.py).
@@ -65,6 +65,7 @@ def format_table(report: dict) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = COMMAND.parse(argv)
+    check_writable(args.out)
     from cachesim.trace import TraceError
 
     try:

@@ -32,7 +32,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from cachesim.cli_util import CLI, progress, write_output
+from cachesim.cli_util import CLI, check_writable, progress, write_output
 from cachesim.policies import parse_capacities
 
 # cachesim.timed and cachesim.trace (numpy) are imported where they are used: `--help` starts without them
@@ -195,6 +195,7 @@ def _runs(args, admissions, speculation, hardware, base_model, bar) -> list[dict
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = COMMAND.parse(argv)
+    check_writable(args.out)
     try:
         runs = _run_cli(args)
     except (ValueError, OSError) as exc:
