@@ -388,21 +388,6 @@ def findings(rows: Sequence[Mapping[str, Any]], results: Sequence[verdict.Criter
 
 
 # -- deviations from the paper's protocol ---------------------------------------------------------
-# The paper's protocol (SPEC §2, §4, §5, §9), the column the run records are set against.
-PAPER_PROTOCOL = {
-    "model": "137m: 137,319,168 parameters, d_model 384, 8 layers, E = 16, k = 2",
-    "training tokens": "200M (main arms), 50M (triage)",
-    "corpus": "WikiText-103 (prose), codeparrot-clean (code), OpenWebMath (math)",
-    "λ grid (arm B)": "0.01, 0.02, 0.03, 0.05, 0.2",
-    "seeds": "1 and 2 for arm A and the chosen arm B",
-    "precision": "bfloat16 compute, float32 parameters",
-    "context": "1024 tokens",
-    "evaluation": "500k tokens per domain: 488 windows of 1024 tokens",
-    "frontier (τ/ε)": "not stated in the spec",
-    "collapse": "any expert under 1% usage",
-}
-
-
 def _model_line(run: Run) -> str:
     model = (run.record.resolved_config or {}).get("model") or {}
     parts = [run.size]
@@ -433,23 +418,22 @@ def deviations(runs: Sequence[Run], frontier_runs: Sequence[str]) -> list[tuple[
         if r.window_tokens else f"{', '.join(f'{d} {ev.tokens:,} tokens' for d, ev in r.domains.items())}"
         for r in complete)
     with_frontier = [r.name for r in complete if rundir.has_frontier(r.path)]
-    return [
-        ("model", PAPER_PROTOCOL["model"], models),
-        ("training tokens", PAPER_PROTOCOL["training tokens"],
-         distinct(rundir.format_tokens(t) for t in sorted({r.tokens for r in complete}))),
-        ("corpus", PAPER_PROTOCOL["corpus"], corpus),
-        ("λ grid (arm B)", PAPER_PROTOCOL["λ grid (arm B)"], ", ".join(f"{x:g}" for x in lams) or "no arm-B run"),
-        ("seeds", PAPER_PROTOCOL["seeds"], seeds or "none"),
-        ("precision", PAPER_PROTOCOL["precision"], f"{dtype} compute"),
-        ("context", PAPER_PROTOCOL["context"], distinct(f"{r.config.get('seq')} tokens" for r in complete
-                                                         if r.config.get("seq"))),
-        ("evaluation", PAPER_PROTOCOL["evaluation"], windows),
-        ("frontier (τ/ε)", PAPER_PROTOCOL["frontier (τ/ε)"],
-         (f"frontier.json of {', '.join(with_frontier)}; the findings compare {', '.join(frontier_runs) or 'none'}"
-          if with_frontier else "no frontier.json")),
-        ("collapse", PAPER_PROTOCOL["collapse"], "experts under 1% of the run's evaluation tokens pooled over "
-                                                 "domains, judged against arm A's count at the same size and budget"),
-    ]
+    here = {
+        "model": models,
+        "training tokens": distinct(rundir.format_tokens(t) for t in sorted({r.tokens for r in complete})),
+        "corpus": corpus,
+        "λ grid (arm B)": ", ".join(f"{x:g}" for x in lams) or "no arm-B run",
+        "seeds": seeds or "none",
+        "precision": f"{dtype} compute",
+        "context": distinct(f"{r.config.get('seq')} tokens" for r in complete if r.config.get("seq")),
+        "evaluation": windows,
+        "frontier (τ/ε)": (f"frontier.json of {', '.join(with_frontier)}; the findings compare "
+                           f"{', '.join(frontier_runs) or 'none'}" if with_frontier else "no frontier.json"),
+        "collapse": "experts under 1% of the run's evaluation tokens pooled over domains",
+    }
+    # The protocol rows read the run records; the verdicts' own departures follow, from the same list.
+    rows = [(verdict.deviation(key).aspect, verdict.deviation(key).paper, text) for key, text in here.items()]
+    return rows + [(d.aspect, d.paper, d.here) for d in map(verdict.deviation, verdict.deviations_used(runs))]
 
 
 # -- figures --------------------------------------------------------------------------------------

@@ -44,13 +44,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from analysis import cli, intervals, summary
+from analysis import cli, effects, intervals, summary
 from analysis.runs import Run, load_runs
 from moe import rundir
 
@@ -339,6 +340,398 @@ def collapse_report(runs: Sequence[Run]) -> list[dict[str, Any]]:
     return out
 
 
+# -- the two verdicts -----------------------------------------------------------------------------
+# Both judge only the configurations the pre-registration names: the arm-A budget of each size (the
+# largest arm-A training budget run at that size: the paper's 200M main arms, not its 50M sanity and
+# triage runs) and the paper's arms. Other budgets and arm M are printed beside, labelled, never counted.
+PREREGISTERED = "pre-registered verdict"
+CONFIDENCE_VERDICT = "confidence verdict"
+STATES = ("PASS", "FAIL", "NOT RESOLVED", "NOT TESTABLE")
+
+
+@dataclasses.dataclass(frozen=True)
+class Deviation:
+    """One departure from SPEC §9 or the paper's protocol: what the paper does and what this code does."""
+
+    aspect: str
+    paper: str
+    here: str
+
+
+# Every departure the verdicts, tables and page make, keyed; the page's Deviations table is built from
+# these entries only (deviation() refuses an unknown key, so a new departure cannot go unlisted).
+DEVIATIONS: dict[str, Deviation] = {
+    "seed pairing": Deviation(
+        "seed pairing (confidence verdict)", "arm A averaged over its seeds; a configuration's seeds averaged",
+        "each seed against arm A of its own seed (same batches); the effect is the mean of per-seed log "
+        "ratios, back-transformed"),
+    "pooled baseline": Deviation(
+        "pooled baseline (confidence verdict)", "arm A averaged over its seeds",
+        "a configuration with a seed lacking a same-seed arm-A run is paired with arm A's geometric mean"),
+    "interval rule": Deviation(
+        "interval rule (confidence verdict)", "the point estimate decides",
+        "each gate judged at a seed-level 95% t-interval (training noise); PASS or FAIL only when the whole "
+        "interval is on one side, NOT RESOLVED when it straddles, NOT TESTABLE when the interval's half-width "
+        "exceeds the gate's size or arm A already clears the metric gate; window-bootstrap intervals are "
+        "printed but never decide a gate"),
+    "log scale": Deviation(
+        "ratio scale (confidence verdict)", "not stated",
+        "ratio effects (ΔPPL, miss reduction) judged on the log ratio, back-transformed"),
+    "bounded scale": Deviation(
+        "proportion scale (confidence verdict)", "not stated",
+        "hit rates judged on the logit scale, so an interval stays inside [0%, 100%]"),
+    "borrowed variance": Deviation(
+        "one-seed configurations (confidence verdict)", "not stated",
+        "borrow the study's pooled seed-paired SD at the same size and budget, with its degrees of freedom"),
+    "out-of-sample pin": Deviation(
+        "RQ2 pin (confidence verdict)", "static pin (w = 1.0) chosen on the evaluation trace (in-sample)",
+        "pin fitted on the training split, judged on the evaluation trace (out-of-sample); in-sample beside"),
+    "collapse reading": Deviation(
+        "collapse reading (diagnostic)", "any expert under 1% usage fails the configuration",
+        "both verdicts use the clause as written; a labelled diagnostic line also counts collapse beyond "
+        "arm A's at the same size and budget"),
+    "arm-M baseline": Deviation(
+        "arm M baseline", "not in the paper (MELINOE fine-tunes a trained model)",
+        "each arm-M run against the run it was fine-tuned from; reported beside RQ1, never counted"),
+    "model": Deviation("model", "137m: 137,319,168 parameters, d_model 384, 8 layers, E = 16, k = 2", ""),
+    "training tokens": Deviation("training tokens", "200M (main arms), 50M (triage)", ""),
+    "corpus": Deviation("corpus", "WikiText-103 (prose), codeparrot-clean (code), OpenWebMath (math)", ""),
+    "λ grid (arm B)": Deviation("λ grid (arm B)", "0.01, 0.02, 0.03, 0.05, 0.2", ""),
+    "seeds": Deviation("seeds", "1 and 2 for arm A and the chosen arm B", ""),
+    "precision": Deviation("precision", "bfloat16 compute, float32 parameters", ""),
+    "context": Deviation("context", "1024 tokens", ""),
+    "evaluation": Deviation("evaluation", "500k tokens per domain: 488 windows of 1024 tokens", ""),
+    "frontier (τ/ε)": Deviation("frontier (τ/ε)", "not stated in the spec", ""),
+    "collapse": Deviation("collapse", "any expert under 1% usage", ""),
+}
+
+
+def deviation(key: str) -> Deviation:
+    """The listed departure ``key``; an unlisted one is refused (add it to DEVIATIONS)."""
+    if key not in DEVIATIONS:
+        raise KeyError(f"deviation {key!r} is used but not listed in analysis.verdict.DEVIATIONS; add it there")
+    return DEVIATIONS[key]
+
+
+@dataclasses.dataclass(frozen=True)
+class Judged:
+    """One gate under one verdict: point, the interval it was judged at (or None) and its state."""
+
+    name: str
+    point: float
+    gate: float
+    at_least: bool
+    interval: tuple[float, float] | None
+    state: str  # one of STATES
+    note: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """One configuration under one criterion and one verdict's rule, with the line it prints."""
+
+    verdict: str     # PREREGISTERED or CONFIDENCE_VERDICT
+    criterion: str
+    config: str
+    runs: tuple[str, ...]
+    counted: bool    # a configuration the pre-registration names
+    not_counted: str  # why not, when not
+    metric: Judged | None
+    quality: Judged | None
+    collapsed: int
+    state: str       # PASS, FAIL, NOT RESOLVED, NOT TESTABLE or NO BASELINE
+    reason: str
+    line: str
+    deviations: tuple[str, ...] = ()
+
+
+def counted_reason(group: Sequence[Run], runs: Sequence[Run]) -> str:
+    """'' for a configuration the pre-registration names, else why it is reported beside and not counted."""
+    head = group[0]
+    if head.finetuned:
+        return "arm M answers MELINOE's question, not the paper's; reported beside, not counted"
+    budgets = [r.tokens for r in runs if r.complete and r.arm == "A" and r.size == head.size]
+    main = max(budgets, default=None)
+    if main is not None and head.tokens != main:
+        return (f"budget {rundir.format_tokens(head.tokens)}: the pre-registered budget at size {head.size} is "
+                f"{rundir.format_tokens(main)} (arm A's main runs); reported beside, not counted")
+    return ""
+
+
+def _baselines(group: Sequence[Run], runs: Sequence[Run]) -> tuple[list[Run], list[Run] | None]:
+    return _refs(group, runs)
+
+
+def _collapsed(group: Sequence[Run]) -> int:
+    return max(summary.pooled_collapsed(r)[0] for r in group)
+
+
+def _fmt_gate(j: Judged) -> str:
+    """'≤ +1.00%: met' with the interval when there is one."""
+    signed = j.name == "ΔPPL"
+    op = "≥" if j.at_least else "≤"
+    where = f", 95% CI {_interval(j.interval, signed)}" if j.interval is not None else ""
+    return f"{op} {_pct(j.gate, signed)}{where}: {j.state}" + (f" ({j.note})" if j.note else "")
+
+
+def _combine(metric: Judged, quality: Judged, collapsed: int) -> tuple[str, str]:
+    """A configuration's state and binding reason: metric NOT TESTABLE, then collapse, FAIL, NOT TESTABLE,
+    NOT RESOLVED, PASS (the collapse clause as SPEC §9 has it: any collapsed expert fails)."""
+    if metric.state == "NOT TESTABLE":
+        return "NOT TESTABLE", f"the {metric.name} gate is not testable here ({metric.note})"
+    reasons = [f"fails the {g.name} gate" for g in (metric, quality) if g.state == "FAIL"]
+    if collapsed > 0:
+        reasons.append(f"fails the collapse clause ({collapsed} collapsed; any fails)")
+    if reasons:
+        return "FAIL", "; ".join(reasons)
+    for state in ("NOT TESTABLE", "NOT RESOLVED"):
+        open_ = [g for g in (metric, quality) if g.state == state]
+        if open_:
+            return state, "; ".join(f"the {g.name} gate is {state.lower()}" + (f" ({g.note})" if g.note else "")
+                                    for g in open_)
+    return "PASS", "meets both gates; no collapsed expert"
+
+
+def _point_gate(name: str, point: float, gate: float, at_least: bool) -> Judged:
+    return Judged(name, point, gate, at_least, None, "PASS" if passes(point, gate, at_least) else "FAIL")
+
+
+def preregistered(runs: Sequence[Run]) -> list[Verdict]:
+    """SPEC §9 as written: point estimates, a configuration's seed mean against arm A's seed mean (arm M:
+    its base's), the collapse clause with no baseline."""
+    out = []
+    for group, criterion in _todo(runs):
+        pooled, _ = _baselines(group, runs)
+        why = counted_reason(group, runs)
+        head = f"{criterion} [{summary.config_label(group[0])}] {', '.join(r.name for r in group)}"
+        if not pooled:
+            reason = summary.no_baseline_reason(group[0], runs)
+            out.append(Verdict(PREREGISTERED, criterion, summary.config_label(group[0]), tuple(r.name for r in group),
+                               not why, why, None, None, 0, "NO BASELINE", reason, f"{head}: {reason} -> NO VERDICT"))
+            continue
+        vals = [summary.run_values(r) for r in group]
+        refs = [summary.run_values(r) for r in pooled]
+        ppl = effects.ratio_of_means([v["ppl"] for v in vals], [v["ppl"] for v in refs])
+        max_cost = RQ1_MAX_PPL_COST if criterion == "RQ1" else RQ2_MAX_PPL_COST
+        quality = _point_gate("ΔPPL", ppl.ratio - 1.0, max_cost, False)
+        if criterion == "RQ1":
+            miss = effects.ratio_of_means([v["lru_miss_25"] for v in vals], [v["lru_miss_25"] for v in refs])
+            metric = _point_gate("miss reduction", 1.0 - miss.ratio, RQ1_MIN_MISS_REDUCTION, True)
+            metric_text = (f"LRU miss/token@25% {miss.x:.3f} vs {miss.y:.3f} = {_pct(metric.point)} reduction "
+                           f"{_fmt_gate(metric)}")
+        else:
+            hit = float(np.mean([v["static_hit_50"] for v in vals]))
+            metric = _point_gate("static hit@50%", hit, RQ2_MIN_STATIC_HIT, True)
+            metric_text = f"static hit@50% (w=1.0 pin, in-sample) {_pct(hit)} {_fmt_gate(metric)}"
+        collapsed = _collapsed(group)
+        state, reason = _combine(metric, quality, collapsed)
+        ref_kind = "base" if group[0].finetuned else "A"
+        line = (f"{head} vs {ref_kind} averaged over {', '.join(r.name for r in pooled)}: {metric_text}; "
+                f"mean PPL {ppl.x:.3f} vs {ppl.y:.3f} = {_pct(quality.point, True)} {_fmt_gate(quality)}; "
+                f"collapsed {collapsed} -> {state} ({reason})" + (f" [not counted: {why}]" if why else ""))
+        out.append(Verdict(PREREGISTERED, criterion, summary.config_label(group[0]), tuple(r.name for r in group),
+                           not why, why, metric, quality, collapsed, state, reason, line,
+                           ("arm-M baseline",) if group[0].finetuned else ()))
+    return out
+
+
+def _todo(runs: Sequence[Run]) -> list[tuple[list[Run], str]]:
+    groups = sorted(summary.group_by_config(runs), key=lambda g: (g[0].size, g[0].tokens, g[0].arm, g[0].lam, g[0].mu))
+    todo = [(group, criterion) for group in groups for criterion in CRITERIA_BY_ARM.get(group[0].arm, ())]
+    return sorted(todo, key=lambda t: t[1])
+
+
+def _paired_inputs(group: Sequence[Run], runs: Sequence[Run]) -> tuple[list[dict], list[dict], bool] | None:
+    """(per-seed values, each seed's baseline values, paired?) or None without a baseline."""
+    pooled, paired = _baselines(group, runs)
+    if not pooled:
+        return None
+    vals = [summary.run_values(r) for r in group]
+    if paired is not None:
+        return vals, [summary.run_values(p) for p in paired], True
+    refs = [summary.run_values(r) for r in pooled]
+    geo = {k: effects.paired_ratio([v[k] for v in refs], [1.0] * len(refs)).x for k in ("ppl", "lru_miss_25")}
+    return vals, [geo] * len(vals), False
+
+
+def _quantities(group: Sequence[Run], runs: Sequence[Run], criterion: str) -> dict[str, list[float]]:
+    """Per-seed values on the judged scales: log PPL ratio, log miss ratio (RQ1), logit static hit (RQ2)."""
+    found = _paired_inputs(group, runs)
+    if found is None:
+        return {}
+    vals, refs, _ = found
+    out = {"log_ppl": effects.log_ratios([v["ppl"] for v in vals], [r["ppl"] for r in refs])}
+    if criterion == "RQ1":
+        out["log_miss"] = effects.log_ratios([v["lru_miss_25"] for v in vals], [r["lru_miss_25"] for r in refs])
+    else:
+        out["logit_hit"] = [effects.logit(v) for v in _hits(vals)[0]]
+    return out
+
+
+def _hits(vals: Sequence[dict]) -> tuple[list[float], str]:
+    """(per-seed static hits, the key read): out-of-sample where every seed has it, else in-sample."""
+    key = "static_hit_50_oos" if all(v["static_hit_50_oos"] is not None for v in vals) else "static_hit_50"
+    return [float(v[key]) for v in vals], key
+
+
+def study_noise(runs: Sequence[Run]) -> dict[tuple[str, float, str], effects.Noise]:
+    """{(size, tokens, quantity): pooled SD over the configurations with 2+ seeds at that size and budget}."""
+    groups: dict[tuple[str, float, str], list[list[float]]] = {}
+    seen: set[tuple] = set()
+    for group, criterion in _todo(runs):
+        if group[0].finetuned:
+            continue
+        for name, values in _quantities(group, runs, criterion).items():
+            key = (group[0].size, group[0].tokens, name)
+            ident = (key, tuple(r.name for r in group))
+            if ident not in seen:
+                seen.add(ident)
+                groups.setdefault(key, []).append(values)
+    return {k: n for k, g in groups.items() if (n := effects.pooled_noise(g)) is not None}
+
+
+def _noise_gate(name: str, values: Sequence[float], noise: effects.Noise | None, gate: float, at_least: bool,
+                back, detect: float | None, note_open: str = "") -> Judged:
+    """A gate judged on a transformed scale: mean ± t·SD/√n there, back-transformed (``back``), with its state."""
+    mean = float(np.mean(values))
+    point = back(mean)
+    if noise is None:
+        return Judged(name, point, gate, at_least, None, "NOT RESOLVED",
+                      "no training-noise estimate: one seed and no configuration at this budget with 2 seeds to "
+                      "pool; a window interval cannot decide it")
+    half = effects.t_half_width(noise, len(values))
+    ends = sorted((back(mean - half), back(mean + half)))
+    interval = (ends[0], ends[1])
+    state = {"met": "PASS", "missed": "FAIL", "not resolved": "NOT RESOLVED"}[
+        gate_state(point, interval, gate, at_least)]
+    source = (f"SD {noise.sd:.4f} borrowed from the study's pooled seed-paired SD, df {noise.df}" if noise.borrowed
+              else f"own {len(values)} seeds, df {noise.df}")
+    if state == "NOT RESOLVED" and detect is not None and half >= detect:
+        return Judged(name, point, gate, at_least, interval, "NOT TESTABLE",
+                      f"{source}; the interval's half-width {half:.3f} on its scale exceeds the gate's size "
+                      f"{detect:.3f}, so no effect of the gate's size can be detected")
+    return Judged(name, point, gate, at_least, interval, state, source + (f"; {note_open}" if note_open else ""))
+
+
+def confidence(runs: Sequence[Run]) -> list[Verdict]:
+    """The confidence verdict over training noise: seed-paired effects on the log (ratios) or logit
+    (proportions) scale, a t-interval from the configuration's seeds or the study's pooled SD, and the
+    collapse clause as SPEC §9 has it."""
+    noise = study_noise(runs)
+    out = []
+    for group, criterion in _todo(runs):
+        head_run = group[0]
+        why = counted_reason(group, runs)
+        label = summary.config_label(head_run)
+        head = f"{criterion} [{label}] {', '.join(r.name for r in group)}"
+        found = _paired_inputs(group, runs)
+        if found is None:
+            reason = summary.no_baseline_reason(head_run, runs)
+            out.append(Verdict(CONFIDENCE_VERDICT, criterion, label, tuple(r.name for r in group), not why, why,
+                               None, None, 0, "NO BASELINE", reason, f"{head}: {reason} -> NO VERDICT"))
+            continue
+        vals, refs, paired = found
+        q = _quantities(group, runs, criterion)
+        used = ["seed pairing", "interval rule", "log scale"] + ([] if paired else ["pooled baseline"])
+
+        def noise_of(name: str) -> effects.Noise | None:
+            own = effects.own_noise(q[name])
+            return own if own is not None else noise.get((head_run.size, head_run.tokens, name))
+
+        max_cost = RQ1_MAX_PPL_COST if criterion == "RQ1" else RQ2_MAX_PPL_COST
+        ppl = effects.paired_ratio([v["ppl"] for v in vals], [r["ppl"] for r in refs])
+        quality = _noise_gate("ΔPPL", q["log_ppl"], noise_of("log_ppl"), max_cost, False,
+                              lambda z: math.exp(z) - 1.0, math.log1p(max_cost))
+        if criterion == "RQ1":
+            miss = effects.paired_ratio([v["lru_miss_25"] for v in vals], [r["lru_miss_25"] for r in refs])
+            metric = _noise_gate("miss reduction", q["log_miss"], noise_of("log_miss"), RQ1_MIN_MISS_REDUCTION,
+                                 True, lambda z: 1.0 - math.exp(z), -math.log(1.0 - RQ1_MIN_MISS_REDUCTION))
+            metric_text = (f"LRU miss/token@25% {miss.x:.3f} vs {miss.y:.3f} = {_pct(metric.point)} reduction "
+                           f"(geometric means over seeds) {_fmt_gate(metric)}")
+        else:
+            hits, key = _hits(vals)
+            oos = key == "static_hit_50_oos"
+            used += ["bounded scale"] + (["out-of-sample pin"] if oos else [])
+            a_hits = _hits([summary.run_values(r) for r in _baselines(group, runs)[0]])[0]
+            a_hit = float(np.mean(a_hits))
+            metric = _noise_gate("static hit@50%", q["logit_hit"], noise_of("logit_hit"), RQ2_MIN_STATIC_HIT,
+                                 True, effects.expit, None)
+            if passes(a_hit, RQ2_MIN_STATIC_HIT, True):
+                metric = dataclasses.replace(metric, state="NOT TESTABLE", note=(
+                    f"arm A already has {_pct(a_hit)} ≥ {_pct(RQ2_MIN_STATIC_HIT)}, so passing says nothing about "
+                    "the confinement loss"))
+            metric_text = (f"static hit@50% ({'pin fitted on the training split' if oos else 'w=1.0 pin, in-sample'}) "
+                           f"{_pct(metric.point)} (logit mean over seeds; arm A's mean {_pct(a_hit)}) {_fmt_gate(metric)}")
+        if any(g.note.startswith("SD ") for g in (metric, quality)):
+            used.append("borrowed variance")
+        collapsed = _collapsed(group)
+        state, reason = _combine(metric, quality, collapsed)
+        against = ("vs base" if head_run.finetuned else "vs A of the same seed" if paired else
+                   "vs A's geometric mean (no same-seed pair)")
+        line = (f"{head} {against}: {metric_text}; mean PPL {ppl.x:.3f} vs {ppl.y:.3f} = {_pct(quality.point, True)} "
+                f"(geometric means over seeds) {_fmt_gate(quality)}; collapsed {collapsed} -> {state} ({reason})"
+                + (f" [not counted: {why}]" if why else ""))
+        if head_run.finetuned:
+            used.append("arm-M baseline")
+        out.append(Verdict(CONFIDENCE_VERDICT, criterion, label, tuple(r.name for r in group), not why, why,
+                           metric, quality, collapsed, state, reason, line, tuple(used)))
+    return out
+
+
+def overall_word(verdicts: Sequence[Verdict], criterion: str) -> tuple[str, str]:
+    """An RQ's word over its counted configurations: REFUTED only when every one FAILs; SUPPORTED when one
+    PASSes; else NOT TESTABLE when one is not testable (it propagates), else NOT RESOLVED."""
+    mine = [v for v in verdicts if v.criterion == criterion and v.counted and v.state != "NO BASELINE"]
+    if not mine:
+        return "NOT TESTED", "no counted configuration with a baseline"
+    why = "; ".join(f"{v.config}: {v.state}" for v in mine)
+    states = {v.state for v in mine}
+    if states == {"FAIL"}:
+        return "REFUTED", f"every counted configuration fails ({len(mine)}): {why}"
+    if "PASS" in states:
+        return "SUPPORTED", f"passed by {', '.join(v.config for v in mine if v.state == 'PASS')} ({why})"
+    if "NOT TESTABLE" in states:
+        return "NOT TESTABLE", why
+    return "NOT RESOLVED", why
+
+
+def verdict_block(name: str, rule: str, verdicts: Sequence[Verdict], extra: Sequence[str] = ()) -> list[str]:
+    """The lines of one verdict: its name and rule, one line per configuration, then each RQ's overall word."""
+    lines = [f"{name.capitalize()} ({rule}):"] + [v.line for v in verdicts] + list(extra)
+    for criterion in ("RQ1", "RQ2"):
+        word, why = overall_word(verdicts, criterion)
+        lines.append(f"{criterion} overall, {name}: {word} ({why})")
+    return lines
+
+
+def collapse_diagnostic(runs: Sequence[Run]) -> list[str]:
+    """The 'beyond arm A's' reading of the collapse clause, one labelled line per configuration (a
+    diagnostic: neither verdict uses it)."""
+    lines = []
+    for group, criterion in _todo(runs):
+        if criterion != CRITERIA_BY_ARM[group[0].arm][0]:
+            continue  # one line per configuration
+        pooled, _ = _baselines(group, runs)
+        base = [summary.pooled_collapsed(r)[0] for r in pooled]
+        if not base:
+            continue
+        mine = _collapsed(group)
+        lines.append(f"Diagnostic, not a verdict (collapse beyond arm A's at the same size and budget) "
+                     f"[{summary.config_label(group[0])}]: {mine} collapsed vs at most {max(base)} in "
+                     f"{', '.join(r.name for r in pooled)}: {'beyond' if collapse_fires(mine, base) else 'not beyond'}")
+    return lines
+
+
+def deviations_used(runs: Sequence[Run]) -> list[str]:
+    """The listed departures the verdicts use on these runs, in the list's order."""
+    used = {k for v in confidence(runs) + preregistered(runs) for k in v.deviations}
+    if collapse_diagnostic(runs):
+        used.add("collapse reading")
+    for key in used:
+        deviation(key)  # an unlisted departure is refused here, before any page is written
+    return [k for k in DEVIATIONS if k in used]
+
+
 # -- can this scale answer it? --------------------------------------------------------------------
 # The paper's main protocol (SPEC §2, §4): the 137m model and 200M training tokens.
 PAPER_PARAMS = 137_319_168
@@ -488,18 +881,22 @@ def format_collapse(entry: dict[str, Any]) -> str:
 
 
 def verdict_text(runs: Sequence[Run], results: Sequence[CriterionResult] | None = None) -> str:
-    results = evaluate(runs) if results is None else results
-    lines = [line for r in results for line in (format_result(r), *gate_lines(r))]
-    for criterion in ("RQ1", "RQ2"):
-        state, why = overall(results, criterion)
-        lines.append(f"{criterion} overall: {state} ({why})")
-        for clause, words in (("none", "without the collapse clause"),
-                              ("literal", "with SPEC §9's collapse clause read literally")):
-            other = overall(results, criterion, clause)
-            lines.append(f"{criterion} overall {words}: {other[0]}")
-    lines.append(f"Collapse clause: {COLLAPSE_CHOICE}")
+    """Both verdicts, each named, then the collapse counts and the labelled 'beyond arm A's' diagnostic."""
+    lines = verdict_block(PREREGISTERED, "SPEC §9 as written: point estimates against arm A averaged over its "
+                          "seeds, any collapsed expert fails", preregistered(runs))
+    noise = study_noise(runs)
+    pooled = [f"Pooled seed-paired SD at size {size}, {rundir.format_tokens(tokens)} tokens, {name}: "
+              f"{n.sd:.4f} (df {n.df})" for (size, tokens, name), n in sorted(noise.items())]
+    lines += [""] + verdict_block(CONFIDENCE_VERDICT, "training noise: seed-paired effects, 95% t-intervals on "
+                                  "the log or logit scale; any collapsed expert fails", confidence(runs), pooled)
+    lines += ["", *collapse_diagnostic(runs)]
     lines += [format_collapse(e) for e in collapse_report(runs)]
     return "\n".join(lines) + "\n"
+
+
+def _verdict_json(v: Verdict) -> dict[str, Any]:
+    return {k: (dataclasses.asdict(val) if isinstance(val, Judged) else val)
+            for k, val in ((f.name, getattr(v, f.name)) for f in dataclasses.fields(v))}
 
 
 def _result_json(r: CriterionResult) -> dict[str, Any]:
@@ -509,13 +906,14 @@ def _result_json(r: CriterionResult) -> dict[str, Any]:
 
 
 def verdict_json(runs: Sequence[Run]) -> dict[str, Any]:
-    results = evaluate(runs)
+    """Both verdicts, their overall words and the deviations they use, as JSON."""
+    both = {PREREGISTERED: preregistered(runs), CONFIDENCE_VERDICT: confidence(runs)}
     return {
-        "criteria": [_result_json(r) for r in results],
-        "overall": {c: dict(zip(("verdict", "reason"), overall(results, c))) for c in ("RQ1", "RQ2")},
-        "overall_without_collapse": {c: overall(results, c, "none")[0] for c in ("RQ1", "RQ2")},
-        "overall_literal_collapse": {c: overall(results, c, "literal")[0] for c in ("RQ1", "RQ2")},
-        "collapse_choice": COLLAPSE_CHOICE,
+        "verdicts": {name: {"configurations": [_verdict_json(v) for v in found],
+                            "overall": {c: dict(zip(("verdict", "reason"), overall_word(found, c)))
+                                        for c in ("RQ1", "RQ2")}}
+                     for name, found in both.items()},
+        "deviations": deviations_used(runs),
         "collapse": collapse_report(runs),
         "gates": {"rq1_min_miss_reduction": RQ1_MIN_MISS_REDUCTION, "rq1_max_ppl_cost": RQ1_MAX_PPL_COST,
                   "rq2_min_static_hit": RQ2_MIN_STATIC_HIT, "rq2_max_ppl_cost": RQ2_MAX_PPL_COST,

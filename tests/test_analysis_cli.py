@@ -117,29 +117,33 @@ def test_tables_markdown_and_out_dir(study, tmp_path, capsys):
 def test_verdict_lines(study, tmp_path, capsys):
     code, out, _ = _run_cli(verdict.main, [str(study), *_cache_args(tmp_path)], capsys)
     assert code == 0
-    lines = out.splitlines()  # configurations by (size, tokens, arm, λ, μ), each followed by its two gates
-    assert lines[0].endswith("-> NO VERDICT") and "b-other-budget" in lines[0]
-    # b-good-s2 has no seed-2 arm A: the configuration falls back to the pooled baseline, and says so.
-    assert lines[1].startswith("RQ1 [B λ=0.02 μ=0 1M tiny] b-good, b-good-s2 vs pooled A (a-s1; no same-seed pair): "
-                               "LRU miss/token@25% 0.500 vs 4.000 = 87.5% reduction")
-    # Two seeds: judged at the seed-level t-interval, whose width (t(0.975, 1) = 12.7) leaves ΔPPL open.
-    assert "-> NOT RESOLVED (ΔPPL not resolved: +0.60% (95% CI [" in lines[1]
-    # +0.50%, +0.70%: margin 0.40% to the gate, sd 0.14%; t(0.975, 2)·0.14%/√3 = 0.35% < 0.40%, so 3 pairs.
-    assert "vs ≤ +1.00%; 3 seed pairs would resolve it if the mean and spread held)" in lines[1]
-    assert lines[2].startswith("  RQ1 miss reduction ≥ 30.0%: met (point 87.5% (seeds: 87.5%, 87.5%); judged at "
-                               "[87.5%, 87.5%], the seed-level 95% t-interval over 2 seed-paired effects")
-    assert lines[3].startswith("  RQ1 ΔPPL ≤ +1.00%: not resolved (point +0.60% (seeds: +0.50%, +0.70%); judged at")
-    assert lines[3].endswith("; window-bootstrap 95% CI (evaluation windows only, not training noise) "
-                             "[+0.60%, +0.60%])")
-    assert "-> FAIL (fails the ΔPPL gate: +2.00% (95% CI [+2.00%, +2.00%], window bootstrap, 1 seed) vs ≤ +1.00%)" \
-        in lines[4]
-    assert lines[6].startswith("  RQ1 ΔPPL ≤ +1.00%: missed (point +2.00%; judged at [+2.00%, +2.00%], the "
-                               "window-bootstrap 95% CI")
-    assert any(line.startswith("RQ1 overall: NOT RESOLVED (no configuration passes, some are not resolved (2 tested)")
-               for line in lines)
+    lines = out.splitlines()  # the pre-registered block, then the confidence block, then collapse
+    assert lines[0].startswith("Pre-registered verdict (SPEC §9 as written")
+    assert lines[1].endswith("-> NO VERDICT") and "b-other-budget" in lines[1]
+    # Pre-registered: arm A averaged over its seeds, point estimates.
+    assert lines[2] == ("RQ1 [B λ=0.02 μ=0 1M tiny] b-good, b-good-s2 vs A averaged over a-s1: LRU miss/token@25% "
+                        "0.500 vs 4.000 = 87.5% reduction ≥ 30.0%: PASS; mean PPL 30.180 vs 30.000 = +0.60% ≤ +1.00%: "
+                        "PASS; collapsed 0 -> PASS (meets both gates; no collapsed expert)")
+    assert lines[4].startswith("RQ1 overall, pre-registered verdict: SUPPORTED (passed by B λ=0.02 μ=0 1M tiny")
+    conf = lines.index("Confidence verdict (training noise: seed-paired effects, 95% t-intervals on the log or logit "
+                       "scale; any collapsed expert fails):")
+    # b-good-s2 has no seed-2 arm A: the configuration falls back to A's geometric mean, and says so. Its own
+    # two seeds (+0.50%, +0.70%) give a t-interval whose half-width (0.013 on the log scale) exceeds the gate.
+    assert lines[conf + 2].startswith("RQ1 [B λ=0.02 μ=0 1M tiny] b-good, b-good-s2 vs A's geometric mean (no "
+                                      "same-seed pair)")
+    assert "≤ +1.00%, 95% CI [-0.66%, +1.88%]: NOT TESTABLE (own 2 seeds, df 1" in lines[conf + 2]
+    # One seed borrows the pooled seed-paired SD (df 1): never judged on its window interval.
+    assert "+2.00% (geometric means over seeds) ≤ +1.00%, 95% CI [+0.19%, +3.84%]: NOT TESTABLE (SD 0.0014 " \
+           "borrowed from the study's pooled seed-paired SD, df 1" in lines[conf + 3]
+    assert "Pooled seed-paired SD at size tiny, 1M tokens, log_ppl: 0.0014 (df 1)" in lines
+    assert "RQ1 overall, confidence verdict: NOT TESTABLE (B λ=0.02 μ=0 1M tiny: NOT TESTABLE; B λ=0.05 μ=0 1M " \
+           "tiny: NOT TESTABLE)" in lines
     assert "COLLAPSE a-s1: none (every expert >= 1% usage in every layer)" in lines
     code, out, _ = _run_cli(verdict.main, [str(study), "--format", "json", *_cache_args(tmp_path)], capsys)
-    assert [c["verdict"] for c in json.loads(out)["criteria"]] == ["NO BASELINE", "NOT RESOLVED", "FAIL"]
+    both = json.loads(out)["verdicts"]
+    assert [c["state"] for c in both["pre-registered verdict"]["configurations"]] == ["NO BASELINE", "PASS", "FAIL"]
+    assert [c["state"] for c in both["confidence verdict"]["configurations"]] == [
+        "NO BASELINE", "NOT TESTABLE", "NOT TESTABLE"]
 
 
 def test_errors_are_one_line_and_nonzero(tmp_path, capsys):

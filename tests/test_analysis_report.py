@@ -163,10 +163,14 @@ def test_the_page_states_every_finding_and_is_regenerated_byte_for_byte(tmp_path
     assert len(cells) >= 4 and inline
     assert all(float(lo) - 0.01 <= float(x) <= float(hi) + 0.01 for x, lo, hi in cells + inline)
     # The verdict lines name their binding reason; the testability block and the deviations table are there.
-    assert re.search(r"-> (PASS|FAIL|NOT RESOLVED) \((meets both gates|fails the|.* not resolved)", page)
+    assert re.search(r"-> (PASS|FAIL|NOT RESOLVED|NOT TESTABLE) \((meets both gates|fails the|the .* gate is)", page)
     assert "## Can this scale answer the questions?" in page and "Can this study test them? RQ1:" in page
     assert "| λ grid (arm B) | 0.01, 0.02, 0.03, 0.05, 0.2 | 0.1, 0.3 |" in page
-    assert "Collapse clause: SPEC §9" in page
+    assert "Diagnostic, not a verdict (collapse beyond arm A's" in page
+    # The Deviations table holds the verdicts' departures: seed pairing, the interval rule, the collapse reading.
+    for aspect in ("seed pairing (confidence verdict)", "interval rule (confidence verdict)",
+                   "collapse reading (diagnostic)"):
+        assert f"| {aspect} | {verdict.deviation(aspect.split(' (')[0]).paper} |" in page
     assert report.main(args) == 0
     assert report.strip_timings((out / "tiny-study.md").read_text()) == report.strip_timings(page)
     assert {p.name: p.read_bytes() for p in (out / "tiny-study").iterdir()} == figures
