@@ -29,7 +29,7 @@ jackknife-t widens honestly with few seeds. A leave-one-out curve that misses
 the gate leaves no interval (the estimand is then not resolved). Its coverage is checked by
 simulation in ``tests/test_analysis_matched.py``.
 
-Pure math: arrays in, numbers out.
+Math on arrays, plus :func:`grids`, the one adapter from run directories' values to them.
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ class Crossing:
     delta_ppl: float          # exp(q at the crossing) − 1
     lam_below: float          # the bracketing λs (0.0 is arm A's anchor)
     lam_above: float
+    fraction: float           # how far the crossing lies from lam_below to lam_above, in the miss log ratio
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,7 +95,7 @@ def crossing(lams: Sequence[float], log_miss: np.ndarray, log_ppl: np.ndarray, g
         return None
     j = int(reached[0])  # >= 1: m[0] = 0 > target for any gate in (0, 1)
     t = (target - m[j - 1]) / (m[j] - m[j - 1])
-    return Crossing(math.expm1(q[j - 1] + t * (q[j] - q[j - 1])), grid[j - 1], grid[j])
+    return Crossing(math.expm1(q[j - 1] + t * (q[j] - q[j - 1])), grid[j - 1], grid[j], t)
 
 
 def matched_effect(lams: Sequence[float], log_miss: np.ndarray, log_ppl: np.ndarray, gate: float,
@@ -118,3 +119,72 @@ def matched_effect(lams: Sequence[float], log_miss: np.ndarray, log_ppl: np.ndar
     half = float(stats.t.ppf(0.5 + confidence / 2, n - 1)) * se
     centre = math.log1p(point.delta_ppl)
     return MatchedEffect(point, math.expm1(centre - half), math.expm1(centre + half), n)
+
+
+def per_seed_values(lams: Sequence[float], log_miss: np.ndarray, log_ppl: np.ndarray, gate: float
+                    ) -> list[float] | None:
+    """Each seed's linearised estimand (log scale): its q at the crossing, moved along the seed-mean slope
+    to the gate, q_i* + s·(log(1 − gate) − m_i*); where the seed means are monotone, their mean is the
+    estimate's log. None without a crossing.
+
+    Their SD is the estimand's per-seed spread, which sizes a plan (``analysis.power``): the jackknife's
+    leave-one-out values are these, to first order.
+    """
+    log_miss, log_ppl = np.asarray(log_miss, np.float64), np.asarray(log_ppl, np.float64)
+    point = crossing(lams, log_miss, log_ppl, gate)
+    if point is None:
+        return None
+    grid = [0.0, *(float(x) for x in lams)]
+    j = grid.index(point.lam_above)
+    zeros = np.zeros((log_miss.shape[0], 1))
+    m, q = np.hstack([zeros, log_miss]), np.hstack([zeros, log_ppl])
+    t = point.fraction
+    m_star = (1 - t) * m[:, j - 1] + t * m[:, j]
+    q_star = (1 - t) * q[:, j - 1] + t * q[:, j]
+    m_bar, q_bar = np.mean(m, axis=0), np.mean(q, axis=0)
+    slope = (q_bar[j] - q_bar[j - 1]) / (m_bar[j] - m_bar[j - 1])
+    return [float(v) for v in q_star + slope * (math.log(1.0 - gate) - m_star)]
+
+
+@dataclasses.dataclass(frozen=True)
+class Grid:
+    """One size and budget's λ grid of arm B, paired by seed with arm A: the estimand's inputs."""
+
+    size: str
+    tokens: float
+    lams: tuple[float, ...]
+    seeds: tuple[int, ...]
+    log_miss: np.ndarray      # (seeds, λ): log(miss_B / miss_A of the same seed), LRU at 25%
+    log_ppl: np.ndarray       # (seeds, λ): log(PPL_B / PPL_A of the same seed)
+
+
+def grids(runs) -> list[Grid]:
+    """Arm B's λ grids per (size, budget): the λs at which every seed of the best-covered λ has a run.
+
+    Seeds are worth more than points (each seed carries the whole curve's noise), so the grid keeps the
+    largest seed set any λ has and every λ that has all of those seeds; a λ with fewer is left out.
+    """
+    from analysis import summary
+
+    by_config: dict[tuple[str, float], dict[float, dict[int, tuple[float, float]]]] = {}
+    for run in runs:
+        if run.arm != "B" or not run.complete or run.finetuned or run.seed is None:
+            continue
+        base = summary.paired_baseline_run(run, runs)
+        if base is None:
+            continue
+        v, a = summary.run_values(run), summary.run_values(base)
+        if v["lru_miss_25"] is None or a["lru_miss_25"] is None:
+            continue
+        pair = (math.log(v["lru_miss_25"] / a["lru_miss_25"]), math.log(v["ppl"] / a["ppl"]))
+        by_config.setdefault((run.size, run.tokens), {}).setdefault(run.lam, {})[run.seed] = pair
+    out = []
+    for (size, tokens), by_lam in sorted(by_config.items()):
+        best = max(by_lam.values(), key=lambda seeds: (len(seeds), sorted(seeds)))
+        seeds = tuple(sorted(best))
+        lams = tuple(sorted(lam for lam, got in by_lam.items() if lam > 0 and set(seeds) <= set(got)))
+        if not lams:
+            continue
+        cells = np.array([[by_lam[lam][s] for lam in lams] for s in seeds])  # (seeds, λ, 2)
+        out.append(Grid(size, tokens, lams, seeds, cells[..., 0], cells[..., 1]))
+    return out

@@ -5,7 +5,10 @@ import math
 import numpy as np
 import pytest
 
+from analysis_fixtures import fake_paper_metrics, fake_run
+
 from analysis import matched
+from analysis.runs import DOMAIN_ORDER as DOMAINS
 
 GATE = 0.30
 
@@ -71,3 +74,39 @@ def test_the_jackknife_t_interval_covers_at_its_nominal_rate_in_a_small_simulati
         covered += effect.low <= truth <= effect.high
     assert total >= 390
     assert 0.90 <= covered / total <= 0.99, (covered, total)
+
+
+def test_per_seed_values_average_to_the_estimate_and_track_the_jackknife():
+    rng = np.random.default_rng(1)
+    lams = np.array([0.03, 0.1, 0.3])
+    log_miss, log_ppl = _simulate(rng, 5, lams, 1.0, 0.05, 0.02, 0.01)
+    values = matched.per_seed_values(lams, log_miss, log_ppl, GATE)
+    effect = matched.matched_effect(lams, log_miss, log_ppl, GATE)
+    assert np.mean(values) == pytest.approx(math.log1p(effect.delta_ppl), rel=1e-9)
+    # The jackknife's SE is, to first order, the SD of the linearised values over √n.
+    jack_half = math.log1p(effect.high) - math.log1p(effect.delta_ppl)
+    from scipy import stats
+    lin_half = stats.t.ppf(0.975, 4) * np.std(values, ddof=1) / math.sqrt(5)
+    assert jack_half == pytest.approx(lin_half, rel=0.15)
+
+
+def _study(pairs):
+    """Runs from {(lam, seed): (miss ratio, ppl ratio)} against arm A (miss 2.0, PPL 10) of each seed."""
+    runs = [_fake(f"a-s{s}", "A", 0.0, s, 10.0, 2.0) for s in sorted({s for _, s in pairs})]
+    runs += [_fake(f"b-{lam}-s{s}", "B", lam, s, 10.0 * p, 2.0 * m) for (lam, s), (m, p) in pairs.items()]
+    return runs
+
+
+def _fake(name, arm, lam, seed, ppl, miss):
+    return fake_run(name, arm=arm, lam=lam, seed=seed, tokens=1e6, losses={d: math.log(ppl) for d in DOMAINS},
+                    metrics={d: fake_paper_metrics(lru_miss_25=miss) for d in DOMAINS})
+
+
+def test_grids_pair_each_seed_with_its_arm_a_and_keep_the_best_covered_seeds():
+    # λ .1 has seeds 1-3, λ .3 seeds 1-3, λ .01 only seed 1: the grid is (.1, .3) over seeds 1-3.
+    pairs = {(0.1, 1): (0.8, 1.01), (0.1, 2): (0.7, 1.02), (0.1, 3): (0.75, 1.0),
+             (0.3, 1): (0.6, 1.03), (0.3, 2): (0.5, 1.04), (0.3, 3): (0.55, 1.05), (0.01, 1): (0.95, 1.0)}
+    (grid,) = matched.grids(_study(pairs))
+    assert grid.lams == (0.1, 0.3) and grid.seeds == (1, 2, 3)
+    np.testing.assert_allclose(grid.log_miss, np.log([[0.8, 0.6], [0.7, 0.5], [0.75, 0.55]]), rtol=1e-12)
+    np.testing.assert_allclose(grid.log_ppl, np.log([[1.01, 1.03], [1.02, 1.04], [1.0, 1.05]]), rtol=1e-9)
