@@ -57,6 +57,8 @@ _RERUN_CHANGED = flags.DEFINE_bool("rerun_changed", False, "Runs whose directory
                                    "than this sweep plans are refused; with this flag they are moved, kept, to "
                                    "ROOT/.superseded/<name>.<time>/ and trained afresh.")
 _ONLY = flags.DEFINE_list("only", [], "Only the runs whose names match these shell patterns, e.g. 'b-lam0.05-*'.")
+_REPLAN = flags.DEFINE_bool("replan", False, "Accept a study plan() that differs from ROOT/preregistration.json "
+                            "after runs started, recording the change as a deviation (default: refused).")
 _ANALYSIS = flags.DEFINE_bool("analysis", True, "Write analysis tables and the verdict when the sweep is done.")
 _VERBOSE = flags.DEFINE_bool("verbose", False, "Echo every worker's output (prefixed with its run name).")
 _STATUS_EVERY = flags.DEFINE_float("status_every", 60.0, "Seconds between printed status tables (0: only at "
@@ -223,10 +225,33 @@ ANALYSIS_DIR = "analysis"
 
 def study_steps(config_file: str) -> dict:
     """The config file's ``study(arg)`` (what to do once every run is done), or {} when it has none."""
+    return _config_hook(config_file, "study") or {}
+
+
+def study_plan(config_file: str) -> dict | None:
+    """The config file's ``plan(arg)`` (its pre-registration), or None when it has none."""
+    return _config_hook(config_file, "plan")
+
+
+def _config_hook(config_file: str, name: str):
     from launch.plan import load_config_module, split_config_file
     path, arg = split_config_file(config_file)
     module = load_config_module(path)
-    return module.study(arg) if hasattr(module, "study") else {}
+    return getattr(module, name)(arg) if hasattr(module, name) else None
+
+
+def register_plan(config_file: str, root: pathlib.Path, specs, command: Sequence[str], *, replan: bool = False
+                  ) -> dict | None:
+    """Writes the study's plan into the root before any run starts (refused if it changed once runs exist)."""
+    from moe.rundir import preregistration
+
+    planned = study_plan(config_file)
+    if planned is None:
+        return None
+    started = any(s.workdir.exists() for s in specs)
+    return preregistration.register(root, planned, runs_started=started, replan=replan,
+                                    command=shlex.join(command), source=config_file,
+                                    echo=lambda msg: print(msg, flush=True))
 
 
 def finetune_command(root: pathlib.Path, entry: dict, overrides: Mapping[str, Any] | None = None) -> list[str]:
@@ -461,6 +486,7 @@ def sweep(argv_command: Sequence[str]) -> int:
         return dry_run(specs)
 
     with root_lock(root):
+        register_plan(config_file, root, specs, argv_command, replan=_REPLAN.value)
         broken = broken_runs(specs)  # reported and skipped; the other runs go on
         usable = [s for s in specs if s.name not in broken]
         settle_changed(usable, root, _RERUN_CHANGED.value)
