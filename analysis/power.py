@@ -28,12 +28,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from analysis import cli, effects, matched, verdict
-from analysis.intervals import CONFIDENCE
-from analysis.runs import load_runs
+from typing import TYPE_CHECKING
+
+from analysis import cli
 from moe import rundir
 
+if TYPE_CHECKING:  # the numeric modules load in the functions that use them: `power --help` stays fast
+    from analysis import effects, matched
+
 MOST_SEEDS = 200
+CONFIDENCE = 0.95  # analysis.intervals.CONFIDENCE (tested equal): intervals imports numpy
 
 
 def sd_range(noise: effects.Noise, confidence: float = CONFIDENCE) -> tuple[float, float]:
@@ -47,6 +51,8 @@ def sd_range(noise: effects.Noise, confidence: float = CONFIDENCE) -> tuple[floa
 
 def half_width(sd: float, n: int, confidence: float = CONFIDENCE) -> float:
     """Expected half-width of a seed-level t-interval over n seeds with this per-seed SD (log scale)."""
+    from analysis import effects
+
     return effects.t_half_width(effects.Noise(sd, n - 1, False), n, confidence)
 
 
@@ -82,6 +88,8 @@ class EstimandPlan:
 
 def plan_estimand(grid: matched.Grid, gate: float, target_points: float, candidates: Sequence[int]) -> EstimandPlan:
     """The estimand's pilot spread on this grid and the half-width each candidate number of seeds expects."""
+    from analysis import effects, matched
+
     values = matched.per_seed_values(grid.lams, grid.log_miss, grid.log_ppl, gate)
     if values is None:
         return EstimandPlan(grid, None, None, {}, None, None)
@@ -102,6 +110,8 @@ def _seeds_text(n: int | None) -> str:
 
 def report_lines(runs: Sequence, target_points: float, candidates: Sequence[int]) -> list[str]:
     """The power report: one block per size and budget."""
+    from analysis import matched, verdict
+
     noise = verdict.study_noise(runs)
     plans = {(g.size, g.tokens): plan_estimand(g, verdict.RQ1_MIN_MISS_REDUCTION, target_points, candidates)
              for g in matched.grids(runs)}
@@ -123,6 +133,8 @@ def report_lines(runs: Sequence, target_points: float, candidates: Sequence[int]
 
 
 def _estimand_lines(p: EstimandPlan, target_points: float) -> list[str]:
+    from analysis import verdict
+
     g = p.grid
     head = (f"  RQ1 estimand, ΔPPL at {verdict.RQ1_MIN_MISS_REDUCTION:.0%} miss reduction "
             f"(λ grid {', '.join(f'{x:g}' for x in g.lams)}; seeds {', '.join(map(str, g.seeds))})")
@@ -141,6 +153,8 @@ def _estimand_lines(p: EstimandPlan, target_points: float) -> list[str]:
 
 
 def report_json(runs: Sequence, target_points: float, candidates: Sequence[int]) -> dict[str, Any]:
+    from analysis import matched, verdict
+
     noise = verdict.study_noise(runs)
     plans = [plan_estimand(g, verdict.RQ1_MIN_MISS_REDUCTION, target_points, candidates) for g in matched.grids(runs)]
     return {
@@ -154,6 +168,21 @@ def report_json(runs: Sequence, target_points: float, candidates: Sequence[int])
                       "seeds_needed": p.seeds_needed, "seeds_needed_pessimistic": p.seeds_needed_pessimistic}
                      for p in plans],
     }
+
+
+def plan_lines(plan: dict[str, Any], sha256: str) -> list[str]:
+    """What a plan expects: per estimand with a pilot, the half-width its seeds give at the pilot's spread."""
+    seeds = len(plan.get("design", {}).get("seeds", ()))
+    lines = [f"pre-registration sha256 {sha256}"]
+    for name, estimand in plan["estimands"].items():
+        pilot = estimand.get("pilot")
+        if not pilot or seeds < 2:
+            lines.append(f"  {name}: no pilot spread in the plan; no expected half-width")
+            continue
+        width = points(math.log1p(pilot["estimate"]), half_width(pilot["sd"], seeds, 1 - estimand["alpha"]))
+        lines.append(f"  {name}: expected {1 - estimand['alpha']:.0%} half-width ±{width:.2f} points with {seeds} "
+                     f"seeds at the pilot's per-seed SD {pilot['sd']:.4f} (df {pilot['df']})")
+    return lines
 
 
 def _command() -> cli.CLI:
@@ -184,6 +213,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.target > 0:
         raise ValueError(f"--target must be a positive number of percentage points, got {args.target}")
     candidates = _candidates(args.seeds)
+    from analysis.runs import load_runs
+
     runs = load_runs(args.paths, store=cli.make_store(args))
     if args.format == "json":
         text = json.dumps(report_json(runs, args.target, candidates), indent=1) + "\n"

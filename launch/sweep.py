@@ -483,7 +483,7 @@ def sweep(argv_command: Sequence[str]) -> int:
         slurm_options(specs)  # bad SLURM flags fail here, before anything is written
 
     if _DRY_RUN.value:
-        return dry_run(specs)
+        return dry_run(specs, config_file)
 
     with root_lock(root):
         register_plan(config_file, root, specs, argv_command, replan=_REPLAN.value)
@@ -539,8 +539,9 @@ def sweep(argv_command: Sequence[str]) -> int:
     return code
 
 
-def dry_run(specs) -> int:
-    """Prints each job's command and compiled train-step memory; refuses what exceeds the device."""
+def dry_run(specs, config_file: str | None = None) -> int:
+    """Prints each job's command and compiled train-step memory, and a plan's expected half-widths; refuses
+    what exceeds the device."""
     from launch import memory
     from moe import rundir
     from launch.execute import prepare_jax_env
@@ -559,6 +560,12 @@ def dry_run(specs) -> int:
         estimates.append(dataclasses.replace(e, run=job.name) if job.vmapped else e)
     print(memory.format_estimates(estimates), end="")
     print(f"{len(specs)} runs in {len(jobs)} job(s), {estimator.compiles} distinct train-step shape(s) compiled")
+    planned = study_plan(config_file) if config_file else None
+    if planned is not None:
+        from analysis.power import plan_lines
+        from moe.rundir import preregistration
+        planned = preregistration.check_plan(planned, config_file)
+        print("\n".join(plan_lines(planned, preregistration.plan_hash(planned))))
     if _EXECUTOR.value == "slurm":
         from launch.slurm import sbatch_options
         print("sbatch options per job: " + " ".join(sbatch_options(slurm_options(specs))))

@@ -64,3 +64,22 @@ def test_cli_runs_on_run_directories_and_refuses_bad_seeds(tmp_path, capsys):
     assert "log_ppl: seed-paired SD" in out and "never reaches the miss gate" in out
     assert cli.run_main(power.main, [str(tmp_path), "--seeds=1,3", *store]) == 2
     assert "--seeds must be comma-separated counts of 2 or more, got '1,3'" in capsys.readouterr().err
+
+
+def test_the_light_confidence_is_the_intervals_one():
+    from analysis import intervals
+    assert power.CONFIDENCE == intervals.CONFIDENCE
+
+
+def test_plan_lines_give_the_half_width_the_plans_seeds_expect_at_the_pilots_spread():
+    plan = {"design": {"seeds": [1, 2, 3, 4, 5, 6]},
+            "estimands": {"rq1": {"gate": 0.01, "alpha": 0.05, "interval": "jackknife-t",
+                                  "pilot": {"sd": 0.0033, "df": 1, "estimate": 0.0103}},
+                          "rq2": {"gate": 0.9, "alpha": 0.05, "interval": "t"}}}
+    lines = power.plan_lines(plan, "ab" * 32)
+    width = power.points(math.log1p(0.0103), power.half_width(0.0033, 6))
+    assert lines == [f"pre-registration sha256 {'ab' * 32}",
+                     f"  rq1: expected 95% half-width ±{width:.2f} points with 6 seeds at the pilot's per-seed SD "
+                     "0.0033 (df 1)",
+                     "  rq2: no pilot spread in the plan; no expected half-width"]
+    assert f"{width:.2f}" == "0.35"  # t(5) · .0033 / √6 = .00346 on the log scale, ×1.0103 in points

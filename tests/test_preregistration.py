@@ -110,3 +110,20 @@ def test_the_sweep_refuses_a_changed_plan_before_training_anything(tmp_path):
     (line,) = [ln for ln in out.stderr.splitlines() if ln.strip()]
     assert line.startswith("error: ") and "differs from the registered plan" in line
     assert list((root / "a-s1").iterdir()) == []
+
+
+def test_the_dry_run_prints_the_plans_hash_and_expected_half_width_and_writes_nothing(tmp_path):
+    plan = {**PLAN, "estimands": {"rq1_matched": {**PLAN["estimands"]["rq1_matched"],
+                                                  "pilot": {"sd": 0.0033, "df": 1, "estimate": 0.0103}}}}
+    config = tmp_path / "study.py"
+    config.write_text("from configs.arm_a import get_config\nfrom configs.sweeps import grid\n\n"
+                      "def sweep(arg=None):\n    return grid('tiny', [('main', {'arm': 'A', 'seed': 1})])\n\n"
+                      f"def plan(arg=None):\n    return {plan!r}\n")
+    root = tmp_path / "root"
+    out = subprocess.run([sys.executable, "-m", "launch.sweep", f"--config={config}:tiny", f"--root={root}",
+                          "--dry_run"], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert f"pre-registration sha256 {prereg.plan_hash(plan)}" in out.stdout
+    # t(2) · .0033 / √3 = .0082 on the log scale, ×1.0103 in points: ±0.83.
+    assert "rq1_matched: expected 95% half-width ±0.83 points with 3 seeds" in out.stdout
+    assert not root.exists()
