@@ -113,8 +113,10 @@ def report_lines(runs: Sequence, target_points: float, candidates: Sequence[int]
     from analysis import matched, verdict
 
     noise = verdict.study_noise(runs)
-    plans = {(g.size, g.tokens): plan_estimand(g, verdict.RQ1_MIN_MISS_REDUCTION, target_points, candidates)
-             for g in matched.grids(runs)}
+    plans: dict[tuple[str, float], list[EstimandPlan]] = {}
+    for g in matched.grids(runs):
+        plans.setdefault((g.size, g.tokens), []).append(
+            plan_estimand(g, verdict.RQ1_MIN_MISS_REDUCTION, target_points, candidates))
     keys = sorted({(k[0], k[1]) for k in noise} | set(plans))
     if not keys:
         return ["no seed-paired quantities: the pilot needs arm-A runs and arm-B or arm-C runs of the same seeds"]
@@ -122,14 +124,30 @@ def report_lines(runs: Sequence, target_points: float, candidates: Sequence[int]
              "their df; plans assume the pilot's spread."]
     for size, tokens in keys:
         lines.append(f"\n{size}, {rundir.format_tokens(tokens)} tokens")
-        for (s, t, name), n in sorted(noise.items()):
-            if (s, t) == (size, tokens):
-                lo, hi = sd_range(n)
-                lines.append(f"  {name}: seed-paired SD {n.sd:.4f} (df {n.df}; {CONFIDENCE:.0%} range "
-                             f"{lo:.4f}–{hi:.4f})")
-        if (size, tokens) in plans:
-            lines += _estimand_lines(plans[(size, tokens)], target_points)
+        here = {name: n for (s, t, name), n in sorted(noise.items()) if (s, t) == (size, tokens)}
+        for name, n in here.items():
+            lo, hi = sd_range(n)
+            lines.append(f"  {name}: seed-paired SD {n.sd:.4f} (df {n.df}; {CONFIDENCE:.0%} range "
+                         f"{lo:.4f}–{hi:.4f})")
+        for name, n in here.items():
+            base, _, fork = name.partition("@")
+            if fork and base in here:
+                ratio, lo, hi = sd_ratio(n, here[base])
+                lines.append(f"  {base}: trunk pairs ({fork}) / from-scratch pairs SD = {ratio:.2f} "
+                             f"({CONFIDENCE:.0%} range {lo:.2f}–{hi:.2f} by F at df {n.df}, {here[base].df})")
+        for plan in plans.get((size, tokens), []):
+            lines += _estimand_lines(plan, target_points)
     return lines
+
+
+def sd_ratio(a: effects.Noise, b: effects.Noise, confidence: float = CONFIDENCE) -> tuple[float, float, float]:
+    """SD a / SD b with its F-distribution confidence range (independent normal samples)."""
+    from scipy import stats
+
+    ratio = a.sd / b.sd
+    upper_f = stats.f.ppf(0.5 + confidence / 2, a.df, b.df)
+    lower_f = stats.f.ppf(0.5 - confidence / 2, a.df, b.df)
+    return ratio, ratio / math.sqrt(upper_f), ratio / math.sqrt(lower_f)
 
 
 def _estimand_lines(p: EstimandPlan, target_points: float) -> list[str]:
@@ -137,7 +155,8 @@ def _estimand_lines(p: EstimandPlan, target_points: float) -> list[str]:
 
     g = p.grid
     head = (f"  RQ1 estimand, ΔPPL at {verdict.RQ1_MIN_MISS_REDUCTION:.0%} miss reduction "
-            f"(λ grid {', '.join(f'{x:g}' for x in g.lams)}; seeds {', '.join(map(str, g.seeds))})")
+            f"(λ grid {', '.join(f'{x:g}' for x in g.lams)}; seeds {', '.join(map(str, g.seeds))}"
+            + (f"; branches of arm-A trunks at step {g.fork_step}" if g.fork_step else "") + ")")
     if p.estimate is None:
         return [head + ": the grid never reaches the miss gate at the seed means; no estimate"]
     if p.noise is None:
@@ -161,7 +180,7 @@ def report_json(runs: Sequence, target_points: float, candidates: Sequence[int])
         "confidence": CONFIDENCE, "target_points": target_points,
         "noise": [{"size": s, "tokens": t, "quantity": q, "sd": n.sd, "df": n.df, "sd_range": sd_range(n)}
                   for (s, t, q), n in sorted(noise.items())],
-        "estimand": [{"size": p.grid.size, "tokens": p.grid.tokens, "lams": p.grid.lams, "seeds": p.grid.seeds,
+        "estimand": [{"size": p.grid.size, "tokens": p.grid.tokens, "fork_step": p.grid.fork_step, "lams": p.grid.lams, "seeds": p.grid.seeds,
                       "delta_ppl": p.estimate, "sd": p.noise.sd if p.noise else None,
                       "df": p.noise.df if p.noise else None,
                       "half_width_points": {str(n): w for n, w in sorted(p.half_widths.items())},

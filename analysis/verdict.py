@@ -574,15 +574,23 @@ def _hits(vals: Sequence[dict]) -> tuple[list[float], str]:
     return [float(v[key]) for v in vals], key
 
 
+def noise_key(run: Run, quantity: str) -> tuple[str, float, str]:
+    """The pool a configuration's per-seed quantity belongs to: its size, budget, and whether it is a branch."""
+    return run.size, run.tokens, quantity + (f"@fork{run.fork_step}" if run.fork_step else "")
+
+
 def study_noise(runs: Sequence[Run]) -> dict[tuple[str, float, str], effects.Noise]:
-    """{(size, tokens, quantity): pooled SD over the configurations with 2+ seeds at that size and budget}."""
+    """{(size, tokens, quantity): pooled SD over the configurations with 2+ seeds at that size and budget}.
+
+    Branches of arm-A trunks (moe.fork) pool apart from runs from scratch: their quantity is named
+    ``<quantity>@fork<step>``, as their pairs vary less (that is what a pilot measures)."""
     groups: dict[tuple[str, float, str], list[list[float]]] = {}
     seen: set[tuple] = set()
     for group, criterion in _todo(runs):
         if group[0].finetuned:
             continue
         for name, values in _quantities(group, runs, criterion).items():
-            key = (group[0].size, group[0].tokens, name)
+            key = noise_key(group[0], name)
             ident = (key, tuple(r.name for r in group))
             if ident not in seen:
                 seen.add(ident)
@@ -636,7 +644,7 @@ def confidence(runs: Sequence[Run]) -> list[Verdict]:
 
         def noise_of(name: str) -> effects.Noise | None:
             own = effects.own_noise(q[name])
-            return own if own is not None else noise.get((head_run.size, head_run.tokens, name))
+            return own if own is not None else noise.get(noise_key(head_run, name))
 
         max_cost = RQ1_MAX_PPL_COST if criterion == "RQ1" else RQ2_MAX_PPL_COST
         ppl = effects.paired_ratio([v["ppl"] for v in vals], [r["ppl"] for r in refs])

@@ -211,10 +211,12 @@ def plan_jobs(runs, max_seeds: int, seed_batching: str = "auto"):
 
 
 def vmappable(spec) -> bool:
-    """A run that starts from another run's weights (arm M, moe.finetune) trains solo."""
+    """A run that starts from another run's weights (arm M, moe.finetune) or checkpoint (a branch, moe.fork)
+    trains solo."""
     from configs.base import finetunes
     from launch.plan import build_config
-    return not finetunes(build_config(spec.config_file, spec.overrides))
+    config = build_config(spec.config_file, spec.overrides)
+    return not finetunes(config) and not config.train.fork_from
 
 
 # ---------------------------------------------------------------- analysis

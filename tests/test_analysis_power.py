@@ -83,3 +83,27 @@ def test_plan_lines_give_the_half_width_the_plans_seeds_expect_at_the_pilots_spr
                      "0.0033 (df 1)",
                      "  rq2: no pilot spread in the plan; no expected half-width"]
     assert f"{width:.2f}" == "0.35"  # t(5) · .0033 / √6 = .00346 on the log scale, ×1.0103 in points
+
+
+def test_sd_ratio_has_the_f_range_by_hand():
+    # df (2, 2): F(.975) = 39.0, F(.025) = 1/39, so SD 1 vs 2 lies in [.5/√39, .5·√39] = [.0801, 3.122].
+    ratio, lo, hi = power.sd_ratio(effects.Noise(1.0, 2, False), effects.Noise(2.0, 2, False))
+    assert (ratio, lo, hi) == (0.5, pytest.approx(0.0801, abs=1e-4), pytest.approx(3.1225, abs=1e-4))
+
+
+def test_branches_of_trunks_pool_apart_and_the_report_compares_their_spread_with_from_scratch_pairs():
+    from analysis_fixtures import with_record
+    scratch = _study({(0.1, s): (0.7 + 0.05 * s, 1.0 + 0.01 * s) for s in (1, 2, 3)})
+    branches = [with_record(r, r.path.with_name(r.name + "-fork4"), config={"train": {"fork_step": 4}})
+                for r in _study({(0.1, s): (0.72 + 0.01 * s, 1.01 + 0.002 * s) for s in (1, 2, 3)}) if r.arm == "B"]
+    runs = scratch + branches
+    assert sorted(g.fork_step for g in matched.grids(runs)) == [0, 4]
+    from analysis import verdict
+    noise = verdict.study_noise(runs)
+    trunk, fresh = noise[("tiny", 1e6, "log_ppl@fork4")], noise[("tiny", 1e6, "log_ppl")]
+    assert trunk.sd < fresh.sd and trunk.df == fresh.df == 2
+    ratio, lo, hi = power.sd_ratio(trunk, fresh)
+    text = "\n".join(power.report_lines(runs, 0.5, [3]))
+    assert (f"log_ppl: trunk pairs (fork4) / from-scratch pairs SD = {ratio:.2f} (95% range {lo:.2f}–{hi:.2f} by F "
+            "at df 2, 2)") in text
+    assert "branches of arm-A trunks at step 4" in text

@@ -96,3 +96,38 @@ def test_runs_recorded_before_the_fork_fields_keep_their_identity():
     assert rundir.identity_diff(old, config) == {}
     config["train"]["fork_step"] = 4
     assert rundir.identity_diff(old, config) == {"train.fork_step": (0, 4)}
+
+
+def test_a_branched_sweep_names_trunks_and_branches_and_resolves_each_trunk_in_the_root(tmp_path):
+    from launch import plan
+    specs = {s.name: s.override_dict for s in plan.expand("configs/study_cpu3_pilot.py:tiny", tmp_path)}
+    assert list(specs) == ["a-s1", "a-s2", "a-s3", "b-lam0.1-s1", "b-lam0.1-s2", "b-lam0.1-s3",
+                           "b-lam0.1-s1-fork3", "b-lam0.1-s2-fork3", "b-lam0.1-s3-fork3"]  # 12 steps: a quarter
+    assert specs["a-s2"]["train.keep_period"] == 3 and "train.fork_from" not in specs["b-lam0.1-s2"]
+    assert specs["b-lam0.1-s2-fork3"]["train.fork_from"] == str(tmp_path / "a-s2")
+    assert specs["b-lam0.1-s2-fork3"]["train.fork_step"] == 3
+
+
+def test_a_sweep_branching_from_a_trunk_it_does_not_plan_is_refused(tmp_path):
+    from launch import plan
+    config = tmp_path / "study.py"
+    config.write_text("from configs.arm_a import get_config\n\ndef sweep(arg=None):\n"
+                      "    return [{'arm': 'B', 'seed': 1, 'train.fork_from': 'a-s9', 'train.fork_step': 2}]\n")
+    with pytest.raises(plan.PlanError, match="branches from .*a-s9, which this sweep does not plan"):
+        plan.expand(f"{config}:tiny", tmp_path / "root")
+
+
+@pytest.mark.slow
+def test_the_branched_sweep_runs_trunk_then_branch_inline(tmp_path):
+    import subprocess
+    import sys
+    from helpers import REPO
+    root = tmp_path / "root"
+    out = subprocess.run([sys.executable, "-m", "launch.sweep", "--config=configs/study_cpu3_pilot.py:tiny",
+                          f"--root={root}", "--only=a-s1,b-lam0.1-s1-fork3", "--executor=inline", "--noanalysis",
+                          "--status_every=0", "--config.eval.windows=1", "--config.eval.cache_metrics=false"],
+                         capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert f"branched from trunk {root / 'a-s1'} at step 3" in out.stdout + out.stderr
+    assert rundir.is_done(root / "b-lam0.1-s1-fork3") and rundir.is_done(root / "a-s1")
+    assert json.loads((root / "preregistration.json").read_text())["plan"]["design"]["trunk_fraction"] == 0.25
