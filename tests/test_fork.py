@@ -131,3 +131,27 @@ def test_the_branched_sweep_runs_trunk_then_branch_inline(tmp_path):
     assert f"branched from trunk {root / 'a-s1'} at step 3" in out.stdout + out.stderr
     assert rundir.is_done(root / "b-lam0.1-s1-fork3") and rundir.is_done(root / "a-s1")
     assert json.loads((root / "preregistration.json").read_text())["plan"]["design"]["trunk_fraction"] == 0.25
+
+
+def test_a_branch_waits_for_a_trunk_still_training_towards_the_fork_step(trunk, tmp_path, monkeypatch):
+    import os
+    import shutil
+    import threading
+    copy = tmp_path / "a-s1"
+    shutil.copytree(trunk, copy)
+    step = checkpoint.step_dir(copy, FORK)
+    aside = tmp_path / "step-aside"
+    os.rename(step, aside)
+    for later in (6, 8):  # the trunk has not got there yet
+        shutil.rmtree(checkpoint.step_dir(copy, later))
+    fd = rundir.try_lock(copy)  # the trunk is "training": its lock is held
+    monkeypatch.setattr(fork, "POLL_S", 0.05)
+    lines = []
+    saver = threading.Timer(0.5, os.rename, (aside, step))  # ... and saves the fork step a moment later
+    saver.start()
+    try:
+        assert fork._wait_for_step(copy, FORK, lines.append) == step
+    finally:
+        saver.join()
+        os.close(fd)
+    assert lines == [f"waiting for trunk a-s1 to save step {FORK} (it is at step 0)"]
