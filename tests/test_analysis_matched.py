@@ -110,3 +110,20 @@ def test_grids_pair_each_seed_with_its_arm_a_and_keep_the_best_covered_seeds():
     assert grid.lams == (0.1, 0.3) and grid.seeds == (1, 2, 3)
     np.testing.assert_allclose(grid.log_miss, np.log([[0.8, 0.6], [0.7, 0.5], [0.75, 0.55]]), rtol=1e-12)
     np.testing.assert_allclose(grid.log_ppl, np.log([[1.01, 1.03], [1.02, 1.04], [1.0, 1.05]]), rtol=1e-9)
+
+
+def test_the_confidence_verdict_judges_rqs_joint_question_on_the_estimand_beside_the_per_lambda_gates():
+    from analysis import verdict
+    clear_pass = {(0.1, s): (0.6 + 0.01 * s, 1.001 + 0.001 * s) for s in (1, 2, 3)}
+    clear_fail = {(0.1, s): (0.6 + 0.01 * s, 1.05 + 0.001 * s) for s in (1, 2, 3)}
+    straddle = {(0.1, 1): (0.6, 0.98), (0.1, 2): (0.6, 1.04), (0.1, 3): (0.6, 1.0)}
+    for pairs, state in ((clear_pass, "PASS"), (clear_fail, "FAIL"), (straddle, "NOT RESOLVED")):
+        runs = _study(pairs)
+        (j,) = verdict.joint(runs)
+        (grid,) = matched.grids(runs)
+        e = matched.matched_effect(grid.lams, grid.log_miss, grid.log_ppl, GATE)
+        assert j.state == state and j.counted
+        assert f": {e.delta_ppl:+.2%} (95% CI [{e.low:+.2%}, {e.high:+.2%}], jackknife" in j.line
+        assert j.line.endswith(f"-> {state}") and j.line in verdict.verdict_text(runs)
+    (j,) = verdict.joint(_study({(0.1, 1): (0.9, 1.0), (0.1, 2): (0.95, 1.0)}))
+    assert j.state == "NOT RESOLVED" and "no λ of the grid reaches the miss gate" in j.line
