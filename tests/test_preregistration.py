@@ -127,3 +127,18 @@ def test_the_dry_run_prints_the_plans_hash_and_expected_half_width_and_writes_no
     # t(2) · .0033 / √3 = .0082 on the log scale, ×1.0103 in points: ±0.83.
     assert "rq1_matched: expected 95% half-width ±0.83 points with 3 seeds" in out.stdout
     assert not root.exists()
+
+
+def test_the_page_prints_the_plan_its_hash_the_commit_and_each_change_as_a_deviation(tmp_path):
+    from analysis import report
+    assert report.preregistration_lines(tmp_path) == []
+    first = _register(tmp_path)
+    (tmp_path / "a-s1").mkdir()
+    changed = {**PLAN, "deviations": ["one more"]}
+    doc = _register(tmp_path, changed, started=True, replan=True)
+    lines = report.preregistration_lines(tmp_path)
+    assert lines[0] == (f"Registered before the first run in `preregistration.json`: sha256 `{doc['sha256']}`, "
+                        f"written by commit `{doc['commit']}` from `configs/x.py`.")
+    assert json.loads("\n".join(lines[3:lines.index("```", 3)])) == changed
+    assert lines[-1].startswith(f"* Deviation: the plan changed after runs started, sha256 `{first['sha256'][:12]}` "
+                                f"-> `{doc['sha256'][:12]}`")
