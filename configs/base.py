@@ -172,6 +172,12 @@ def base_config(arm: str, arg: str | None, arm_defaults: dict | None = None) -> 
         eval_every=s["eval_every"],
         eval_windows=s["eval_windows"],
         trainable="",  # regex over parameter paths the optimiser updates; "" = all (moe.train.trainable_filter)
+        # Trunk and branch (moe.fork): a run that starts from another run's checkpoint at fork_step, its
+        # optimizer state and data position included, and trains on with its own losses; "" trains from
+        # scratch. keep_period keeps every checkpoint whose step it divides (a trunk keeps its fork step).
+        fork_from="",
+        fork_step=0,
+        keep_period=0,
     ))
     c.eval = ml_collections.ConfigDict(dict(
         windows=s["windows"],  # 0: every held-out window

@@ -14,7 +14,7 @@ from typing import Callable
 
 import ml_collections
 
-from configs.base import SIZES, ConfigError, finetunes
+from configs.base import SIZES, ConfigError, finetunes, num_train_steps
 from moe import rundir
 from moe.data import config as data_config
 from moe.data import pipeline
@@ -84,6 +84,17 @@ def validate(c: ml_collections.ConfigDict) -> None:
                           f"train.eval_windows > 0, got {t.eval_every} and {t.eval_windows}")
     if t.log_every <= 0 or t.ckpt_every <= 0 or t.keep_checkpoints <= 0:
         raise ConfigError("train.log_every, train.ckpt_every and train.keep_checkpoints must be > 0")
+    if t.keep_period < 0 or t.fork_step < 0:
+        raise ConfigError(f"train.keep_period and train.fork_step must be >= 0, got {t.keep_period} and "
+                          f"{t.fork_step}")
+    if bool(t.fork_from) != bool(t.fork_step):
+        raise ConfigError("train.fork_from and train.fork_step go together: a trunk run directory and the step "
+                          f"of its checkpoint to branch from (got {t.fork_from!r} and {t.fork_step})")
+    if t.fork_from and not t.fork_step < num_train_steps(c):
+        raise ConfigError(f"train.fork_step={t.fork_step} must be below the run's {num_train_steps(c)} steps")
+    if t.fork_from and c.init_from:
+        raise ConfigError("train.fork_from and init_from exclude each other: a branch continues its trunk's "
+                          "training, a fine-tune starts from a finished run's weights")
     if c.eval.windows < 0 or c.eval.batch_size <= 0:
         raise ConfigError("eval.windows must be >= 0 (0 = every held-out window) and eval.batch_size > 0")
     if c.eval.train_trace_tokens < 0:
@@ -114,6 +125,8 @@ def resolve(config: ml_collections.ConfigDict, recorded: dict | None = None,
     validate(config)
     if config.init_from:  # recorded as an absolute path, whatever the working directory
         config.init_from = rundir.absolute_path(config.init_from)
+    if config.train.fork_from:
+        config.train.fork_from = rundir.absolute_path(config.train.fork_from)
     config.model.dispatch = select_dispatch(config.model.dispatch)
     config.model.block_size = select_block_size(config.model.block_size)
     vocab = pipeline.vocab_size(config.data)

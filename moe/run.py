@@ -25,7 +25,7 @@ import numpy as np
 from flax import nnx
 
 from configs.base import finetunes, num_train_steps
-from moe import checkpoint, rundir
+from moe import checkpoint, fork, rundir
 from moe import seeds as seeds_lib
 from moe.data import pipeline
 from moe.config import resolve
@@ -195,6 +195,7 @@ def _run_locked(configs: list[ml_collections.ConfigDict], workdirs: list[pathlib
                 log(f"finished publishing the evaluation a stopped process had staged in {w}")
             record = config_record(c, counts)
             rundir.write_json(w / rundir.CONFIG, finetune.run_record(record, c, base) if finetune else record)
+            fork.prepare_branch(c, w, log)
     steps = f"{num_train_steps(ref)} steps of {ref.train.batch_size}x{ref.model.context} tokens"
     if batching == "solo":
         log(f"run {ref.run_name}: {counts['params_total']:,} params ({counts['params_active']:,} active), "
