@@ -10,6 +10,7 @@ naming the fix, and :func:`resolve` fills the derived fields (the measured
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import ml_collections
 
@@ -19,7 +20,8 @@ from moe.data import config as data_config
 from moe.data import pipeline
 from moe.dispatch import DISPATCHERS, select_block_size, select_dispatch
 from moe.finetune import validate as finetune_validate
-from moe.model import COMPUTE_DTYPES, REMAT_POLICIES
+from moe import precision
+from moe.model import REMAT_POLICIES
 
 ARMS = rundir.ARMS
 
@@ -48,8 +50,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
         raise ConfigError(f"model.block_size must be >= 0 (0 = measured per backend), got {m.block_size}")
     if m.capacity_factor <= 0:
         raise ConfigError(f"model.capacity_factor must be > 0, got {m.capacity_factor}")
-    if m.compute_dtype not in COMPUTE_DTYPES:
-        raise ConfigError(f"model.compute_dtype={m.compute_dtype!r} is not one of {', '.join(COMPUTE_DTYPES)}")
+    if m.compute_dtype not in precision.CHOICES:
+        raise ConfigError(f"model.compute_dtype={m.compute_dtype!r} is not one of {', '.join(precision.CHOICES)}")
 
     for name in ("alpha_balance", "lambda_loc", "mu_dom"):
         if not math.isfinite(lo[name]) or lo[name] < 0:
@@ -111,8 +113,14 @@ def check_base_run(c: ml_collections.ConfigDict) -> None:
         finetune.check_compatible(finetune.read_base_config(c.init_from), c)
 
 
-def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-    """A validated copy with the derived fields filled (auto dispatch, vocab, run name, init_from)."""
+def resolve(config: ml_collections.ConfigDict, recorded: dict | None = None,
+            log: Callable[[str], None] | None = None) -> ml_collections.ConfigDict:
+    """A validated copy with the derived fields filled (auto dispatch, vocab, auto compute dtype, run name, init_from).
+
+    ``recorded``: the config a resumed run's config.json records; an ``auto``
+    compute dtype then keeps the recorded one (:func:`moe.precision.keep_recorded`).
+    ``log`` takes the one line a probe or a kept dtype prints (default stderr).
+    """
     config = ml_collections.ConfigDict(config.to_dict())
     validate(config)
     if config.init_from:  # recorded as an absolute path, whatever the working directory
@@ -124,6 +132,11 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     vocab = pipeline.vocab_size(config.data)
     if config.model.vocab_size != vocab:
         config.model.vocab_size = vocab
+    if config.model.compute_dtype == precision.AUTO:  # last: the probe compiles the resolved step
+        log = log or precision.log_stderr
+        precision.keep_recorded(config, recorded, log)
+        if config.model.compute_dtype == precision.AUTO:
+            config.model.compute_dtype = precision.resolve_auto(config, log)
     if not config.run_name:
         config.run_name = default_run_name(config)
     return config

@@ -96,6 +96,7 @@ def dry_run(config: ml_collections.ConfigDict) -> dict[str, Any]:
         "dispatch": config.model.dispatch,
         "block_size": config.model.block_size,
         "remat": config.model.remat,
+        "compute_dtype": config.model.compute_dtype,
         "backend": jax.default_backend(),
         "compile_s": compile_s,
         "train_steps": num_train_steps(config),
@@ -152,16 +153,18 @@ def run_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence[s
         raise seeds_lib.SeedGroupError(f"{len(configs)} configs for {len(workdirs)} workdirs")
     if batching != "solo":
         seeds_lib.check_batching(batching)  # before any work
-    configs = [resolve(c) for c in configs]
+    lead = is_lead_process()
+    if not lead:
+        log = silent
+    # A resumed run keeps its recorded compute dtype (an ``auto`` run on another machine says so in one line).
+    configs = [resolve(c, rundir.recorded_config(w) if rundir.has_results(w) else None, log=log)
+               for c, w in zip(configs, workdirs)]
     ref = configs[0]
     if batching != "solo":
         seeds_lib.check_groupable(configs)
         if finetunes(ref):
             raise seeds_lib.SeedGroupError("arm M fine-tunes a base run (moe.finetune) and trains solo; "
                                            "use --vmap_seeds=0")
-    lead = is_lead_process()
-    if not lead:
-        log = silent
     workdirs = [pathlib.Path(w) for w in workdirs]
     # One writer per run directory, for the whole call: a second process fails here at once.
     # Multi-process: process 0 writes the files and holds the locks (flock may not span hosts).

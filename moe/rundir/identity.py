@@ -97,8 +97,8 @@ def unresolved_fields(config: dict[str, Any]) -> set[str]:
 
     The launcher compares a planned (unresolved) config with a run's recorded
     (resolved) one without importing the model stack: the vocabulary follows from
-    ``data.tokenizer``, ``auto`` dispatch and a measured block size (0) from the
-    backend, an empty name from the run-name rule; those are left to the worker's
+    ``data.tokenizer``, ``auto`` dispatch, a measured block size (0) and an ``auto``
+    compute dtype from the backend and CPU, an empty name from the run-name rule; those are left to the worker's
     own identity check.
     """
     fields = {"model.vocab_size"}
@@ -107,6 +107,8 @@ def unresolved_fields(config: dict[str, Any]) -> set[str]:
         fields.add("model.dispatch")
     if not model.get("block_size"):
         fields.add("model.block_size")
+    if model.get("compute_dtype") == "auto":
+        fields.add("model.compute_dtype")
     if not config.get("run_name"):
         fields.add("run_name")
     return fields
