@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cachesim.cli_util import CLI
+from cachesim.headline import LRU_FRACTION
 from moe import rundir
 from moe.runtime import CACHE_ENV
 
@@ -89,8 +90,8 @@ def profile_command() -> CLI:
     """``python -m analysis.profile``."""
     command = CLI("python -m analysis.profile", "Routing profile of one model from its per-domain traces (Markdown "
                   "or JSON).", positional="TRACE_DIR", positional_help="a folder of per-domain trace .npz files")
-    command.define("string", "capacity", "0.25", "cache capacity: a fraction of E with a decimal point (0.25) or a "
-                   "count (4)")
+    command.define("string", "capacity", LRU_FRACTION, "cache capacity: a fraction of E with a decimal point (0.25) "
+                   "or a count (4)")
     command.define("enum", "rounding", "ceil", "rounding of a fractional capacity (the paper's: ceil)",
                    enum_values=["ceil", "round", "floor"])
     command.define("enum", "lru_recency", "request", "LRU recency granularity", enum_values=["request", "token"])

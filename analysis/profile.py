@@ -27,6 +27,7 @@ import numpy as np
 from analysis import cli, formatting
 from analysis.formatting import Column, Table, fixed, percent
 from analysis.runs import AnalysisError, domain_sort_key
+from cachesim.headline import LRU_FRACTION
 from cachesim.policies import parse_capacities
 
 PROFILE_POLICIES = ("lru", "lfu", "static_w0.2", "belady")
@@ -65,7 +66,7 @@ def _specs(capacity: int | float, rounding: str, recency: str) -> list:
             CacheSpec("static", warmup=0.2, **size), CacheSpec("belady", **size)]
 
 
-def profile(traces: Mapping[str, Any], *, capacity: int | float = 0.25, rounding: str = "ceil",
+def profile(traces: Mapping[str, Any], *, capacity: int | float = float(LRU_FRACTION), rounding: str = "ceil",
             recency: str = "request", layer: int | None = None) -> dict[str, Any]:
     """The profile as a JSON-able dict (unrounded): means over domains plus a per-domain breakdown.
 
