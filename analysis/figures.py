@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from analysis import cli, plots, summary, verdict
+from analysis import run_args, plots, summary, verdict
 from analysis.cache import MetricsStore
 from analysis.profile import load_traces
 from analysis.runs import AnalysisError, Run, discover, load_runs, read_run_file
@@ -442,17 +442,17 @@ def draw_trace_usage(traces: Mapping[str, Any], stem: Path, *, title: str) -> li
     return plots.expert_usage({"": {d: usage_fraction(t) for d, t in traces.items()}}, stem, title=title)
 
 
-COMMAND = cli.figures_command()
+COMMAND = run_args.figures_command()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = cli.parse_runs(COMMAND, argv)
+    args = run_args.parse_runs(COMMAND, argv)
     if not args.out:
         raise ValueError("--out is required: the folder for the figures")
-    for path in make_figures(args.paths, Path(args.out), store=cli.make_store(args), budget_runs=args.budget_runs):
+    for path in make_figures(args.paths, Path(args.out), store=run_args.make_store(args), budget_runs=args.budget_runs):
         print(path)
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(cli.run_main(main))
+    raise SystemExit(run_args.run_main(main))

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from analysis import cli, formatting
+from analysis import run_args, formatting
 from analysis.formatting import Column, Table, fixed, percent
 from analysis.runs import AnalysisError, domain_sort_key
 from cachesim.policies import parse_capacities
@@ -132,7 +132,7 @@ def report_tables(prof: Mapping[str, Any]) -> list[Table]:
     return [main, sim]
 
 
-COMMAND = cli.profile_command()
+COMMAND = run_args.profile_command()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -157,9 +157,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.out is None:
         print(text, end="")
     else:
-        cli.write_or_print(text, args.out.parent, args.out.name)
+        run_args.write_or_print(text, args.out.parent, args.out.name)
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(cli.run_main(main))
+    raise SystemExit(run_args.run_main(main))

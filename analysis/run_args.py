@@ -2,7 +2,7 @@
 
 This module imports neither numpy nor pandas (nor the analysis modules, which
 do): ``cacheable-moe tables --help`` builds its page from here alone
-(launch.cli.HELP_PARSERS, benchmarks/help_bench.py).
+(launch.console.HELP_PARSERS, benchmarks/help_bench.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Command lines of cachesim's CLIs whose modules import numpy at the top, built without it.
 
 ``cacheable-moe import-trace --help`` builds its page from here alone
-(launch.cli.HELP_PARSERS, benchmarks/help_bench.py); the module's ``COMMAND``
+(launch.console.HELP_PARSERS, benchmarks/help_bench.py); the module's ``COMMAND``
 is the same object.
 """
 

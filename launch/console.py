@@ -42,11 +42,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
 HELP_PARSERS: dict[str, str] = {
     "prepare": "moe.data.commands:prepare_command",
     "import-trace": "cachesim.commands:import_trace_command",
-    "tables": "analysis.cli:tables_command",
-    "report": "analysis.cli:report_command",
-    "verdict": "analysis.cli:verdict_command",
-    "figures": "analysis.cli:figures_command",
-    "trace-profile": "analysis.cli:profile_command",
+    "tables": "analysis.run_args:tables_command",
+    "report": "analysis.run_args:report_command",
+    "verdict": "analysis.run_args:verdict_command",
+    "figures": "analysis.run_args:figures_command",
+    "trace-profile": "analysis.run_args:profile_command",
 }
 
 

@@ -91,10 +91,10 @@ def test_the_module_graph_has_no_cycles(graph):
 
 
 def test_no_two_subpackages_import_each_other(graph):
-    """moe.decode and moe.offload, cachesim.timed and cachesim.policies...: arrows between them run one way.
+    """moe.decode and moe.decode.offload, cachesim.timed and cachesim.policies...: arrows between them run one way.
 
     A package's ``__main__`` is an entry point, outside the graph (``python -m moe.decode`` runs
-    ``moe.offload.cli``).
+    ``moe.decode.cli``).
     """
     modules = _modules()
 
@@ -133,7 +133,7 @@ def test_prefetch_admission_is_planned_in_one_module():
     planners = sorted(p for p, text in texts.items() if any(marker in text for marker in ranking))
     assert planners == ["cachesim/timed/prefetch.py"], planners
     callers = sorted(p for p, text in texts.items() if "plan_admission(" in text)
-    assert callers == ["cachesim/timed/engine.py", "cachesim/timed/prefetch.py", "moe/offload/admission.py"]
+    assert callers == ["cachesim/timed/engine.py", "cachesim/timed/prefetch.py", "moe/decode/offload/admission.py"]
 
 
 def test_one_lock_takes_every_inter_process_lock():

@@ -1,13 +1,13 @@
 """Command lines of the data CLIs whose modules import numpy at the top, built without it.
 
 ``cacheable-moe prepare --help`` builds its page from here alone
-(launch.cli.HELP_PARSERS, benchmarks/help_bench.py); the module's ``COMMAND``
+(launch.console.HELP_PARSERS, benchmarks/help_bench.py); the module's ``COMMAND``
 is the same object.
 """
 
 from __future__ import annotations
 
-from moe.data.config import CORPORA, DOMAINS, TOKENIZERS
+from moe.data.recipe import CORPORA, DOMAINS, TOKENIZERS
 from cachesim.cli_util import CLI
 
 

@@ -27,10 +27,10 @@ from collections.abc import Callable, Iterable, Iterator
 import ml_collections
 import numpy as np
 
-from moe.data import config as config_lib
+from moe.data import recipe as config_lib
 from moe.data import embedded, local, paper, store, synthetic
 from moe.data.commands import prepare_command
-from moe.data.config import DOMAINS, FORMAT_VERSION
+from moe.data.recipe import DOMAINS, FORMAT_VERSION
 from moe.data.document import Document
 from moe.data.errors import DataError, ManifestError, SourceError
 from moe.data.fetch_tokenizer import ensure_gpt2_ranks

@@ -1,7 +1,7 @@
-"""Autoregressive decoding of trained runs (`python -m moe.decode` runs `moe.offload.cli`).
+"""Autoregressive decoding of trained runs (`python -m moe.decode` runs `moe.decode.cli`).
 
 The public names below load on first use (as cachesim's): `python -m moe.decode --help`
-imports `moe.offload.cli` through this package and need not wait for jax and flax.
+imports `moe.decode.cli` through this package and need not wait for jax and flax.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Experts offloaded to slower tiers for a real decode, and the timed model checked against it.
+"""Experts offloaded to slower tiers for a real decode (`python -m moe.decode`), and the timed model checked against it.
 
 | module | job |
 |---|---|
@@ -13,5 +13,4 @@
 | `model_check` | the one adapter to `cachesim.timed` |
 | `session` | a session: store, pool, calibration, one measured + modelled decode per policy |
 | `report` | the comparison table and JSON |
-| `cli` | `python -m moe.decode`: decode a run offloaded, measured vs modelled stall |
 """
