@@ -74,7 +74,7 @@ def session_for(run, bandwidth: str | None):
 
 def validate(run, bandwidth: str | None, cfg) -> dict:
     """Part 1 for one cap: every policy, measured and modelled."""
-    from moe.decode.offload.report import format_table, session_record
+    from moe.decode.offload.comparison import format_table, session_record
 
     session = session_for(run, bandwidth)
     try:
@@ -89,7 +89,7 @@ def validate(run, bandwidth: str | None, cfg) -> dict:
 
 def arms(run_a, run_b, cfg) -> dict:
     """Part 2 for one decode mode: the two arms alternate round by round on the same store configuration."""
-    from moe.decode.offload.report import policy_rows
+    from moe.decode.offload.comparison import policy_rows
 
     sessions = {"A": session_for(run_a, None), "B": session_for(run_b, None)}
     rounds = {"A": [], "B": []}

@@ -304,3 +304,25 @@ def test_one_record_of_a_routing_decision():
     assert _routing_records("class A(NamedTuple):\n    topk: int\n    gates: int\n"
                             "class B(typing.NamedTuple):\n    topk: int\n    gates: int\n    logits: int\n") == ["A", "B"]
     assert _routing_records((REPO / "moe" / "model.py").read_text()) == ["Routing"]
+
+
+# Module names that occur twice on purpose: the same meaning in two packages, or a spelling kept one release.
+SHARED_NAMES = {
+    "profile.py": "a routing profile: of traces (cachesim) and of a model's trace folder (analysis)",
+    "arm_m.py": "arm M: its config (configs) and its tables (analysis)",
+    "errors.py": "a package's error types (losses, moe.data)",
+    "engine.py": "the engine of its subpackage (cachesim.lcs, cachesim.timed)",
+    "local.py": "local: the local executor (launch) and the corpus named local (moe.data, one module per corpus)",
+    "cli.py": "launch/cli.py is launch.console's old name, kept one release",
+    "commands.py": "the light twin parsers, to be removed with them (issue 45 item 4)",
+}
+
+
+def test_module_names_say_what_they_hold():
+    """No two modules share a file name unless SHARED_NAMES says why (four cli.py once meant four things)."""
+    by_name: dict[str, list[str]] = {}
+    for path in _modules().values():
+        if path.name not in ("__init__.py", "__main__.py"):
+            by_name.setdefault(path.name, []).append(path.relative_to(REPO).as_posix())
+    repeated = {name: sorted(paths) for name, paths in by_name.items() if len(paths) > 1}
+    assert sorted(repeated) == sorted(SHARED_NAMES), repeated

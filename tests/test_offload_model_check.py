@@ -13,8 +13,8 @@ from moe.decode.cli import main
 from moe.decode.offload.calibrate import fit_tier
 from moe.decode.offload.measure import attribute_waits
 from moe.decode.offload.model_check import modelled, run_header, summarize, write_jsonl
-from moe.decode.offload.records import read_jsonl, stall_summary
-from moe.decode.offload.report import order_check, policy_rows
+from moe.decode.offload.step_records import read_jsonl, stall_summary
+from moe.decode.offload.comparison import order_check, policy_rows
 from moe.decode.offload.session import DecodeConfig, OffloadConfig, OffloadSession
 from decode_fixtures import tiny_run  # noqa: F401 — a session fixture
 

@@ -20,7 +20,7 @@ from moe.decode.offload.io_pool import CANCELLED, DONE, IOPool, Read
 from moe.decode.offload.measure import Recorder
 from moe.decode.offload.calibrate import Calibration
 from moe.decode.offload.model_check import build_hardware, capacity_spec, decode_workload, parse_bandwidth
-from moe.decode.offload.store import MANIFEST, DiskTier, StoreLayout, ensure_store, expert_path, open_tier
+from moe.decode.offload.expert_store import MANIFEST, DiskTier, StoreLayout, ensure_store, expert_path, open_tier
 from decode_fixtures import tiny_run  # noqa: F401 — a session fixture
 
 

@@ -71,7 +71,7 @@ def run_cli(fv, log: Callable[[str], None]) -> dict:
     from moe.decode.restore import DecodeError, restore_run
     from moe.decode.offload.model_check import (json_safe, modelled, parse_bandwidth, parse_policies, run_header,
                                          write_jsonl)
-    from moe.decode.offload.report import format_table, session_record
+    from moe.decode.offload.comparison import format_table, session_record
     from moe.decode.offload.session import DecodeConfig, OffloadConfig, OffloadSession
 
     if not fv.run:

@@ -8,7 +8,7 @@ prefetch's bytes are attributed to its target, as in the model), and the lead
 slack of every used prefetch. JSON Lines records have the timed model's
 schema (`cachesim.timed.engine`: one "expert" record per (step, layer,
 expert), one "step" record per step), with times in integer nanoseconds from
-the decode's start, so one reader serves both (`moe.decode.offload.records`).
+the decode's start, so one reader serves both (`moe.decode.offload.step_records`).
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ from moe.decode.offload.measure import Recorder
 from moe.decode.offload.model_check import (ADMISSIONS, Hardware, PrefetchConfig, TimedResult, Workload, build_hardware,
                                      capacity_spec, decode_workload, measured_result, modelled, parse_budget,
                                      prefetch_source, summarize, target_misses)
-from moe.decode.offload.store import StoreLayout, default_store_dir, open_tier
+from moe.decode.offload.expert_store import StoreLayout, default_store_dir, open_tier
 
 
 @dataclasses.dataclass(frozen=True)
