@@ -40,8 +40,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
 # same one the module's COMMAND comes from) lives in a light module, so that `--help` answers from it without
 # loading the analysis (benchmarks/help_bench.py; tests/test_cli_conventions.py checks the pages are equal).
 HELP_PARSERS: dict[str, str] = {
-    "prepare": "moe.data.commands:prepare_command",
-    "import-trace": "cachesim.commands:import_trace_command",
     "tables": "analysis.run_args:tables_command",
     "report": "analysis.run_args:report_command",
     "verdict": "analysis.run_args:verdict_command",

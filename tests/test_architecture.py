@@ -314,7 +314,6 @@ SHARED_NAMES = {
     "engine.py": "the engine of its subpackage (cachesim.lcs, cachesim.timed)",
     "local.py": "local: the local executor (launch) and the corpus named local (moe.data, one module per corpus)",
     "cli.py": "launch/cli.py is launch.console's old name, kept one release",
-    "commands.py": "the light twin parsers, to be removed with them (issue 45 item 4)",
 }
 
 
