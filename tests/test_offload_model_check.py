@@ -8,7 +8,7 @@ import pytest
 
 from cachesim.timed.io import IOQueue, Transfer
 from cachesim.timed.spec import Hardware, Tier
-from moe.decode import restore_run
+from moe.decode.restore import restore_run
 from moe.decode.cli import main
 from moe.decode.offload.calibrate import fit_tier
 from moe.decode.offload.measure import attribute_waits

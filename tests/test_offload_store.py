@@ -11,8 +11,8 @@ from cachesim.policies import policy_code
 from cachesim.policies import CacheSpec
 from cachesim.simulate import simulate
 from cachesim.trace import make_trace
-from moe.decode import DecodeError, DecodeModel, InMemoryExperts, decode, restore_run
-from moe.decode.loop import flat_expert
+from moe.decode.loop import DecodeModel, InMemoryExperts, decode, flat_expert
+from moe.decode.restore import DecodeError, restore_run
 from moe.decode.offload import diskio
 from moe.decode.offload.diskio import ALIGN, Link
 from moe.decode.offload.fast_tier import OffloadedExperts
