@@ -323,7 +323,13 @@ def json_rows(runs: Sequence[Run]) -> list[dict[str, Any]]:
     return main_rows(runs)
 
 
-COMMAND = run_args.tables_command()
+COMMAND = run_args.run_command("python -m analysis.tables", "The study's tables from run directories: main "
+                               "results, per domain, all-runs log, scale, complementarity, arm M.")
+COMMAND.define_format("markdown", ["markdown", "latex", "csv", "json"])
+COMMAND.define("string", "out", None, "write one file per table into this folder instead of stdout")
+COMMAND.define("string", "tables", None, f"comma-separated subset of {', '.join(TABLE_NAMES)} (default: all; "
+               "complementarity only when a frontier.json exists, transfers only when a transfers.json exists, "
+               "ablation only when arm-M runs differ in their loss settings)")
 
 
 def _parse_args(argv: Sequence[str] | None):

@@ -975,7 +975,10 @@ def verdict_json(runs: Sequence[Run]) -> dict[str, Any]:
     }
 
 
-COMMAND = run_args.verdict_command()
+COMMAND = run_args.run_command("python -m analysis.verdict", "The pre-registered verdict (SPEC §9) from run "
+                               "directories: the one module that judges.")
+COMMAND.define_format("text", ["text", "json"])
+COMMAND.define("string", "out", None, "write the verdict to this file instead of stdout")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

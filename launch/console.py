@@ -40,11 +40,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
 # same one the module's COMMAND comes from) lives in a light module, so that `--help` answers from it without
 # loading the analysis (benchmarks/help_bench.py; tests/test_cli_conventions.py checks the pages are equal).
 HELP_PARSERS: dict[str, str] = {
-    "tables": "analysis.run_args:tables_command",
     "report": "analysis.run_args:report_command",
-    "verdict": "analysis.run_args:verdict_command",
     "figures": "analysis.run_args:figures_command",
-    "trace-profile": "analysis.run_args:profile_command",
 }
 
 

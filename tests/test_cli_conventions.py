@@ -103,10 +103,10 @@ def test_constants_spelled_out_for_a_light_help_equal_their_owners():
     from moe.cache_aware.reroute import CACHE_POLICIES
     from moe.seeds import BATCHING_MODES
     assert SEED_BATCHING == BATCHING_MODES and CACHE_POLICY_NAMES == tuple(sorted(CACHE_POLICIES))
-    from analysis import cache, run_args, tables
+    from analysis import cache, run_args
     from cachesim import stall
     from cachesim.timed import prefetch, residency
-    assert run_args.ENV_CACHE_DIR == cache.ENV_CACHE_DIR and run_args.TABLE_NAMES == tables.TABLE_NAMES
+    assert run_args.ENV_CACHE_DIR == cache.ENV_CACHE_DIR
     assert (stall.PLACEMENTS, stall.SOURCES, stall.ADMISSIONS) == (residency.PLACEMENTS, prefetch.SOURCES,
                                                                   prefetch.ADMISSIONS)
 
