@@ -38,16 +38,6 @@ def run_command(prog: str, description: str) -> CLI:
 
 
 
-def figures_command() -> CLI:
-    """``python -m analysis.figures``."""
-    command = run_command("python -m analysis.figures", "The study's figures (PNG and PDF) from run directories and "
-                          "trace folders.")
-    command.define("string", "out", None, "folder for the PNG and PDF files (required)")
-    command.define("string", "budget_runs", "", "runs to simulate on a dense capacity grid ('all' or "
-                   "comma-separated names); others plot the three cached paper capacities")
-    command.deprecated("budget-runs", "budget_runs")
-    return command
-
 
 def report_command() -> CLI:
     """``python -m analysis.report``."""

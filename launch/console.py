@@ -41,7 +41,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
 # loading the analysis (benchmarks/help_bench.py; tests/test_cli_conventions.py checks the pages are equal).
 HELP_PARSERS: dict[str, str] = {
     "report": "analysis.run_args:report_command",
-    "figures": "analysis.run_args:figures_command",
 }
 
 
