@@ -12,7 +12,7 @@ import json
 import sys
 from collections.abc import Sequence
 
-from cachesim.cli import warn_collapse
+from cachesim.simulate_cli import warn_collapse
 from cachesim.cli_util import CLI, UsageError, check_writable, comma_list, write_output
 
 # The metrics (numpy, jax) and the trace reader are imported where they are used: `--help` starts

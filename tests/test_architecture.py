@@ -91,10 +91,10 @@ def test_the_module_graph_has_no_cycles(graph):
 
 
 def test_no_two_subpackages_import_each_other(graph):
-    """moe.decode and moe.offload, cachesim.timed and cachesim.policies...: arrows between them run one way.
+    """moe.decode and moe.decode.offload, cachesim.timed and cachesim.policies...: arrows between them run one way.
 
     A package's ``__main__`` is an entry point, outside the graph (``python -m moe.decode`` runs
-    ``moe.offload.cli``).
+    ``moe.decode.cli``).
     """
     modules = _modules()
 
@@ -133,7 +133,7 @@ def test_prefetch_admission_is_planned_in_one_module():
     planners = sorted(p for p, text in texts.items() if any(marker in text for marker in ranking))
     assert planners == ["cachesim/timed/prefetch.py"], planners
     callers = sorted(p for p, text in texts.items() if "plan_admission(" in text)
-    assert callers == ["cachesim/timed/engine.py", "cachesim/timed/prefetch.py", "moe/offload/admission.py"]
+    assert callers == ["cachesim/timed/engine.py", "cachesim/timed/prefetch.py", "moe/decode/offload/admission.py"]
 
 
 def test_one_lock_takes_every_inter_process_lock():
@@ -304,3 +304,24 @@ def test_one_record_of_a_routing_decision():
     assert _routing_records("class A(NamedTuple):\n    topk: int\n    gates: int\n"
                             "class B(typing.NamedTuple):\n    topk: int\n    gates: int\n    logits: int\n") == ["A", "B"]
     assert _routing_records((REPO / "moe" / "model.py").read_text()) == ["Routing"]
+
+
+# Module names that occur twice on purpose: the same meaning in two packages, or a spelling kept one release.
+SHARED_NAMES = {
+    "profile.py": "a routing profile: of traces (cachesim) and of a model's trace folder (analysis)",
+    "arm_m.py": "arm M: its config (configs) and its tables (analysis)",
+    "errors.py": "a package's error types (losses, moe.data)",
+    "engine.py": "the engine of its subpackage (cachesim.lcs, cachesim.timed)",
+    "local.py": "local: the local executor (launch) and the corpus named local (moe.data, one module per corpus)",
+    "cli.py": "launch/cli.py is launch.console's old name, kept one release",
+}
+
+
+def test_module_names_say_what_they_hold():
+    """No two modules share a file name unless SHARED_NAMES says why (four cli.py once meant four things)."""
+    by_name: dict[str, list[str]] = {}
+    for path in _modules().values():
+        if path.name not in ("__init__.py", "__main__.py"):
+            by_name.setdefault(path.name, []).append(path.relative_to(REPO).as_posix())
+    repeated = {name: sorted(paths) for name, paths in by_name.items() if len(paths) > 1}
+    assert sorted(repeated) == sorted(SHARED_NAMES), repeated

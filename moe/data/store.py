@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from moe.data.config import DOMAINS
+from moe.data.recipe import DOMAINS
 from moe.data.errors import ManifestError
 from moe import lockfile, rundir
 

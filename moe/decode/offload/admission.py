@@ -23,8 +23,8 @@ from typing import Callable
 
 import numpy as np
 
-from moe.offload.io_pool import DONE, IOPool, Read
-from moe.offload.model_check import admission_key, expected_avoided_s, plan_admission
+from moe.decode.offload.io_pool import DONE, IOPool, Read
+from moe.decode.offload.model_check import admission_key, expected_avoided_s, plan_admission
 
 
 class Prefetcher:

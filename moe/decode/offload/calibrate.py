@@ -36,8 +36,8 @@ import time
 import numpy as np
 
 from moe.decode.loop import DecodeModel, InMemoryExperts, decode
-from moe.offload.diskio import ALIGN
-from moe.offload.io_pool import IOPool, Read
+from moe.decode.offload.diskio import ALIGN
+from moe.decode.offload.io_pool import IOPool, Read
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,8 +1,7 @@
-"""The analysis CLIs' command lines, and the argument and error plumbing they share (the only place that exits).
+"""What the analysis CLIs share: the RUN_DIR arguments and metric-cache flags, and the error plumbing.
 
-This module imports neither numpy nor pandas (nor the analysis modules, which
-do): ``cacheable-moe tables --help`` builds its page from here alone
-(launch.cli.HELP_PARSERS, benchmarks/help_bench.py).
+Each command builds its own command line in its module (analysis.tables, .verdict, .profile); the report's and the
+figures' are still built here (launch.console.HELP_PARSERS) until their modules start without pandas.
 """
 
 from __future__ import annotations
@@ -23,8 +22,6 @@ if TYPE_CHECKING:
 # The cache folder's variable from moe.runtime (stdlib only), not analysis.cache, which imports numpy
 # that `--help` need not wait for.
 ENV_CACHE_DIR = CACHE_ENV
-# analysis.tables.TABLE_NAMES, spelled out (tested equal): analysis.tables imports pandas.
-TABLE_NAMES = ("main", "per_domain", "runs", "scale", "complementarity", "transfers", "ablation")
 
 
 def run_command(prog: str, description: str) -> CLI:
@@ -39,36 +36,7 @@ def run_command(prog: str, description: str) -> CLI:
     return command
 
 
-def tables_command() -> CLI:
-    """``python -m analysis.tables``."""
-    command = run_command("python -m analysis.tables", "The study's tables from run directories: main results, per "
-                          "domain, all-runs log, scale, complementarity, arm M.")
-    command.define_format("markdown", ["markdown", "latex", "csv", "json"])
-    command.define("string", "out", None, "write one file per table into this folder instead of stdout")
-    command.define("string", "tables", None, f"comma-separated subset of {', '.join(TABLE_NAMES)} (default: all; "
-                   "complementarity only when a frontier.json exists, transfers only when a transfers.json exists, "
-                   "ablation only when arm-M runs differ in their loss settings)")
-    return command
 
-
-def verdict_command() -> CLI:
-    """``python -m analysis.verdict``."""
-    command = run_command("python -m analysis.verdict", "The pre-registered verdict (SPEC §9) from run directories: "
-                          "the one module that judges.")
-    command.define_format("text", ["text", "json"])
-    command.define("string", "out", None, "write the verdict to this file instead of stdout")
-    return command
-
-
-def figures_command() -> CLI:
-    """``python -m analysis.figures``."""
-    command = run_command("python -m analysis.figures", "The study's figures (PNG and PDF) from run directories and "
-                          "trace folders.")
-    command.define("string", "out", None, "folder for the PNG and PDF files (required)")
-    command.define("string", "budget_runs", "", "runs to simulate on a dense capacity grid ('all' or "
-                   "comma-separated names); others plot the three cached paper capacities")
-    command.deprecated("budget-runs", "budget_runs")
-    return command
 
 
 def report_command() -> CLI:
@@ -84,22 +52,6 @@ def report_command() -> CLI:
                    "status.json)")
     return command
 
-
-def profile_command() -> CLI:
-    """``python -m analysis.profile``."""
-    command = CLI("python -m analysis.profile", "Routing profile of one model from its per-domain traces (Markdown "
-                  "or JSON).", positional="TRACE_DIR", positional_help="a folder of per-domain trace .npz files")
-    command.define("string", "capacity", "0.25", "cache capacity: a fraction of E with a decimal point (0.25) or a "
-                   "count (4)")
-    command.define("enum", "rounding", "ceil", "rounding of a fractional capacity (the paper's: ceil)",
-                   enum_values=["ceil", "round", "floor"])
-    command.define("enum", "lru_recency", "request", "LRU recency granularity", enum_values=["request", "token"])
-    command.deprecated("recency", "lru_recency")
-    command.define("string", "layers", "all", "layer index for the cache hit rates, or 'all' (mean)")
-    command.deprecated("layer", "layers")
-    command.define_format("markdown", ["markdown", "json"])
-    command.define("string", "out", None, "write the report to this file")
-    return command
 
 
 def parse_runs(command: CLI, argv: Sequence[str] | None):

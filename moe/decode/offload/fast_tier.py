@@ -12,7 +12,7 @@ slow tier. Per (step, layer):
    ("late_prefetch"), or from a fresh demand read ("demand"). Prefetches for
    this target that it does not miss are cancelled.
 3. Still at the need time, the prefetch source sees the union and the
-   admission policy plans further reads (`moe.offload.admission`), as in the
+   admission policy plans further reads (`moe.decode.offload.admission`), as in the
    timed model; they queue behind the layer's demand reads.
 4. The layer blocks until its reads are done: that wait, from the demand
    reads' issue (the need time) to the last byte present, is W. (The
@@ -33,9 +33,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from cachesim.online import cache_token_step, init_cache_state
-from moe.offload.admission import Prefetcher
-from moe.offload.io_pool import DONE, IOPool, Read
-from moe.offload.measure import DEMAND, HIT, LATE, STAGED, Recorder
+from moe.decode.offload.admission import Prefetcher
+from moe.decode.offload.io_pool import DONE, IOPool, Read
+from moe.decode.offload.measure import DEMAND, HIT, LATE, STAGED, Recorder
 
 _cache_step = jax.jit(cache_token_step)
 

@@ -1,6 +1,6 @@
 """The one adapter between the measured decode and the timed model (`cachesim.timed`).
 
-Every import of the timed model by `moe.offload` and `moe.decode` is here, so
+Every import of the timed model by `moe.decode.offload` and `moe.decode` is here, so
 when the model moves only this file changes. It builds, from a measured
 decode:
 
@@ -31,15 +31,15 @@ import numpy as np
 from cachesim.policies import CacheSpec, CacheSpecError
 from cachesim.timed.compare import cache_spec, choose
 from cachesim.timed.engine import PrefetchConfig, TimedResult, Workload, build_workload, run_timed
-from cachesim.timed.metrics import json_safe, run_header, summarize, write_jsonl
+from cachesim.timed.stall_metrics import json_safe, run_header, summarize, write_jsonl
 from cachesim.timed.prefetch import ADMISSIONS, admission_key, expected_avoided_s, make_source, plan_admission
 from cachesim.timed.residency import Speculation
 from cachesim.timed.spec import Hardware, ModelShape, StallConfigError, Tier, parse_bytes
 from cachesim.trace import make_trace
 from moe.decode.loop import DecodeResult
 from moe.decode.restore import DecodeError
-from moe.offload.calibrate import Calibration
-from moe.offload.measure import MeasuredBytes
+from moe.decode.offload.calibrate import Calibration
+from moe.decode.offload.measure import MeasuredBytes
 
 __all__ = ["ADMISSIONS", "Hardware", "ONLINE_SOURCES", "PrefetchConfig", "TimedResult", "Workload", "admission_key",
            "build_hardware", "build_model_shape", "capacity_spec", "decode_workload", "expected_avoided_s",

@@ -20,8 +20,8 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
-from moe.offload.model_check import summarize
-from moe.offload.session import PolicyRun
+from moe.decode.offload.model_check import summarize
+from moe.decode.offload.session import PolicyRun
 
 SCHEMA = 1
 TIE = 0.01  # modelled S within 1% of each other: the model does not order them

@@ -26,16 +26,16 @@ from cachesim.policies import policy_code
 from moe.decode.loop import DecodeModel, DecodeResult, InMemoryExperts, decode
 from moe.decode.restore import DecodeError, RestoredRun
 from moe.decode.text import eval_text
-from moe.offload.admission import Prefetcher
-from moe.offload.calibrate import Calibration, Probes, probe_back_to_back, probe_in_decode
-from moe.offload.diskio import Link
-from moe.offload.fast_tier import OffloadedExperts
-from moe.offload.io_pool import IOPool
-from moe.offload.measure import Recorder
-from moe.offload.model_check import (ADMISSIONS, Hardware, PrefetchConfig, TimedResult, Workload, build_hardware,
+from moe.decode.offload.admission import Prefetcher
+from moe.decode.offload.calibrate import Calibration, Probes, probe_back_to_back, probe_in_decode
+from moe.decode.offload.diskio import Link
+from moe.decode.offload.fast_tier import OffloadedExperts
+from moe.decode.offload.io_pool import IOPool
+from moe.decode.offload.measure import Recorder
+from moe.decode.offload.model_check import (ADMISSIONS, Hardware, PrefetchConfig, TimedResult, Workload, build_hardware,
                                      capacity_spec, decode_workload, measured_result, modelled, parse_budget,
                                      prefetch_source, summarize, target_misses)
-from moe.offload.store import StoreLayout, default_store_dir, open_tier
+from moe.decode.offload.expert_store import StoreLayout, default_store_dir, open_tier
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,7 +115,7 @@ class OffloadSession:
                   samples: int | None = None) -> dict[str, Calibration]:
         """Measures the tier back to back and from inside a decode of `cfg`'s text (compiling first, once).
 
-        The timed model is fed the in-decode figures (see `moe.offload.calibrate`);
+        The timed model is fed the in-decode figures (see `moe.decode.offload.calibrate`);
         the back-to-back ones are kept to show what a calibration that ignores
         the decode's rhythm would predict. With `probes`, the new reads join
         those already there and the calibration fits them all (`measure_policies`

@@ -8,7 +8,7 @@ prefetch's bytes are attributed to its target, as in the model), and the lead
 slack of every used prefetch. JSON Lines records have the timed model's
 schema (`cachesim.timed.engine`: one "expert" record per (step, layer,
 expert), one "step" record per step), with times in integer nanoseconds from
-the decode's start, so one reader serves both (`moe.offload.records`).
+the decode's start, so one reader serves both (`moe.decode.offload.step_records`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import math
 import numpy as np
 
 from moe.decode.loop import Timeline
-from moe.offload.io_pool import Read
+from moe.decode.offload.io_pool import Read
 
 HIT, DEMAND, STAGED, LATE = "hit", "demand", "staged", "late_prefetch"
 

@@ -69,10 +69,10 @@ COMMAND.define("string", "jsonl", None, "write measured and modelled event trace
 
 def run_cli(fv, log: Callable[[str], None]) -> dict:
     from moe.decode.restore import DecodeError, restore_run
-    from moe.offload.model_check import (json_safe, modelled, parse_bandwidth, parse_policies, run_header,
+    from moe.decode.offload.model_check import (json_safe, modelled, parse_bandwidth, parse_policies, run_header,
                                          write_jsonl)
-    from moe.offload.report import format_table, session_record
-    from moe.offload.session import DecodeConfig, OffloadConfig, OffloadSession
+    from moe.decode.offload.comparison import format_table, session_record
+    from moe.decode.offload.session import DecodeConfig, OffloadConfig, OffloadSession
 
     if not fv.run:
         raise DecodeError("--run is required: the directory of a trained run (main.py --workdir)")

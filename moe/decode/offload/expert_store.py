@@ -33,7 +33,7 @@ from moe import runtime
 from moe.decode.loop import flat_expert
 from moe.decode.restore import DecodeError
 from moe.dispatch import ExpertWeights
-from moe.offload.diskio import (BYPASS_DIRECT, BYPASS_FADVISE, ExpertFile, filesystem_type, padded, probe_direct,
+from moe.decode.offload.diskio import (BYPASS_DIRECT, BYPASS_FADVISE, ExpertFile, filesystem_type, padded, probe_direct,
                                 write_file)
 
 MANIFEST = "manifest.json"

@@ -30,8 +30,8 @@ import threading
 import time
 from typing import Any
 
-from moe.offload.diskio import Link, aligned_buffer
-from moe.offload.store import StoreLayout, materialise
+from moe.decode.offload.diskio import Link, aligned_buffer
+from moe.decode.offload.expert_store import StoreLayout, materialise
 
 QUEUED, RUNNING, DONE, CANCELLED = "queued", "running", "done", "cancelled"
 
@@ -73,7 +73,7 @@ class Read:
 
 
 class IOPool:
-    """The worker pool over one slow tier (`moe.offload.store.RamTier` or `DiskTier`)."""
+    """The worker pool over one slow tier (`moe.decode.offload.expert_store.RamTier` or `DiskTier`)."""
 
     def __init__(self, tier, layout: StoreLayout, *, workers: int, chunk_bytes: int, link: Link):
         if workers < 1:
