@@ -35,7 +35,8 @@ from typing import Any
 
 import pandas as pd
 
-from analysis import arm_m, cli, complementarity, decode, figures, formatting, plots, stall, study, tables, verdict
+from analysis import (arm_m, complementarity, decode, figures, formatting, plots, run_args, stall_section, study, tables,
+                      verdict)
 from analysis.runs import AnalysisError, Run
 from cachesim import headline
 from moe import rundir
@@ -73,12 +74,12 @@ def _ci(low: float | None, high: float | None, digits: int = 1) -> str:
 def data_manifests(runs: Sequence[Run]) -> list[dict[str, Any]]:
     """The prepared corpora the runs read: recipe, tokenizer hash and every file's SHA-256 (MANIFEST.json).
 
-    Found from each run's recorded data config (moe.data.config.prepared_dir), so
+    Found from each run's recorded data config (moe.data.recipe.prepared_dir), so
     the page names exactly the bytes the runs were trained and evaluated on.
     """
     import ml_collections
 
-    from moe.data import config as data_config
+    from moe.data import recipe as data_config
     from moe.data import store
 
     found: dict[str, dict[str, Any]] = {}
@@ -623,11 +624,11 @@ def _melinoe(runs: Sequence[Run]) -> list[str]:
 
 def _stall(root: Path) -> list[str]:
     """The stall section's lines and table; none for a study without a stall step."""
-    docs = stall.load_stall(root)
+    docs = stall_section.load_stall(root)
     if not docs:
         return []
-    rows = stall.stall_rows(docs)
-    return [*stall.stall_lines(rows), "", *stall.stall_table_md(rows)]
+    rows = stall_section.stall_rows(docs)
+    return [*stall_section.stall_lines(rows), "", *stall_section.stall_table_md(rows)]
 
 
 def _decode(root: Path) -> list[str]:
@@ -670,7 +671,7 @@ def build(root: Path, name: str, out: Path, *, command: str, frontier_runs: Sequ
     return path
 
 
-COMMAND = cli.report_command()
+COMMAND = run_args.report_command()
 
 
 def _default_frontier_runs(root: Path) -> list[str]:
@@ -692,7 +693,7 @@ def _sweep_command(root: Path, name: str, out: Path) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = cli.parse_runs(COMMAND, argv)
+    args = run_args.parse_runs(COMMAND, argv)
     if not args.name or not args.out:
         raise ValueError("--name and --out are required: the page is written to OUT/<name>.md")
     if len(args.paths) != 1 or not Path(args.paths[0]).is_dir():
@@ -706,4 +707,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(cli.run_main(main))
+    raise SystemExit(run_args.run_main(main))

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from analysis import arm_m, cli, complementarity, formatting, intervals, summary
+from analysis import arm_m, run_args, complementarity, formatting, intervals, summary
 from analysis.formatting import (Column, Table, fixed, general, percent, percent_interval, percent_spread,
                                  signed_percent)
 from analysis.runs import Run, load_runs
@@ -325,11 +325,17 @@ def json_rows(runs: Sequence[Run]) -> list[dict[str, Any]]:
     return main_rows(runs)
 
 
-COMMAND = cli.tables_command()
+COMMAND = run_args.run_command("python -m analysis.tables", "The study's tables from run directories: main "
+                               "results, per domain, all-runs log, scale, complementarity, arm M.")
+COMMAND.define_format("markdown", ["markdown", "latex", "csv", "json"])
+COMMAND.define("string", "out", None, "write one file per table into this folder instead of stdout")
+COMMAND.define("string", "tables", None, f"comma-separated subset of {', '.join(TABLE_NAMES)} (default: all; "
+               "complementarity only when a frontier.json exists, transfers only when a transfers.json exists, "
+               "ablation only when arm-M runs differ in their loss settings)")
 
 
 def _parse_args(argv: Sequence[str] | None):
-    args = cli.parse_runs(COMMAND, argv)
+    args = run_args.parse_runs(COMMAND, argv)
     args.out = Path(args.out) if args.out else None
     args.explicit_tables = args.tables is not None
     args.table_names = [t.strip() for t in (args.tables or ",".join(TABLE_NAMES)).split(",") if t.strip()]
@@ -372,13 +378,13 @@ def _json_main(args, runs: Sequence[Run], frontiers: Mapping[str, Any],
     for note in _skip_notes(args, available):
         print(note, file=sys.stderr)  # stdout stays parseable JSON
     for filename, rows in payloads:
-        cli.write_or_print(json.dumps(rows, indent=1) + "\n", args.out, filename)
+        run_args.write_or_print(json.dumps(rows, indent=1) + "\n", args.out, filename)
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse_args(argv)
-    runs = load_runs(args.paths, store=cli.make_store(args))
+    runs = load_runs(args.paths, store=run_args.make_store(args))
     names = list(args.table_names)
     frontiers = complementarity.load_frontiers(runs) if "complementarity" in names else {}
     studies = arm_m.load_transfers(runs) if {"transfers", "ablation"} & set(names) else {}
@@ -393,14 +399,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     ext = formatting.EXTENSIONS[args.format]
     if args.out is None:
         if tables:
-            cli.write_or_print(formatting.render_all(tables, args.format), None, "")
+            run_args.write_or_print(formatting.render_all(tables, args.format), None, "")
     else:
         for t in tables:
-            cli.write_or_print(formatting.render(t, args.format), args.out, f"{t.name}.{ext}")
+            run_args.write_or_print(formatting.render(t, args.format), args.out, f"{t.name}.{ext}")
     for note in notes:
         print(note)
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(cli.run_main(main))
+    raise SystemExit(run_args.run_main(main))

@@ -51,7 +51,7 @@ from typing import Any
 
 import numpy as np
 
-from analysis import cli, effects, intervals, matched, summary
+from analysis import run_args, effects, intervals, matched, summary
 from analysis.runs import Run, load_runs
 from cachesim.headline import COLLAPSE_PERCENT
 from moe import rundir
@@ -976,16 +976,19 @@ def verdict_json(runs: Sequence[Run]) -> dict[str, Any]:
     }
 
 
-COMMAND = cli.verdict_command()
+COMMAND = run_args.run_command("python -m analysis.verdict", "The pre-registered verdict (SPEC §9) from run "
+                               "directories: the one module that judges.")
+COMMAND.define_format("text", ["text", "json"])
+COMMAND.define("string", "out", None, "write the verdict to this file instead of stdout")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = cli.parse_runs(COMMAND, argv)
-    runs = load_runs(args.paths, store=cli.make_store(args))
+    args = run_args.parse_runs(COMMAND, argv)
+    runs = load_runs(args.paths, store=run_args.make_store(args))
     text = json.dumps(verdict_json(runs), indent=1) + "\n" if args.format == "json" else verdict_text(runs)
-    cli.write_or_print(text, Path(args.out).parent if args.out else None, Path(args.out).name if args.out else "")
+    run_args.write_or_print(text, Path(args.out).parent if args.out else None, Path(args.out).name if args.out else "")
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(cli.run_main(main))
+    raise SystemExit(run_args.run_main(main))

@@ -61,7 +61,7 @@ class UsageError(ValueError):
     """A malformed command line; the message names the flag and the fix."""
 
 
-# Set by launch.cli before it runs a command's module: the name the user typed (``cacheable-moe simulate``).
+# Set by launch.console before it runs a command's module: the name the user typed (``cacheable-moe simulate``).
 invoked_name: str | None = None
 
 

@@ -12,7 +12,7 @@ import json
 import sys
 from collections.abc import Sequence
 
-from cachesim.cli import warn_collapse
+from cachesim.simulate_cli import warn_collapse
 from cachesim.cli_util import CLI, UsageError, check_writable, comma_list, write_output
 from cachesim.headline import COLLAPSE_PERCENT
 

@@ -151,7 +151,7 @@ def _run_cli(args) -> list[dict[str, Any]]:
 def _runs(args, admissions, speculation, hardware, base_model, bar) -> list[dict[str, Any]]:
     from cachesim.timed.compare import compare_policies, prepare
     from cachesim.timed.engine import PrefetchConfig, run_timed
-    from cachesim.timed.metrics import run_header, summarize, write_jsonl
+    from cachesim.timed.stall_metrics import run_header, summarize, write_jsonl
     from cachesim.timed.projection import needs_projection, projection
     from cachesim.timed.spec import StallConfigError, parse_bytes
     from cachesim.trace import load_trace
@@ -201,7 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.format == "json":
-        from cachesim.timed.metrics import json_safe
+        from cachesim.timed.stall_metrics import json_safe
 
         write_output(json.dumps(json_safe({"runs": runs}), indent=2, allow_nan=False), args.out)
     else:

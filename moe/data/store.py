@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from cachesim.files import file_sha256
-from moe.data.config import DOMAINS
+from moe.data.recipe import DOMAINS
 from moe.data.errors import ManifestError
 from moe import lockfile, rundir
 
