@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from cachesim import bandwidth, cli, cli_util, profile, stall
+from cachesim import bandwidth, cli_util, profile, stall
+from cachesim import simulate_cli as cli
 from cachesim.trace import save_trace
 from cachesim_fixtures import random_trace
 
