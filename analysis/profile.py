@@ -28,6 +28,7 @@ from analysis import run_args, formatting
 from analysis.formatting import Column, Table, fixed, percent
 from analysis.runs import AnalysisError, domain_sort_key
 from cachesim.cli_util import CLI
+from cachesim.headline import LRU_FRACTION
 from cachesim.policies import parse_capacities
 
 PROFILE_POLICIES = ("lru", "lfu", "static_w0.2", "belady")
@@ -66,7 +67,7 @@ def _specs(capacity: int | float, rounding: str, recency: str) -> list:
             CacheSpec("static", warmup=0.2, **size), CacheSpec("belady", **size)]
 
 
-def profile(traces: Mapping[str, Any], *, capacity: int | float = 0.25, rounding: str = "ceil",
+def profile(traces: Mapping[str, Any], *, capacity: int | float = float(LRU_FRACTION), rounding: str = "ceil",
             recency: str = "request", layer: int | None = None) -> dict[str, Any]:
     """The profile as a JSON-able dict (unrounded): means over domains plus a per-domain breakdown.
 
@@ -135,7 +136,7 @@ def report_tables(prof: Mapping[str, Any]) -> list[Table]:
 
 COMMAND = CLI("python -m analysis.profile", "Routing profile of one model from its per-domain traces (Markdown "
               "or JSON).", positional="TRACE_DIR", positional_help="a folder of per-domain trace .npz files")
-COMMAND.define("string", "capacity", "0.25", "cache capacity: a fraction of E with a decimal point (0.25) or a "
+COMMAND.define("string", "capacity", LRU_FRACTION, "cache capacity: a fraction of E with a decimal point (0.25) or a "
                "count (4)")
 COMMAND.define("enum", "rounding", "ceil", "rounding of a fractional capacity (the paper's: ceil)",
                enum_values=["ceil", "round", "floor"])

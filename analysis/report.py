@@ -36,13 +36,15 @@ from typing import TYPE_CHECKING, Any
 from analysis import (arm_m, run_args, complementarity, decode, figures, formatting, stall_section, summary, tables,
                       verdict)
 from analysis.runs import AnalysisError, Run
+from cachesim import headline
 from moe import rundir
 
 if TYPE_CHECKING:
     import pandas as pd
 
 TIMINGS_HEADING = "## Timings"
-CAPACITY = 0.25  # the frontier's cache capacity (fraction of E), as configs/study_cpu.py runs it
+# The frontier's cache capacity (fraction of E): the headline cache's, as configs/study_cpu.py runs it.
+CAPACITY = float(headline.LRU_FRACTION)
 ELISION_EPSILON = 0.02
 # Within this relative difference two load counts are "the same" (priming's "no gain").
 NO_GAIN = 0.01
@@ -363,7 +365,7 @@ def priming_finding(frontiers: Mapping[str, Sequence[Mapping[str, Any]]], runs: 
 
 
 def collapse_finding(rows: Sequence[Mapping[str, Any]]) -> Finding:
-    claim = f"Expert collapse (experts under {summary.COLLAPSE_USAGE:.0%} of tokens) appears at high λ."
+    claim = f"Expert collapse (experts under {headline.COLLAPSE_PERCENT} of tokens) appears at high λ."
     b = sorted((r for r in rows if r["arm"] == "B"), key=lambda r: (r["lam"], r["seed"] or 0))
     a = [r for r in rows if r["arm"] == "A"]
     if not b:
@@ -434,7 +436,7 @@ def deviations(runs: Sequence[Run], frontier_runs: Sequence[str]) -> list[tuple[
         "evaluation": windows,
         "frontier (τ/ε)": (f"frontier.json of {', '.join(with_frontier)}; the findings compare "
                            f"{', '.join(frontier_runs) or 'none'}" if with_frontier else "no frontier.json"),
-        "collapse": "experts under 1% of the run's evaluation tokens pooled over domains",
+        "collapse": f"experts under {headline.COLLAPSE_PERCENT} of the run's evaluation tokens pooled over domains",
     }
     # The protocol rows read the run records; the verdicts' own departures follow, from the same list.
     rows = [(verdict.deviation(key).aspect, verdict.deviation(key).paper, text) for key, text in here.items()]
@@ -475,7 +477,8 @@ def write_figures(runs: Sequence[Run], out: Path, frontier_runs: Sequence[str],
     attempt(f"Hit rate vs cache budget: arm B at the λ with the largest miss reduction ({largest or 'none'}) "
             "over arm A",
             lambda: study.write_hit_vs_budget_a_vs_b(complete, out / "hit_vs_budget.png", config=largest))
-    attempt("Expert usage per layer (one log colour scale for every run; red: under the 1% collapse threshold)",
+    attempt("Expert usage per layer (one log colour scale for every run; red: under the "
+            f"{headline.COLLAPSE_PERCENT} collapse threshold)",
             lambda: study.write_usage_heatmaps(complete, out / "usage.png"))
     return drawn
 

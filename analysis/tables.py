@@ -41,6 +41,7 @@ from analysis import arm_m, run_args, complementarity, formatting, intervals, su
 from analysis.formatting import (Column, Table, fixed, general, percent, percent_interval, percent_spread,
                                  signed_percent)
 from analysis.runs import Run, load_runs
+from cachesim.headline import COLLAPSE_PERCENT
 from moe import rundir
 
 TABLE_NAMES = ("main", "per_domain", "runs", "scale", "complementarity", "transfers", "ablation")
@@ -172,7 +173,8 @@ def main_table(runs: Sequence[Run]) -> Table:
     notes = ["Mean PPL = arithmetic mean of the domain PPLs; cache metrics = mean over domains, capacity = "
              "ceil(fraction × E) per layer; static w=1 pins by frequency over the whole evaluation trace "
              "(in-sample), w=0.2 over its first 20%, 'fit on train' over the training-split trace "
-             "(out-of-sample; — without trace_<d>_train.npz); collapsed = experts used by < 1% of all the run's "
+             "(out-of-sample; — without trace_<d>_train.npz); collapsed = experts used by < "
+             f"{COLLAPSE_PERCENT} of all the run's "
              "evaluation tokens (pooled over domains), summed over layers. ΔPPL and miss reduction are seed-paired: "
              "against the arm-A run of the same seed, token budget and size ('paired with'; seed s of every arm "
              "reads the same batches), an arm-M run against its base run; where no such run exists, against the "
@@ -202,7 +204,7 @@ def per_domain_table(runs: Sequence[Run]) -> Table:
                Column("collapsed", "collapsed", general))
     notes = ["ΔPPL = PPL / (the domain's PPL of arm A of the same seed, budget and size where that run exists, "
              "else of arm A's mean over its seeds; for arm M, its base run's) − 1. " + _baseline_note(runs),
-             "collapsed = experts used by < 1% of this domain's tokens, summed over layers."]
+             f"collapsed = experts used by < {COLLAPSE_PERCENT} of this domain's tokens, summed over layers."]
     return Table("per_domain", "Per-domain results", columns, tuple(rows), tuple(notes))
 
 

@@ -233,11 +233,11 @@ def format_table(records: Sequence[dict], num_layers: dict[str, int]) -> str:
 
 def warn_collapse(path: str, trace: Trace) -> None:
     """Expert collapse is a pre-registered failure mode: say so loudly."""
-    from cachesim import metrics
+    from cachesim import headline, metrics
 
     per_layer = metrics.collapse_counts(trace)
     if any(per_layer):
-        print(f"WARNING: expert collapse in {path}: {sum(per_layer)} experts used by < 1% of "
+        print(f"WARNING: expert collapse in {path}: {sum(per_layer)} experts used by < {headline.COLLAPSE_PERCENT} of "
               f"tokens (per layer {per_layer}; ids in `python -m cachesim.profile "
               f"--format json`)", file=sys.stderr)
 

@@ -33,14 +33,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from cachesim.cli_util import CLI, check_writable, progress, write_output
+from cachesim.headline import ADMISSIONS
 from cachesim.policies import parse_capacities
 
 # cachesim.timed and cachesim.trace (numpy) are imported where they are used: `--help` starts without them
 # (benchmarks/help_bench.py). Their vocabularies for the flags, spelled out (tested equal):
 PLACEMENTS = ("frequency", "slowest")  # cachesim.timed.residency.PLACEMENTS
 SOURCES = ("prev_token", "frequency", "lookahead", "oracle")  # cachesim.timed.prefetch.SOURCES
-ADMISSIONS = ("none", "highest_prob", "prob_per_byte", "earliest_deadline", "esv_per_byte",
-              "oracle")  # cachesim.timed.prefetch.ADMISSIONS
 
 
 # ---------------------------------------------------------------- CLI

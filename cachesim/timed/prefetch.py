@@ -41,11 +41,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from cachesim.headline import ADMISSIONS
 from cachesim.timed.spec import StallConfigError
 
 SOURCES = ("prev_token", "frequency", "lookahead", "oracle")
-ADMISSIONS = ("none", "highest_prob", "prob_per_byte", "earliest_deadline", "esv_per_byte",
-              "oracle")
 
 Candidates = list[tuple[int, float]]  # (expert, probability)
 

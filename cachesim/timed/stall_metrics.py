@@ -10,12 +10,11 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
-from pathlib import Path
 from typing import Any, Iterable
 
 import numpy as np
 
+from cachesim.files import write_atomic
 from cachesim.timed.engine import TimedResult
 
 
@@ -104,20 +103,8 @@ def json_safe(value: Any) -> Any:
 
 
 def write_jsonl(path: str | os.PathLike[str], records: Iterable[dict[str, Any]]) -> None:
-    """Writes one JSON object per line, atomically (temp file + os.replace)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            for record in records:
-                f.write(json.dumps(_json_value(record), allow_nan=False))
-                f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    """Writes one JSON object per line, atomically (cachesim.files.write_atomic)."""
+    write_atomic(path, "".join(json.dumps(_json_value(r), allow_nan=False) + "\n" for r in records))
 
 
 def run_header(result: TimedResult) -> dict[str, Any]:

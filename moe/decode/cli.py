@@ -24,10 +24,8 @@ import sys
 from typing import Callable, Sequence
 
 from cachesim.cli_util import CLI, progress
+from cachesim.headline import ADMISSIONS, LRU_FRACTION
 from moe import rundir
-
-# The timed model's admission policies (cachesim.timed.prefetch.ADMISSIONS), spelled out so --help stays light.
-POLICY_WORDS = ("none", "highest_prob", "prob_per_byte", "earliest_deadline", "esv_per_byte", "oracle")
 
 
 COMMAND = CLI("python -m moe.decode", "Decode a trained run with its experts offloaded, measure the stall at the "
@@ -35,11 +33,11 @@ COMMAND = CLI("python -m moe.decode", "Decode a trained run with its experts off
               positional_help="run directory of a trained run (main.py --workdir); or --run")
 COMMAND.define("string", "run", None, "run directory of a trained run (or give it as RUN_DIR)")
 COMMAND.define("integer", "tokens", 256, "decode steps per stream (each commits one token per stream)")
-COMMAND.define("string", "capacity", "0.25", "resident experts per layer: a fraction of E (0.25) or a count (4)")
+COMMAND.define("string", "capacity", LRU_FRACTION, "resident experts per layer: a fraction of E (0.25) or a count (4)")
 COMMAND.define("enum", "tier", "disk", "where every expert lives", enum_values=["ram", "disk"])
 COMMAND.define("string", "bandwidth", "", "cap on the slow tier's bandwidth, e.g. 2.4GB/s (default: none)")
 COMMAND.define("string", "prefetch_policy", "all", f"prefetch admission policies, a comma list of "
-               f"{', '.join(POLICY_WORDS)} or all (demand-only always runs first)")
+               f"{', '.join(ADMISSIONS)} or all (demand-only always runs first)")
 COMMAND.deprecated("policies", "prefetch_policy")
 COMMAND.define("enum", "source", "frequency", "prefetch prediction source (prev_token proposes only experts LRU "
                "still holds when capacity >= k)", enum_values=["prev_token", "frequency", "oracle"])

@@ -22,6 +22,7 @@ from typing import Callable
 
 import numpy as np
 
+from cachesim.headline import LRU_FRACTION
 from cachesim.policies import policy_code
 from moe.decode.loop import DecodeModel, DecodeResult, InMemoryExperts, decode
 from moe.decode.restore import DecodeError, RestoredRun
@@ -43,7 +44,7 @@ class OffloadConfig:
     """Where the experts live and how they are fetched."""
 
     tier: str = "disk"
-    capacity: str = "0.25"          # a fraction of E (0.25) or a count (4)
+    capacity: str = LRU_FRACTION    # a fraction of E (0.25) or a count (4)
     cache: str = "lru"
     bandwidth_Bps: float | None = None
     workers: int = 2
