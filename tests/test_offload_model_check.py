@@ -186,7 +186,6 @@ def test_cli_json_report_and_event_traces(tiny_run, tmp_path, capsys):  # noqa: 
 
 def test_the_cli_lists_the_timed_models_policies():
     from cachesim.headline import ADMISSIONS
-    from moe.decode.cli import POLICY_WORDS
     from moe.decode.offload.model_check import parse_policies
 
     assert parse_policies("oracle,none,oracle") == ["none", "oracle"]
