@@ -31,15 +31,16 @@ import re
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
-
-from analysis import (arm_m, complementarity, decode, figures, formatting, plots, run_args, stall_section, study, tables,
+from analysis import (arm_m, run_args, complementarity, decode, figures, formatting, stall_section, summary, tables,
                       verdict)
 from analysis.runs import AnalysisError, Run
 from cachesim import headline
 from moe import rundir
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 TIMINGS_HEADING = "## Timings"
 # The frontier's cache capacity (fraction of E): the headline cache's, as configs/study_cpu.py runs it.
@@ -118,6 +119,8 @@ def machine() -> str:
 
 def run_timings(runs: Sequence[Run]) -> pd.DataFrame:
     """Per run: steps, tokens, wall time over its attempts and tokens/s (DONE and log.jsonl)."""
+    import pandas as pd  # here, not at the top: --help need not wait for pandas and matplotlib
+
     records = []
     for run in runs:
         done = rundir.read_done(run.path) or {}
@@ -132,6 +135,8 @@ def run_timings(runs: Sequence[Run]) -> pd.DataFrame:
 def sweep_wall_s(root: Path) -> float | None:
     """The runs' wall time: from the first sweep's start on this root (status.json) to the last run's DONE;
     runs a study step trained (fine-tunes, counted with the steps) aside."""
+    import pandas as pd  # here, not at the top: --help need not wait for pandas and matplotlib
+
     try:
         status = json.loads((root / "status.json").read_text())
     except (OSError, ValueError):
@@ -442,6 +447,8 @@ def deviations(runs: Sequence[Run], frontier_runs: Sequence[str]) -> list[tuple[
 def write_figures(runs: Sequence[Run], out: Path, frontier_runs: Sequence[str],
                   results: Sequence[verdict.CriterionResult] = ()) -> dict[str, Path]:
     """{caption: PNG path} of the page's figures, drawn into ``out``."""
+    from analysis import plots, study  # here, not at the top: --help need not wait for pandas and matplotlib
+
     drawn: dict[str, Path] = {}
     complete = [r for r in runs if r.complete]
     by_name = {r.name: r for r in complete}
@@ -517,6 +524,8 @@ def render_page(*, name: str, root_label: str, command: str, rows, found: Sequen
                 melinoe: Sequence[str] = (), stall_md: Sequence[str] = (), decode_md: Sequence[str] = (),
                 plan_md: Sequence[str] = ()) -> str:
     """The markdown page (pure: every input given)."""
+    import pandas as pd  # here, not at the top: --help need not wait for pandas and matplotlib
+
     replicated = sum(f.status == "replicates" for f in found)
     out = [f"# Results: {name}", "",
            f"Our own study, from configs to verdict: {len(rows)} runs, {replicated} of {len(found)} of the paper's "
@@ -643,6 +652,8 @@ def _decode(root: Path) -> list[str]:
 def build(root: Path, name: str, out: Path, *, command: str, frontier_runs: Sequence[str],
           cache_dir: str | None = None, jobs: int | None = None) -> Path:
     """Writes out/<name>.md and out/<name>/*.png; returns the page's path."""
+    from analysis import study  # here, not at the top: --help need not wait for pandas and matplotlib
+
     runs = study.load_study(root, cache_dir=cache_dir, jobs=jobs)
     complete = [r for r in runs if r.complete]
     if not complete:
@@ -671,7 +682,15 @@ def build(root: Path, name: str, out: Path, *, command: str, frontier_runs: Sequ
     return path
 
 
-COMMAND = run_args.report_command()
+COMMAND = run_args.run_command("python -m analysis.report", "The results page of a study: what was run, on "
+                               "what, and finding by finding whether the paper's claims hold.")
+COMMAND.define("string", "name", None, "the page's name: writes OUT/<name>.md and its figures under OUT/<name>/")
+COMMAND.define("string", "out", None, "the folder of the page (e.g. docs/results)")
+COMMAND.define("string", "frontier_runs", "",
+               "comma-separated [arm-A run, arm-B run] whose frontier.json the findings compare "
+               "(default: the first arm-A and the first arm-B run under ROOT that hold a frontier.json)")
+COMMAND.define("string", "command", "", "the command line the page states (default: the sweep's, from "
+               "status.json)")
 
 
 def _default_frontier_runs(root: Path) -> list[str]:

@@ -1,7 +1,6 @@
 """What the analysis CLIs share: the RUN_DIR arguments and metric-cache flags, and the error plumbing.
 
-Each command builds its own command line in its module (analysis.tables, .verdict, .profile); the report's and the
-figures' are still built here (launch.console.HELP_PARSERS) until their modules start without pandas.
+Each command builds its own command line in its module (analysis.tables, .verdict, .figures, .report, .profile).
 """
 
 from __future__ import annotations
@@ -38,19 +37,6 @@ def run_command(prog: str, description: str) -> CLI:
 
 
 
-
-def report_command() -> CLI:
-    """``python -m analysis.report``."""
-    command = run_command("python -m analysis.report", "The results page of a study: what was run, on what, and "
-                          "finding by finding whether the paper's claims hold.")
-    command.define("string", "name", None, "the page's name: writes OUT/<name>.md and its figures under OUT/<name>/")
-    command.define("string", "out", None, "the folder of the page (e.g. docs/results)")
-    command.define("string", "frontier_runs", "",
-                   "comma-separated [arm-A run, arm-B run] whose frontier.json the findings compare "
-                   "(default: the first arm-A and the first arm-B run under ROOT that hold a frontier.json)")
-    command.define("string", "command", "", "the command line the page states (default: the sweep's, from "
-                   "status.json)")
-    return command
 
 
 

@@ -73,9 +73,14 @@ def _env(root: pathlib.Path) -> dict[str, str]:
     return {**env, "PYTHONPATH": str(root), **({"PYTHONPYCACHEPREFIX": PYCACHE} if PYCACHE else {})}
 
 
+def _console(root: pathlib.Path) -> str:
+    """The console script's module in the checkout at ``root`` (launch.cli before its rename)."""
+    return "launch.console" if (root / "launch" / "console.py").is_file() else "launch.cli"
+
+
 def _argv(root: pathlib.Path, command: str, known: dict[str, str]) -> list[str]:
     if command in known:
-        return [sys.executable, "-m", "launch.console", command, "--help"]
+        return [sys.executable, "-m", _console(root), command, "--help"]
     return [sys.executable, "-m", COMMANDS[command][0], "--help"]
 
 
@@ -105,7 +110,7 @@ def _heavy(argv: list[str], root: pathlib.Path) -> list[str]:
 
 def _commands_of(root: pathlib.Path) -> dict[str, str]:
     """The subcommands of the checkout at ``root``: {name: module}."""
-    out = subprocess.run([sys.executable, "-c", "import json; from launch.console import COMMANDS; "
+    out = subprocess.run([sys.executable, "-c", f"import json; from {_console(root)} import COMMANDS; "
                           "print(json.dumps({k: v[0] for k, v in COMMANDS.items()}))"],
                          cwd=root, env=_env(root), capture_output=True, text=True, timeout=120, check=True).stdout
     return json.loads(out)
@@ -149,9 +154,9 @@ def _bench(args) -> int:
     roots = {"after": REPO}
     if args.baseline_root:
         roots["before"] = pathlib.Path(args.baseline_root).resolve()
-        if not (roots["before"] / "launch" / "cli.py").is_file():
+        if not any((roots["before"] / "launch" / name).is_file() for name in ("console.py", "cli.py")):
             raise SystemExit(f"error: --baseline_root={args.baseline_root} is not a checkout of this project "
-                             "(no launch/console.py); pass e.g. a git worktree of main")
+                             "(no launch/console.py or launch/cli.py); pass e.g. a git worktree of main")
     known = {label: _commands_of(root) for label, root in roots.items()}
     _time([sys.executable, "-c", "pass"], REPO, help_page=False)  # warm-up: compiles the interpreter's .pyc
     for n in names:

@@ -6,7 +6,6 @@ flags, same help, same exit codes); ``cacheable-moe`` alone lists them.
 
 from __future__ import annotations
 
-import importlib
 import runpy
 import sys
 
@@ -36,22 +35,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "trace-profile": ("analysis.profile", "a model's routing profile from a folder of traces"),
 }
 
-# Commands whose module imports numpy or pandas at the top: the function that builds their command line (the
-# same one the module's COMMAND comes from) lives in a light module, so that `--help` answers from it without
-# loading the analysis (benchmarks/help_bench.py; tests/test_cli_conventions.py checks the pages are equal).
-HELP_PARSERS: dict[str, str] = {
-    "report": "analysis.run_args:report_command",
-}
-
-
-def help_parser(name: str) -> cli_util.CLI | None:
-    """The light command line of subcommand ``name`` (HELP_PARSERS), or None where its module is light itself."""
-    if name not in HELP_PARSERS:
-        return None
-    module, _, function = HELP_PARSERS[name].partition(":")
-    return getattr(importlib.import_module(module), function)()
-
-
 def usage() -> str:
     width = max(map(len, COMMANDS))
     lines = ["usage: cacheable-moe <command> [flags]   (cacheable-moe <command> --help for its flags)", ""]
@@ -73,8 +56,6 @@ def main(argv: list[str] | None = None) -> int:
     sys.argv = [f"cacheable-moe {name}", *rest]
     cli_util.invoked_name = sys.argv[0]  # help pages and errors name the command as typed
     try:
-        if any(a in cli_util.HELP_ARGS for a in rest) and (parser := help_parser(name)) is not None:
-            parser.parse(rest)  # prints the help page and exits 0, as the module would
         runpy.run_module(module, run_name="__main__", alter_sys=True)
     except SystemExit as exit_:
         return exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)

@@ -9,7 +9,6 @@ import sys
 import pytest
 
 from cachesim.cli_util import CLI, FORMATS
-from launch.console import HELP_PARSERS
 from helpers import REPO
 
 # Every CLI built on cachesim.cli_util.CLI: (module, its CLI object's name).
@@ -88,13 +87,6 @@ def test_help_starts_without_heavy_imports():
                           cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-500:]
     assert proc.stdout.count("usage: cacheable-moe ") == len(names) == len(SUBCOMMANDS) - len(apps)
-
-
-@pytest.mark.parametrize("name", sorted(HELP_PARSERS))
-def test_a_light_help_parser_is_its_modules_command_line(name):
-    """`cacheable-moe NAME --help` answers from launch.console.HELP_PARSERS: the same page as the module's COMMAND."""
-    from launch.console import COMMANDS as SUBCOMMANDS, help_parser
-    assert help_parser(name).help_text() == command(SUBCOMMANDS[name][0]).help_text()
 
 
 def test_constants_spelled_out_for_a_light_help_equal_their_owners():
