@@ -63,3 +63,50 @@ def test_a_sweep_with_no_reachable_controller_is_one_error_line_and_exit_2(tmp_p
         "run where SLURM is installed, try it on this machine with `bash scripts/slurm_cluster.sh up` "
         "(docs/slurm.md), or use --executor=local"]
     assert not root.exists()  # refused before anything is written
+
+
+SACCT = """\
+41_0|COMPLETED
+41_0.batch|COMPLETED
+41_1|CANCELLED by 0
+41_1.batch|CANCELLED
+42|OUT_OF_MEMORY
+42.batch|OUT_OF_MEMORY
+43|TIMEOUT
+44|PENDING
+45|REQUEUED
+"""
+
+
+def test_sacct_output_is_read_job_by_job_without_steps():
+    from launch.slurm import parse_sacct
+    assert parse_sacct(SACCT) == {"41_0": "COMPLETED", "41_1": "CANCELLED", "42": "OUT_OF_MEMORY", "43": "TIMEOUT",
+                                  "44": "PENDING", "45": "REQUEUED"}
+    assert parse_sacct("") == {}
+
+
+def test_status_shows_each_runs_job_state_and_the_fix_where_slurm_stopped_it(tmp_path):
+    import json
+    from launch.slurm import with_slurm_states
+    (tmp_path / "submitit").mkdir()
+    (tmp_path / "submitit" / "jobs.json").write_text(json.dumps(
+        {"a": "41_0", "b": "41_1", "c+d": "42", "e": "43", "f": "44", "g": "45"}))
+    names = "abcdefgh"
+    status = {"runs": [{"name": n, "state": "done" if n == "a" else "running"} for n in names]}
+    calls = []
+
+    def sacct(command, **kwargs):
+        calls.append(command)
+        return subprocess.CompletedProcess(command, 0, SACCT, "")
+
+    runs = {r["name"]: r for r in with_slurm_states(status, tmp_path, run=sacct)["runs"]}
+    assert calls[0][:4] == ["sacct", "--noheader", "--parsable2", "--format=JobID,State"]
+    assert calls[0][4:] == ["-j", "41_0", "-j", "41_1", "-j", "42", "-j", "43", "-j", "44", "-j", "45"]
+    assert runs["a"] == {"name": "a", "state": "done", "slurm_job": "41_0", "slurm_state": "COMPLETED"}
+    assert runs["b"]["error"] == "SLURM job 41_1 CANCELLED: cancelled (scancel); rerun the sweep to resubmit it"
+    assert runs["c"]["error"] == runs["d"]["error"] == (
+        "SLURM job 42 OUT_OF_MEMORY: SLURM killed it for memory (OUT_OF_MEMORY); ask for more with --slurm_mem_gb")
+    assert runs["e"]["error"].startswith("SLURM job 43 TIMEOUT: SLURM stopped it at its time limit (TIMEOUT); "
+                                         "raise --slurm_time_min")
+    assert runs["f"]["error"] == "SLURM job 44 PENDING" and runs["g"]["slurm_state"] == "REQUEUED"
+    assert "slurm_job" not in runs["h"]  # never submitted
