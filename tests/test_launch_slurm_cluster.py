@@ -7,6 +7,7 @@ cannot start, the tests skip with one line, and under CI=true that is a failure.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -73,6 +74,13 @@ def test_a_slurm_sweep_runs_one_job_at_a_time_and_matches_the_local_executor(clu
     assert all(rundir.is_done(root / name) for name in RUNS), out[-4000:]
     ids = [line.split(" as job ")[1].split()[0] for line in out.splitlines() if line.startswith("submitted ")]
     assert len(ids) == 2 and len({i.split("_")[0] for i in ids}) == 1, ids  # one job array for the two runs
+
+    # launch.status reads SLURM's own state of each run's job (sacct).
+    shown = subprocess.run([sys.executable, "-m", "launch.status", str(root), "--format=json"], cwd=REPO, env=cluster,
+                           capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    runs = json.loads(shown.stdout)["runs"]
+    assert [(r["slurm_job"], r["slurm_state"]) for r in runs] == [(i, "COMPLETED") for i in ids]
 
     local = tmp_path / "local"
     out_local, _ = sweep(local, os.environ, "--executor=local").communicate(timeout=HANG_S)
