@@ -238,7 +238,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         status = read_status(path)
         if status.get("executor") == "slurm":  # its jobs run on the cluster: SLURM says how they are
-            from launch.slurm import with_slurm_states
+            from launch.slurm_states import with_slurm_states
             status = with_slurm_states(status, root)
         else:
             status = with_live_check(status, root)

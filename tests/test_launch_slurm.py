@@ -79,7 +79,7 @@ SACCT = """\
 
 
 def test_sacct_output_is_read_job_by_job_without_steps():
-    from launch.slurm import parse_sacct
+    from launch.slurm_states import parse_sacct
     assert parse_sacct(SACCT) == {"41_0": "COMPLETED", "41_1": "CANCELLED", "42": "OUT_OF_MEMORY", "43": "TIMEOUT",
                                   "44": "PENDING", "45": "REQUEUED"}
     assert parse_sacct("") == {}
@@ -87,7 +87,7 @@ def test_sacct_output_is_read_job_by_job_without_steps():
 
 def test_status_shows_each_runs_job_state_and_the_fix_where_slurm_stopped_it(tmp_path):
     import json
-    from launch.slurm import with_slurm_states
+    from launch.slurm_states import with_slurm_states
     (tmp_path / "submitit").mkdir()
     (tmp_path / "submitit" / "jobs.json").write_text(json.dumps(
         {"a": "41_0", "b": "41_1", "c+d": "42", "e": "43", "f": "44", "g": "45"}))
