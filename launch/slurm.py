@@ -8,14 +8,21 @@ finished run is marked even when the submitting sweep died); on a time-out or
 preemption submitit requeues it and it resumes from its newest checkpoint.
 Submitted job ids are kept in ``ROOT/submitit/jobs.json``: a restarted sweep
 re-attaches to jobs still queued or running on the cluster instead of
-submitting them twice. Tested with submitit's local executor (``--submitit_cluster=local``).
+submitting them twice. Before anything is submitted, :func:`check_controller` asks
+``scontrol ping`` whether a controller answers (else one line, exit 2, instead of
+submitit's silent fallback to local processes or its traceback). Tested with
+submitit's local executor (``--submitit_cluster=local``) and on a real one-node
+cluster (``scripts/slurm_cluster.sh``, tests/test_launch_slurm_cluster.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import pathlib
+import shutil
+import subprocess
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
@@ -27,9 +34,9 @@ from moe import rundir
 from launch.execute import (attempt_record, error_from_log, mark_run_done, prepare_jax_env, run_in_process,
                             run_logs)
 from launch.plan import Job
+from launch.slurm_states import JOBS_FILE
 from launch.status import RunState
 
-JOBS_FILE = "jobs.json"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +54,41 @@ class SlurmOptions:
     qos: str = ""
     constraint: str = ""
     additional: tuple[tuple[str, str], ...] = ()  # further sbatch options, passed through as given
+
+
+class SlurmUnavailable(ValueError):
+    """``--executor=slurm`` where no SLURM controller answers; printed as one ``error:`` line."""
+
+
+_TRY = ("run where SLURM is installed, try it on this machine with `bash scripts/slurm_cluster.sh up` "
+        "(docs/slurm.md), or use --executor=local")
+
+
+def check_controller(options: SlurmOptions, *, run=subprocess.run, which=shutil.which,
+                     env: Mapping[str, str] | None = None) -> None:
+    """Raises SlurmUnavailable (one line) unless ``scontrol ping`` finds the SLURM controller up.
+
+    Only for real SLURM (``cluster`` auto or "slurm"): submitit's auto mode would
+    otherwise run the jobs as local processes where ``sbatch`` is missing.
+    """
+    if options.cluster not in (None, "slurm"):
+        return
+    env = os.environ if env is None else env
+    if which("sbatch") is None or which("scontrol") is None:
+        raise SlurmUnavailable(f"--executor=slurm: SLURM is not installed here (no sbatch/scontrol on PATH); {_TRY}")
+    conf = env.get("SLURM_CONF")
+    if conf and not pathlib.Path(conf).is_file():  # scontrol would retry for a minute
+        raise SlurmUnavailable(f"--executor=slurm: SLURM_CONF={conf} is not a file; point it at the cluster's "
+                               f"slurm.conf (`bash scripts/slurm_cluster.sh env` prints it) or {_TRY}")
+    try:
+        proc = run(["scontrol", "ping"], capture_output=True, text=True, timeout=90, env=dict(env))
+    except subprocess.TimeoutExpired:
+        raise SlurmUnavailable(f"--executor=slurm: `scontrol ping` did not answer within 90 s; {_TRY}") from None
+    if proc.returncode == 0 and " is UP" in proc.stdout:
+        return
+    lines = [line.strip() for line in (proc.stderr + "\n" + proc.stdout).splitlines() if line.strip()]
+    said = next((line for line in lines if "error" in line or "DOWN" in line), lines[0] if lines else "no output")
+    raise SlurmUnavailable(f"--executor=slurm: no SLURM controller answers (scontrol ping: {said[:200]}); {_TRY}")
 
 
 def gpus_per_node_default(specs: Sequence) -> int:
@@ -281,3 +323,4 @@ class SlurmExecutor:
             st.state = "pending" if retry else "failed"
             self.echo(f"{'retrying' if retry else 'failed'} {spec.name}: {st.error}")
         return dataclasses.replace(job, runs=tuple(unfinished)) if retry else None
+

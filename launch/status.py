@@ -236,7 +236,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     root = pathlib.Path(args.positional[0])
     path = root / STATUS_FILE
     try:
-        status = with_live_check(read_status(path), root)
+        status = read_status(path)
+        if status.get("executor") == "slurm":  # its jobs run on the cluster: SLURM says how they are
+            from launch.slurm_states import with_slurm_states
+            status = with_slurm_states(status, root)
+        else:
+            status = with_live_check(status, root)
     except (OSError, ValueError) as e:
         print(f"error: cannot read {path}: {' '.join(str(e).split())}; is it a sweep root (python -m launch.sweep "
               "--root=...)? rerun that sweep to rewrite it", file=sys.stderr)

@@ -481,7 +481,10 @@ def sweep(argv_command: Sequence[str]) -> int:
         raise SweepError(f"--root={_ROOT.value} is a file, not a sweep root; pass a new or existing directory")
     specs = plan.expand(config_file, root, cli_overrides, only=_ONLY.value)
     if _EXECUTOR.value == "slurm":
-        slurm_options(specs)  # bad SLURM flags fail here, before anything is written
+        options = slurm_options(specs)  # bad SLURM flags fail here, before anything is written
+        if not _DRY_RUN.value:
+            from launch.slurm import check_controller
+            check_controller(options)  # no controller: one line, before anything is written
 
     if _DRY_RUN.value:
         return dry_run(specs, config_file)
