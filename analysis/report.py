@@ -511,7 +511,8 @@ def render_page(*, name: str, root_label: str, command: str, rows, found: Sequen
                 table_md: Sequence[str], verdict_txt: str, figure_paths: Mapping[str, str],
                 manifests: Sequence[Mapping[str, Any]], commits: Mapping[str, Any], machine_line: str,
                 training: Sequence[str], timings: pd.DataFrame, wall_s: float | None, steps_s: Mapping[str, float],
-                melinoe: Sequence[str] = (), stall_md: Sequence[str] = (), decode_md: Sequence[str] = ()) -> str:
+                melinoe: Sequence[str] = (), stall_md: Sequence[str] = (), decode_md: Sequence[str] = (),
+                plan_md: Sequence[str] = ()) -> str:
     """The markdown page (pure: every input given)."""
     replicated = sum(f.status == "replicates" for f in found)
     out = [f"# Results: {name}", "",
@@ -534,6 +535,8 @@ def render_page(*, name: str, root_label: str, command: str, rows, found: Sequen
         out.append(f"* Data: `{m['corpus']}` corpus, tokenizer {m['tokenizer']} (sha256 `{m['tokenizer_sha256'][:16]}…`), "
                    f"MANIFEST.json sha256 `{m['manifest_sha256']}`; files: "
                    + ", ".join(f"{n} `{h[:16]}…`" for n, h in m["files"].items()) + ".")
+    if plan_md:
+        out += ["", "## Pre-registration", "", *plan_md]
     out += ["", "## Training", "", *training, ""]
     out += ["## Findings", "", "| claim | here | evidence |", "|---|---|---|"]
     out += [f"| {f.claim} | **{f.status}** | {f.evidence} |" for f in found]
@@ -590,6 +593,23 @@ def strip_timings(page: str) -> str:
     return page.split(TIMINGS_HEADING, 1)[0]
 
 
+def preregistration_lines(root: Path) -> list[str]:
+    """The plan the study registered before its first run, its hash, the commit that wrote it, and any change
+    made once runs existed (each a deviation); none for a study without a plan."""
+    from moe.rundir import preregistration
+
+    doc = preregistration.read(root)
+    if doc is None:
+        return []
+    lines = [f"Registered before the first run in `{preregistration.PREREGISTRATION}`: sha256 `{doc['sha256']}`, "
+             f"written by commit `{doc['commit']}` from `{doc['source']}`.", "",
+             "```json", json.dumps(doc["plan"], indent=1, ensure_ascii=False, sort_keys=True), "```"]
+    for change in doc.get("plan_changes", []):
+        lines.append(f"* Deviation: the plan changed after runs started, sha256 `{change['from'][:12]}` -> "
+                     f"`{change['to'][:12]}` (commit `{change['commit']}`, `{change['command']}`).")
+    return lines
+
+
 def _melinoe(runs: Sequence[Run]) -> list[str]:
     """The MELINOE section's lines and transfers table; none for a study without arm-M runs."""
     if not any(r.finetuned for r in runs):
@@ -642,7 +662,7 @@ def build(root: Path, name: str, out: Path, *, command: str, frontier_runs: Sequ
                        machine_line=machine(), training=_training_lines(complete, rows),
                        timings=run_timings(complete), wall_s=sweep_wall_s(root), steps_s=study_steps_s(root),
                        melinoe=_melinoe(complete),
-                       stall_md=_stall(root), decode_md=_decode(root))
+                       stall_md=_stall(root), decode_md=_decode(root), plan_md=preregistration_lines(root))
     path = out / f"{name}.md"
     rundir.write_atomic(path, page)
     return path

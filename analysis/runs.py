@@ -107,6 +107,12 @@ class Run:
         return "lambda_cs" in self.config and bool(self.config.get("base_run"))
 
     @property
+    def fork_step(self) -> int:
+        """The step of its trunk's checkpoint a branch started from (moe.fork); 0 for a run from scratch."""
+        resolved = self.record.resolved_config or {}
+        return int(resolved.get("train", {}).get("fork_step", 0) or 0)
+
+    @property
     def complete(self) -> bool:
         """Has final_eval.json and a trace for every evaluated domain."""
         return not self.problems and bool(self.domains)

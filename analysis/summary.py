@@ -320,7 +320,8 @@ def sort_key(run: Run) -> tuple:
 def config_key(run: Run) -> tuple:
     """Identifies a configuration across seeds (arm, λ, μ, budget, size, arm-M knobs)."""
     extra = tuple((k, run.config.get(k)) for k in (*ARM_M_KEYS, *_ARM_M_BASE_KEYS) if k in run.config)
-    return (run.arm, run.lam, run.mu, run.tokens, run.size, extra)
+    return (run.arm, run.lam, run.mu, run.tokens, run.size, extra) + ((("fork_step", run.fork_step),)
+                                                                      if run.fork_step else ())
 
 
 def config_label(run: Run) -> str:
@@ -331,6 +332,8 @@ def config_label(run: Run) -> str:
     base_tokens = _config_number(run, "base_tokens")
     if run.finetuned and base_tokens is not None:  # what was fine-tuned, e.g. 'from A 200M'
         parts.append(f"from {run.config.get('base_arm', '?')} {rundir.format_tokens(base_tokens)}")
+    if run.fork_step:  # a branch of an arm-A trunk (moe.fork)
+        parts.append(f"branched at step {run.fork_step}")
     return " ".join(parts + [rundir.format_tokens(run.tokens), run.size])
 
 

@@ -51,7 +51,7 @@ from typing import Any
 
 import numpy as np
 
-from analysis import cli, effects, intervals, summary
+from analysis import cli, effects, intervals, matched, summary
 from analysis.runs import Run, load_runs
 from moe import rundir
 
@@ -574,15 +574,23 @@ def _hits(vals: Sequence[dict]) -> tuple[list[float], str]:
     return [float(v[key]) for v in vals], key
 
 
+def noise_key(run: Run, quantity: str) -> tuple[str, float, str]:
+    """The pool a configuration's per-seed quantity belongs to: its size, budget, and whether it is a branch."""
+    return run.size, run.tokens, quantity + (f"@fork{run.fork_step}" if run.fork_step else "")
+
+
 def study_noise(runs: Sequence[Run]) -> dict[tuple[str, float, str], effects.Noise]:
-    """{(size, tokens, quantity): pooled SD over the configurations with 2+ seeds at that size and budget}."""
+    """{(size, tokens, quantity): pooled SD over the configurations with 2+ seeds at that size and budget}.
+
+    Branches of arm-A trunks (moe.fork) pool apart from runs from scratch: their quantity is named
+    ``<quantity>@fork<step>``, as their pairs vary less (that is what a pilot measures)."""
     groups: dict[tuple[str, float, str], list[list[float]]] = {}
     seen: set[tuple] = set()
     for group, criterion in _todo(runs):
         if group[0].finetuned:
             continue
         for name, values in _quantities(group, runs, criterion).items():
-            key = (group[0].size, group[0].tokens, name)
+            key = noise_key(group[0], name)
             ident = (key, tuple(r.name for r in group))
             if ident not in seen:
                 seen.add(ident)
@@ -636,7 +644,7 @@ def confidence(runs: Sequence[Run]) -> list[Verdict]:
 
         def noise_of(name: str) -> effects.Noise | None:
             own = effects.own_noise(q[name])
-            return own if own is not None else noise.get((head_run.size, head_run.tokens, name))
+            return own if own is not None else noise.get(noise_key(head_run, name))
 
         max_cost = RQ1_MAX_PPL_COST if criterion == "RQ1" else RQ2_MAX_PPL_COST
         ppl = effects.paired_ratio([v["ppl"] for v in vals], [r["ppl"] for r in refs])
@@ -880,6 +888,47 @@ def format_collapse(entry: dict[str, Any]) -> str:
     return f"COLLAPSE {entry['run']}: {entry['collapsed']} experts < 1% usage ({layers}){against}"
 
 
+@dataclasses.dataclass(frozen=True)
+class Joint:
+    """RQ1's joint question on one λ grid: ΔPPL at the λ where miss reduction reaches its gate."""
+
+    grid: matched.Grid
+    effect: matched.MatchedEffect
+    counted: bool
+    state: str
+    line: str
+
+
+def joint(runs: Sequence[Run]) -> list[Joint]:
+    """RQ1's joint question per λ grid, judged on its seed-level interval (analysis.matched)."""
+    out = []
+    for g in matched.grids(runs):
+        head = next(r for r in runs if r.arm == "B" and r.complete and (r.size, r.tokens, r.fork_step) ==
+                    (g.size, g.tokens, g.fork_step))
+        why = counted_reason([head], runs)
+        e = matched.matched_effect(g.lams, g.log_miss, g.log_ppl, RQ1_MIN_MISS_REDUCTION)
+        label = (f"[{g.size}, {rundir.format_tokens(g.tokens)} tokens, λ grid {', '.join(f'{x:g}' for x in g.lams)}"
+                 + (f", branched at step {g.fork_step}" if g.fork_step else "") + f", seeds "
+                 f"{', '.join(map(str, g.seeds))}]")
+        if e.crossing is None:
+            state, text = "NOT RESOLVED", ("no λ of the grid reaches the miss gate at the seed means; the crossing "
+                                           "is never extrapolated")
+        elif e.low is None:
+            state = "NOT RESOLVED"
+            text = (f"{e.delta_ppl:+.2%} at {e.n_seeds} seed{'s' if e.n_seeds != 1 else ''}; no seed-level interval (it needs 2 or more seeds "
+                    "whose leave-one-out curves all reach the gate)")
+        else:
+            state = {"met": "PASS", "missed": "FAIL", "not resolved": "NOT RESOLVED"}[
+                gate_state(e.delta_ppl, (e.low, e.high), RQ1_MAX_PPL_COST, False)]
+            text = (f"{e.delta_ppl:+.2%} (95% CI [{e.low:+.2%}, {e.high:+.2%}], {e.method}, {e.n_seeds} seeds) vs "
+                    f"≤ {RQ1_MAX_PPL_COST:+.2%}")
+        counted = not why
+        line = (f"RQ1 joint question, ΔPPL at {RQ1_MIN_MISS_REDUCTION:.0%} miss reduction {label}: {text} -> "
+                f"{state}" + ("" if counted else f" (not counted: {why})"))
+        out.append(Joint(g, e, counted, state, line))
+    return out
+
+
 def verdict_text(runs: Sequence[Run], results: Sequence[CriterionResult] | None = None) -> str:
     """Both verdicts, each named, then the collapse counts and the labelled 'beyond arm A's' diagnostic."""
     lines = verdict_block(PREREGISTERED, "SPEC §9 as written: point estimates against arm A averaged over its "
@@ -888,7 +937,8 @@ def verdict_text(runs: Sequence[Run], results: Sequence[CriterionResult] | None 
     pooled = [f"Pooled seed-paired SD at size {size}, {rundir.format_tokens(tokens)} tokens, {name}: "
               f"{n.sd:.4f} (df {n.df})" for (size, tokens, name), n in sorted(noise.items())]
     lines += [""] + verdict_block(CONFIDENCE_VERDICT, "training noise: seed-paired effects, 95% t-intervals on "
-                                  "the log or logit scale; any collapsed expert fails", confidence(runs), pooled)
+                                  "the log or logit scale; any collapsed expert fails", confidence(runs),
+                                  pooled + [j.line for j in joint(runs)])
     lines += ["", *collapse_diagnostic(runs)]
     lines += [format_collapse(e) for e in collapse_report(runs)]
     return "\n".join(lines) + "\n"
@@ -913,6 +963,10 @@ def verdict_json(runs: Sequence[Run]) -> dict[str, Any]:
                             "overall": {c: dict(zip(("verdict", "reason"), overall_word(found, c)))
                                         for c in ("RQ1", "RQ2")}}
                      for name, found in both.items()},
+        "rq1_joint": [{"size": j.grid.size, "tokens": j.grid.tokens, "fork_step": j.grid.fork_step,
+                       "lams": j.grid.lams, "seeds": j.grid.seeds, "delta_ppl": j.effect.delta_ppl,
+                       "interval": [j.effect.low, j.effect.high], "method": j.effect.method, "state": j.state,
+                       "counted": j.counted} for j in joint(runs)],
         "deviations": deviations_used(runs),
         "collapse": collapse_report(runs),
         "gates": {"rq1_min_miss_reduction": RQ1_MIN_MISS_REDUCTION, "rq1_max_ppl_cost": RQ1_MAX_PPL_COST,

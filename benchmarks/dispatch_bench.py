@@ -72,6 +72,7 @@ from configs import arm_b  # noqa: E402
 from configs.base import num_train_steps  # noqa: E402
 from moe.dispatch import (DISPATCHERS, DROPLESS, expert_capacity, padded_rows,  # noqa: E402
                           padded_rows_bound, select_block_size, select_dispatch)
+from moe import precision  # noqa: E402
 from moe.model import build_model, param_counts  # noqa: E402
 from moe.run import compiled_memory  # noqa: E402
 from moe.train import init_state, make_optimizer, make_train_step  # noqa: E402
@@ -98,6 +99,13 @@ def bench_config(args, name: str, block_size: int | None):
         config.model.compute_dtype = args.dtype
     if args.remat:
         config.model.remat = args.remat
+    return resolve_auto_dtype(config)
+
+
+def resolve_auto_dtype(config):
+    """The config with an ``auto`` compute dtype resolved as a run on this machine would (moe.precision)."""
+    if config.model.compute_dtype == precision.AUTO:
+        config.model.compute_dtype = precision.resolve_auto(config)
     return config
 
 
@@ -216,6 +224,7 @@ def step_throughput(size: str, dispatch: str, steps: int) -> float:
     """Train-step tokens/s of one dispatcher at a config size (used by data_bench)."""
     config = arm_b.get_config(size)
     config.model.dispatch = dispatch
+    resolve_auto_dtype(config)
     tx = make_optimizer(config.optim, num_train_steps(config))
     graphdef, state = init_state(config, tx)
     step, batches = make_train_step(graphdef, tx, config), random_batches(config)

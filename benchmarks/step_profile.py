@@ -235,6 +235,7 @@ def main(argv=None) -> None:
         config.model.compute_dtype = args.dtype
     if args.remat:
         config.model.remat = args.remat
+    bench.resolve_auto_dtype(config)
     m = config.model
     print(f"{args.size} {config.train.batch_size}x{m.context} {m.compute_dtype} remat={m.remat} "
           f"{m.dispatch}{f'/b{m.block_size}' if m.block_size else ''}", flush=True)

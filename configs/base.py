@@ -178,6 +178,12 @@ def base_config(arm: str, arg: str | None, arm_defaults: dict | None = None) -> 
         eval_every=s["eval_every"],
         eval_windows=s["eval_windows"],
         trainable="",  # regex over parameter paths the optimiser updates; "" = all (moe.train.trainable_filter)
+        # Trunk and branch (moe.fork): a run that starts from another run's checkpoint at fork_step, its
+        # optimizer state and data position included, and trains on with its own losses; "" trains from
+        # scratch. keep_period keeps every checkpoint whose step it divides (a trunk keeps its fork step).
+        fork_from="",
+        fork_step=0,
+        keep_period=0,
     ))
     c.eval = ml_collections.ConfigDict(dict(
         windows=s["windows"],  # 0: every held-out window
@@ -194,9 +200,10 @@ def base_config(arm: str, arg: str | None, arm_defaults: dict | None = None) -> 
         wandb="",          # a Weights & Biases project to log to as well ("" = off)
     ))
     if s["cpu"]:
-        # CPU sizes: XLA:CPU has no fast bf16 matmul and remat only trades speed for
-        # memory that a CPU has plenty of (benchmarks/dispatch_bench.py measures both).
-        c.model.compute_dtype = "float32"
+        # CPU sizes: bfloat16 where it is measured faster for the step on this CPU, else float32
+        # (moe.precision probes once per machine and size); remat only trades speed for memory
+        # that a CPU has plenty of (benchmarks/dispatch_bench.py measures both).
+        c.model.compute_dtype = "auto"
         c.model.remat = "none"
     c.data = data_config()
     if size == "tiny":

@@ -31,6 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "tables": ("analysis.tables", "the study's tables from run directories"),
     "report": ("analysis.report", "the results page of a study (markdown and figures)"),
     "verdict": ("analysis.verdict", "the pre-registered verdict"),
+    "power": ("analysis.power", "size a study from a pilot: spreads, half-widths, seeds needed"),
     "figures": ("analysis.figures", "the study's figures"),
     "trace-profile": ("analysis.profile", "a model's routing profile from a folder of traces"),
 }

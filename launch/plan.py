@@ -31,10 +31,12 @@ MAIN_MODULE = ["-m", "moe.main"]
 
 # Keys whose value is already part of every run name (arm, λ, μ, seed) or that
 # name the run itself; any *other* key that varies across a sweep is appended.
-_NAMED_KEYS = frozenset({"arm", "loss.lambda_loc", "loss.mu_dom", "seed", "run_name"})
+_NAMED_KEYS = frozenset({"arm", "loss.lambda_loc", "loss.mu_dom", "seed", "run_name",
+                         # a branch's trunk follows from its seed; a kept checkpoint is not a setting
+                         "train.fork_from", "train.keep_period"})
 # Short labels for keys users commonly vary; others use their last dotted part.
 _SHORT = {"train.tokens": "", "loss.alpha_balance": "alpha", "optim.peak_lr": "lr", "train.batch_size": "bsz",
-          "model.dispatch": "", "model.remat": "remat-"}
+          "model.dispatch": "", "model.remat": "remat-", "train.fork_step": "fork"}
 
 
 class PlanError(ValueError):
@@ -152,7 +154,8 @@ def run_names(configs: Sequence[ml_collections.ConfigDict], varying: Sequence[st
     names = []
     for c in configs:
         name = base_name(c.arm, c.loss.lambda_loc, c.loss.mu_dom, c.seed)
-        suffix = [_label(k, get_dotted(c, k)) for k in extra]
+        # A run from scratch in a sweep with branches keeps its plain name (no "fork0").
+        suffix = [_label(k, get_dotted(c, k)) for k in extra if not (k == "train.fork_step" and not get_dotted(c, k))]
         names.append("-".join([name, *suffix]).replace("/", "_"))
     return names
 
@@ -249,8 +252,16 @@ def expand(config_file: str, root: str | pathlib.Path, cli_overrides: Mapping[st
     for name, entry, config in zip(names, entries, configs):
         # The seed is always explicit so a run's command line says which seed it is.
         overrides = {"seed": config.seed, **entry, "run_name": name}
+        if "/" not in str(overrides.get("train.fork_from") or "/"):  # a trunk named as a run of this sweep
+            overrides["train.fork_from"] = str(root / overrides["train.fork_from"])
         specs.append(RunSpec(name=name, config_file=config_file, overrides=tuple(overrides.items()),
                              workdir=root / name, total_steps=num_train_steps(config)))
+    planned = {s.workdir for s in specs}
+    for spec in specs:
+        trunk = spec.override_dict.get("train.fork_from")
+        if trunk and pathlib.Path(trunk) not in planned and not pathlib.Path(trunk).exists():
+            raise PlanError(f"run {spec.name} branches from {trunk}, which this sweep does not plan and which does "
+                            "not exist; name a trunk run of the sweep (e.g. a-s1) in train.fork_from")
     if only:
         specs = [s for s in specs if any(fnmatch.fnmatchcase(s.name, p) for p in only)]
         if not specs:

@@ -57,6 +57,8 @@ _RERUN_CHANGED = flags.DEFINE_bool("rerun_changed", False, "Runs whose directory
                                    "than this sweep plans are refused; with this flag they are moved, kept, to "
                                    "ROOT/.superseded/<name>.<time>/ and trained afresh.")
 _ONLY = flags.DEFINE_list("only", [], "Only the runs whose names match these shell patterns, e.g. 'b-lam0.05-*'.")
+_REPLAN = flags.DEFINE_bool("replan", False, "Accept a study plan() that differs from ROOT/preregistration.json "
+                            "after runs started, recording the change as a deviation (default: refused).")
 _ANALYSIS = flags.DEFINE_bool("analysis", True, "Write analysis tables and the verdict when the sweep is done.")
 _VERBOSE = flags.DEFINE_bool("verbose", False, "Echo every worker's output (prefixed with its run name).")
 _STATUS_EVERY = flags.DEFINE_float("status_every", 60.0, "Seconds between printed status tables (0: only at "
@@ -209,10 +211,12 @@ def plan_jobs(runs, max_seeds: int, seed_batching: str = "auto"):
 
 
 def vmappable(spec) -> bool:
-    """A run that starts from another run's weights (arm M, moe.finetune) trains solo."""
+    """A run that starts from another run's weights (arm M, moe.finetune) or checkpoint (a branch, moe.fork)
+    trains solo."""
     from configs.base import finetunes
     from launch.plan import build_config
-    return not finetunes(build_config(spec.config_file, spec.overrides))
+    config = build_config(spec.config_file, spec.overrides)
+    return not finetunes(config) and not config.train.fork_from
 
 
 # ---------------------------------------------------------------- analysis
@@ -223,10 +227,33 @@ ANALYSIS_DIR = "analysis"
 
 def study_steps(config_file: str) -> dict:
     """The config file's ``study(arg)`` (what to do once every run is done), or {} when it has none."""
+    return _config_hook(config_file, "study") or {}
+
+
+def study_plan(config_file: str) -> dict | None:
+    """The config file's ``plan(arg)`` (its pre-registration), or None when it has none."""
+    return _config_hook(config_file, "plan")
+
+
+def _config_hook(config_file: str, name: str):
     from launch.plan import load_config_module, split_config_file
     path, arg = split_config_file(config_file)
     module = load_config_module(path)
-    return module.study(arg) if hasattr(module, "study") else {}
+    return getattr(module, name)(arg) if hasattr(module, name) else None
+
+
+def register_plan(config_file: str, root: pathlib.Path, specs, command: Sequence[str], *, replan: bool = False
+                  ) -> dict | None:
+    """Writes the study's plan into the root before any run starts (refused if it changed once runs exist)."""
+    from moe.rundir import preregistration
+
+    planned = study_plan(config_file)
+    if planned is None:
+        return None
+    started = any(s.workdir.exists() for s in specs)
+    return preregistration.register(root, planned, runs_started=started, replan=replan,
+                                    command=shlex.join(command), source=config_file,
+                                    echo=lambda msg: print(msg, flush=True))
 
 
 def finetune_command(root: pathlib.Path, entry: dict, overrides: Mapping[str, Any] | None = None) -> list[str]:
@@ -458,9 +485,10 @@ def sweep(argv_command: Sequence[str]) -> int:
         slurm_options(specs)  # bad SLURM flags fail here, before anything is written
 
     if _DRY_RUN.value:
-        return dry_run(specs)
+        return dry_run(specs, config_file)
 
     with root_lock(root):
+        register_plan(config_file, root, specs, argv_command, replan=_REPLAN.value)
         broken = broken_runs(specs)  # reported and skipped; the other runs go on
         usable = [s for s in specs if s.name not in broken]
         settle_changed(usable, root, _RERUN_CHANGED.value)
@@ -513,8 +541,9 @@ def sweep(argv_command: Sequence[str]) -> int:
     return code
 
 
-def dry_run(specs) -> int:
-    """Prints each job's command and compiled train-step memory; refuses what exceeds the device."""
+def dry_run(specs, config_file: str | None = None) -> int:
+    """Prints each job's command and compiled train-step memory, and a plan's expected half-widths; refuses
+    what exceeds the device."""
     from launch import memory
     from moe import rundir
     from launch.execute import prepare_jax_env
@@ -533,6 +562,12 @@ def dry_run(specs) -> int:
         estimates.append(dataclasses.replace(e, run=job.name) if job.vmapped else e)
     print(memory.format_estimates(estimates), end="")
     print(f"{len(specs)} runs in {len(jobs)} job(s), {estimator.compiles} distinct train-step shape(s) compiled")
+    planned = study_plan(config_file) if config_file else None
+    if planned is not None:
+        from analysis.power import plan_lines
+        from moe.rundir import preregistration
+        planned = preregistration.check_plan(planned, config_file)
+        print("\n".join(plan_lines(planned, preregistration.plan_hash(planned))))
     if _EXECUTOR.value == "slurm":
         from launch.slurm import sbatch_options
         print("sbatch options per job: " + " ".join(sbatch_options(slurm_options(specs))))

@@ -176,10 +176,12 @@ def align_group(workdirs: Sequence[str | pathlib.Path], *, warn: Callable[[str],
                  f"saves); moved it to {target} and resuming the group from step {common}")
 
 
-def manager(workdir: str | pathlib.Path, *, keep: int) -> ocp.CheckpointManager:
-    """The run's checkpoint manager, for training: creates checkpoints/, keeps the newest ``keep`` steps."""
+def manager(workdir: str | pathlib.Path, *, keep: int, keep_period: int = 0) -> ocp.CheckpointManager:
+    """The run's checkpoint manager, for training: creates checkpoints/, keeps the newest ``keep`` steps and
+    every step ``keep_period`` divides (0: none)."""
     options = ocp.CheckpointManagerOptions(
         max_to_keep=keep,
+        keep_period=keep_period or None,
         create=True,
         # Synchronous saves: a save that returned is on disk, which keeps SIGTERM /
         # SIGKILL semantics simple; saves are rare next to training steps.

@@ -10,17 +10,19 @@ naming the fix, and :func:`resolve` fills the derived fields (the measured
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import ml_collections
 
-from configs.base import SIZES, ConfigError, finetunes
+from configs.base import SIZES, ConfigError, finetunes, num_train_steps
 from losses.router import BALANCE_METHODS
 from moe import rundir
 from moe.data import config as data_config
 from moe.data import pipeline
 from moe.dispatch import DISPATCHERS, select_block_size, select_dispatch
 from moe.finetune import validate as finetune_validate
-from moe.model import COMPUTE_DTYPES, REMAT_POLICIES
+from moe import precision
+from moe.model import REMAT_POLICIES
 
 ARMS = rundir.ARMS
 
@@ -49,8 +51,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
         raise ConfigError(f"model.block_size must be >= 0 (0 = measured per backend), got {m.block_size}")
     if m.capacity_factor <= 0:
         raise ConfigError(f"model.capacity_factor must be > 0, got {m.capacity_factor}")
-    if m.compute_dtype not in COMPUTE_DTYPES:
-        raise ConfigError(f"model.compute_dtype={m.compute_dtype!r} is not one of {', '.join(COMPUTE_DTYPES)}")
+    if m.compute_dtype not in precision.CHOICES:
+        raise ConfigError(f"model.compute_dtype={m.compute_dtype!r} is not one of {', '.join(precision.CHOICES)}")
 
     for name in ("alpha_balance", "lambda_loc", "mu_dom"):
         if not math.isfinite(lo[name]) or lo[name] < 0:
@@ -91,6 +93,17 @@ def validate(c: ml_collections.ConfigDict) -> None:
                           f"train.eval_windows > 0, got {t.eval_every} and {t.eval_windows}")
     if t.log_every <= 0 or t.ckpt_every <= 0 or t.keep_checkpoints <= 0:
         raise ConfigError("train.log_every, train.ckpt_every and train.keep_checkpoints must be > 0")
+    if t.keep_period < 0 or t.fork_step < 0:
+        raise ConfigError(f"train.keep_period and train.fork_step must be >= 0, got {t.keep_period} and "
+                          f"{t.fork_step}")
+    if bool(t.fork_from) != bool(t.fork_step):
+        raise ConfigError("train.fork_from and train.fork_step go together: a trunk run directory and the step "
+                          f"of its checkpoint to branch from (got {t.fork_from!r} and {t.fork_step})")
+    if t.fork_from and not t.fork_step < num_train_steps(c):
+        raise ConfigError(f"train.fork_step={t.fork_step} must be below the run's {num_train_steps(c)} steps")
+    if t.fork_from and c.init_from:
+        raise ConfigError("train.fork_from and init_from exclude each other: a branch continues its trunk's "
+                          "training, a fine-tune starts from a finished run's weights")
     if c.eval.windows < 0 or c.eval.batch_size <= 0:
         raise ConfigError("eval.windows must be >= 0 (0 = every held-out window) and eval.batch_size > 0")
     if c.eval.train_trace_tokens < 0:
@@ -109,18 +122,31 @@ def check_base_run(c: ml_collections.ConfigDict) -> None:
         finetune.check_compatible(finetune.read_base_config(c.init_from), c)
 
 
-def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-    """A validated copy with the derived fields filled (auto dispatch, vocab, run name, init_from)."""
+def resolve(config: ml_collections.ConfigDict, recorded: dict | None = None,
+            log: Callable[[str], None] | None = None) -> ml_collections.ConfigDict:
+    """A validated copy with the derived fields filled (auto dispatch, vocab, auto compute dtype, run name, init_from).
+
+    ``recorded``: the config a resumed run's config.json records; an ``auto``
+    compute dtype then keeps the recorded one (:func:`moe.precision.keep_recorded`).
+    ``log`` takes the one line a probe or a kept dtype prints (default stderr).
+    """
     config = ml_collections.ConfigDict(config.to_dict())
     validate(config)
     if config.init_from:  # recorded as an absolute path, whatever the working directory
         config.init_from = rundir.absolute_path(config.init_from)
     config.model.router_bias = config.loss.balance == "bias"  # the model keeps the bias only when it is used
+    if config.train.fork_from:
+        config.train.fork_from = rundir.absolute_path(config.train.fork_from)
     config.model.dispatch = select_dispatch(config.model.dispatch)
     config.model.block_size = select_block_size(config.model.block_size)
     vocab = pipeline.vocab_size(config.data)
     if config.model.vocab_size != vocab:
         config.model.vocab_size = vocab
+    if config.model.compute_dtype == precision.AUTO:  # last: the probe compiles the resolved step
+        log = log or precision.log_stderr
+        precision.keep_recorded(config, recorded, log)
+        if config.model.compute_dtype == precision.AUTO:
+            config.model.compute_dtype = precision.resolve_auto(config, log)
     if not config.run_name:
         config.run_name = default_run_name(config)
     return config

@@ -32,6 +32,14 @@ _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.floa
 COMPUTE_DTYPES = tuple(_DTYPES)
 
 
+def compute_dtype(name: str):
+    """The jnp dtype of a resolved ``model.compute_dtype``; ``auto`` is resolved by moe.config.resolve first."""
+    if name not in _DTYPES:
+        raise ValueError(f"model.compute_dtype={name!r} is not a dtype the model computes in "
+                         f"({', '.join(_DTYPES)}); resolve the config (moe.config.resolve) before building the model")
+    return _DTYPES[name]
+
+
 class Routing(NamedTuple):
     """One routing decision of a MoE layer (float32). Leading axis L when stacked over layers.
 
@@ -302,7 +310,7 @@ class MoETransformer(nnx.Module):
 
     def __init__(self, cfg: ml_collections.ConfigDict, *, rngs: nnx.Rngs):
         self.cfg = cfg
-        self.dtype = _DTYPES[cfg.compute_dtype]
+        self.dtype = compute_dtype(cfg.compute_dtype)
         self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, embedding_init=nnx.initializers.normal(0.02),
                                dtype=self.dtype, rngs=rngs)
         self.blocks = nnx.List([Block(cfg, self.dtype, rngs=rngs) for _ in range(cfg.n_layers)])

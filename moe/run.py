@@ -25,7 +25,7 @@ import numpy as np
 from flax import nnx
 
 from configs.base import finetunes, num_train_steps
-from moe import checkpoint, rundir
+from moe import checkpoint, fork, rundir
 from moe import seeds as seeds_lib
 from moe.data import pipeline
 from moe.config import resolve
@@ -96,6 +96,7 @@ def dry_run(config: ml_collections.ConfigDict) -> dict[str, Any]:
         "dispatch": config.model.dispatch,
         "block_size": config.model.block_size,
         "remat": config.model.remat,
+        "compute_dtype": config.model.compute_dtype,
         "backend": jax.default_backend(),
         "compile_s": compile_s,
         "train_steps": num_train_steps(config),
@@ -152,16 +153,18 @@ def run_group(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence[s
         raise seeds_lib.SeedGroupError(f"{len(configs)} configs for {len(workdirs)} workdirs")
     if batching != "solo":
         seeds_lib.check_batching(batching)  # before any work
-    configs = [resolve(c) for c in configs]
+    lead = is_lead_process()
+    if not lead:
+        log = silent
+    # A resumed run keeps its recorded compute dtype (an ``auto`` run on another machine says so in one line).
+    configs = [resolve(c, rundir.recorded_config(w) if rundir.has_results(w) else None, log=log)
+               for c, w in zip(configs, workdirs)]
     ref = configs[0]
     if batching != "solo":
         seeds_lib.check_groupable(configs)
         if finetunes(ref):
             raise seeds_lib.SeedGroupError("arm M fine-tunes a base run (moe.finetune) and trains solo; "
                                            "use --vmap_seeds=0")
-    lead = is_lead_process()
-    if not lead:
-        log = silent
     workdirs = [pathlib.Path(w) for w in workdirs]
     # One writer per run directory, for the whole call: a second process fails here at once.
     # Multi-process: process 0 writes the files and holds the locks (flock may not span hosts).
@@ -192,6 +195,7 @@ def _run_locked(configs: list[ml_collections.ConfigDict], workdirs: list[pathlib
                 log(f"finished publishing the evaluation a stopped process had staged in {w}")
             record = config_record(c, counts)
             rundir.write_json(w / rundir.CONFIG, finetune.run_record(record, c, base) if finetune else record)
+            fork.prepare_branch(c, w, log)
     steps = f"{num_train_steps(ref)} steps of {ref.train.batch_size}x{ref.model.context} tokens"
     if batching == "solo":
         log(f"run {ref.run_name}: {counts['params_total']:,} params ({counts['params_active']:,} active), "

@@ -116,7 +116,8 @@ class RunIO:
             if len(self.members) > 1:
                 checkpoint.align_group([m.workdir for m in self.members], warn=self.log)
         distributed.sync_processes("cacheable-moe: checkpoints verified")
-        self.managers = [checkpoint.manager(m.workdir, keep=m.config.train.keep_checkpoints) for m in self.members]
+        self.managers = [checkpoint.manager(m.workdir, keep=m.config.train.keep_checkpoints,
+                                            keep_period=m.config.train.keep_period) for m in self.members]
 
     def close_checkpoints(self) -> None:
         for mgr in self.managers:

@@ -33,6 +33,10 @@ from helpers import REFERENCE  # noqa: E402  (no jax: the flags above stay first
 _CACHE = pathlib.Path(os.environ.get("CACHEABLE_MOE_CACHE", pathlib.Path.home() / ".cache" / "cacheable-moe"))
 os.environ["JAX_COMPILATION_CACHE_DIR"] = str(_CACHE / "jax-tests")
 os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+# The CPU sizes' compute_dtype=auto resolves to float32 without a probe (moe.precision): every test,
+# and every main.py it starts, computes the same numbers on every machine and pays no probe.
+# tests/test_precision.py unsets it to test the probe itself.
+os.environ.setdefault("CACHEABLE_MOE_AUTO_DTYPE", "float32")
 
 import jax  # noqa: E402, F401  (reads the two variables above)
 import pytest  # noqa: E402

@@ -15,7 +15,7 @@ from helpers import REPO
 # Every CLI built on cachesim.cli_util.CLI: (module, its CLI object's name).
 COMMANDS = [
     "cachesim.cli", "cachesim.profile", "cachesim.stall", "cachesim.bandwidth", "cachesim.importers",
-    "analysis.tables", "analysis.verdict", "analysis.figures", "analysis.profile", "analysis.report",
+    "analysis.tables", "analysis.verdict", "analysis.power", "analysis.figures", "analysis.profile", "analysis.report",
     "moe.cache_aware.frontier", "moe.data.prepare", "moe.data.tokenize", "moe.data.fetch_tokenizer",
     "launch.status", "moe.offload.cli",
 ]

@@ -8,8 +8,8 @@ point (read from its source: ``CLI.define``/``CLI.deprecated`` calls, absl
 ``DEFINE_*`` calls, argparse ``add_argument``), and each ``--config.x.y=...``
 override must name a key of the config it is applied to (and every ``--config``
 value must build its config); an enum flag's documented values must be among
-its choices. Commands quoted in the prose and the README's table of command
-lines are checked the same way. Every run directory a command reads must be
+its choices. Commands quoted in the prose and the table of command
+lines (docs/cli.md) are checked the same way. Every run directory a command reads must be
 created by an earlier command (the README's in order, then the package
 READMEs' and the docs'), be a documented placeholder
 (an upper-case name such as ``RUN_DIR``), exist in the repository, or be one
@@ -40,6 +40,12 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 # The README first, then the package READMEs and the docs, in the order a new user reads them.
 DOC_FILES = ["README.md", "moe/data/README.md", "cachesim/README.md",
              *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*.md"))]
+
+# The task guides README.md sends a reader to; each shows commands, so each is checked here.
+GUIDES = [ROOT / "docs" / f"{name}.md" for name in
+          ("arms", "rundir", "sweeps", "gpu", "cachesim", "offload", "analysis", "study", "performance", "testing", "cli")]
+# The table of command lines (`python ...` | `cacheable-moe` name | flags).
+COMMAND_TABLE_DOC = "docs/cli.md"
 
 # Deprecated spellings are real flags (aliases with a warning line). Flip to False once the
 # docs use only the current names.
@@ -479,9 +485,12 @@ def test_docs_have_commands():
     """The extraction finds the README's commands (a parser that found none would pass everything)."""
     cmds = all_commands()
     readme = [c for c in cmds if c.doc == "README.md"]
-    assert len(readme) >= 30, len(readme)
+    assert len(readme) >= 8 and len(cmds) >= 60, (len(readme), len(cmds))
     assert any(c.argv[:2] == ["bash", "scripts/setup.sh"] for c in readme)
     assert {pathlib.Path(c.doc).name for c in cmds} >= {"README.md", "cpu-study.md"}
+    for guide in GUIDES:  # each guide is in DOC_FILES and shows commands, fenced or quoted in its prose
+        doc = str(guide.relative_to(ROOT))
+        assert doc in DOC_FILES and commands(doc) + inline_commands(doc), doc
     assert any("moe.data.prepare" in c.argv for c in cmds if c.doc == "moe/data/README.md")
 
 
@@ -499,12 +508,12 @@ def test_commands_name_real_entry_points_and_flags(doc):
 
 
 def test_the_command_table_matches_the_console_script():
-    """README's table of command lines: each `cacheable-moe` name runs that module, and its flags exist."""
-    rows = command_table("README.md")
+    """The table of command lines: each `cacheable-moe` name runs that module, and its flags exist."""
+    rows = command_table(COMMAND_TABLE_DOC)
     assert len(rows) >= 10, rows
     table, problems = cacheable_moe_commands(), []
     for no, python, sub, names in rows:
-        cmd = Command("README.md", no, python, [*shlex.split(python), *(f"--{n}" for n in names)])
+        cmd = Command(COMMAND_TABLE_DOC, no, python, [*shlex.split(python), *(f"--{n}" for n in names)])
         entry = resolve(cmd)
         shim_of = set(_project_imports(_tree(entry.file)).values())  # main.py runs moe.main
         if sub not in table or (_module_file(table[sub]) != entry.file and table[sub] not in shim_of):

@@ -212,7 +212,7 @@ def slurm_options_for(argv, specs):
 
 
 def test_a_137m_sweep_on_slurm_asks_for_a_gpu_and_passes_cluster_options(tmp_path):
-    """What the README's SLURM command submits, as submitit writes it into the sbatch file (no cluster)."""
+    """What docs/sweeps.md's SLURM command submits, as submitit writes it into the sbatch file (no cluster)."""
     from launch.plan import expand
     from launch.slurm import executor_parameters, make_executor, sbatch_options, sbatch_script
 

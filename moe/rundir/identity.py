@@ -18,6 +18,7 @@ RESUMABLE_FIELDS = (
     "train.log_every",         # logging cadence
     "train.ckpt_every",        # checkpoint cadence
     "train.keep_checkpoints",  # checkpoint retention
+    "train.keep_period",       # ... and the steps kept beyond it (a trunk's fork step)
     "train.eval_every",        # validation-during-training cadence (reads parameters only)
     "train.eval_windows",      # ... and its windows
     "log",                     # where metrics are written besides log.jsonl (TensorBoard, W&B)
@@ -26,6 +27,14 @@ RESUMABLE_FIELDS = (
     "data.mixed_run_length",   # the mixed evaluation stream only (the frontier)
     "device_memory_gib",       # the memory gate of --dry_run and launch
 )
+
+
+# Fields added after runs were recorded, with the default that every run recorded before them trained
+# with: a record without the field means that default, so those runs keep their identity.
+ADDED_DEFAULTS = {
+    "train.fork_from": "",
+    "train.fork_step": 0,
+}
 
 
 class IdentityError(RunDirError):
@@ -65,6 +74,7 @@ def identity_diff(recorded: dict[str, Any], config: dict[str, Any], *, ignore: I
                   ) -> dict[str, tuple[Any, Any]]:
     """``{key: (recorded value, new value)}`` of the identity keys that differ, sorted by key."""
     old, new, ignore = identity(recorded), identity(config), set(ignore)
+    old = {**{k: v for k, v in ADDED_DEFAULTS.items() if k in new}, **old}
     keys = sorted((old.keys() | new.keys()) - ignore)
     return {k: (old.get(k, _ABSENT), new.get(k, _ABSENT)) for k in keys
             if _canonical(old.get(k, _ABSENT)) != _canonical(new.get(k, _ABSENT))}
@@ -87,8 +97,8 @@ def unresolved_fields(config: dict[str, Any]) -> set[str]:
 
     The launcher compares a planned (unresolved) config with a run's recorded
     (resolved) one without importing the model stack: the vocabulary follows from
-    ``data.tokenizer``, ``auto`` dispatch and a measured block size (0) from the
-    backend, an empty name from the run-name rule; those are left to the worker's
+    ``data.tokenizer``, ``auto`` dispatch, a measured block size (0) and an ``auto``
+    compute dtype from the backend and CPU, an empty name from the run-name rule; those are left to the worker's
     own identity check.
     """
     fields = {"model.vocab_size"}
@@ -97,6 +107,8 @@ def unresolved_fields(config: dict[str, Any]) -> set[str]:
         fields.add("model.dispatch")
     if not model.get("block_size"):
         fields.add("model.block_size")
+    if model.get("compute_dtype") == "auto":
+        fields.add("model.compute_dtype")
     if not config.get("run_name"):
         fields.add("run_name")
     return fields
