@@ -119,8 +119,9 @@ def compute_loss(model: MoETransformer, batch: dict[str, jax.Array], config: ml_
     L_bal is the loss ``loss.balance`` names (none for bias/none); w_z = ``loss.router_z``.
 
     batch["tokens"], batch["domains"]: (B, T+1). Token t's domain is the domain
-    of the input token routed at t. Every aux loss is computed (and logged) even
-    at weight 0, as the reference logs did.
+    of the input token routed at t. Every aux loss of the reference is computed
+    (and logged) even at weight 0, as the reference logs did; the z-loss only
+    when it is weighted.
     """
     tokens, domains = batch["tokens"], batch["domains"]
     inputs, targets, in_domains = tokens[:, :-1], tokens[:, 1:], domains[:, :-1]
@@ -138,14 +139,14 @@ def compute_loss(model: MoETransformer, batch: dict[str, jax.Array], config: ml_
     with jax.named_scope("router_losses"):
         aux = router_losses(router.probs, router.topk, domains=in_domains, pair_mask=pair_mask, allowed=allowed,
                             balance=balance)
-        z_loss = router_z_loss(router.lse)
     # balance=bias/none train without a balance loss; "bal" is still the Switch value, logged.
     alpha = lo.alpha_balance if balance in BALANCE_LOSSES else 0.0
     total = lm + alpha * aux["balance"] + lo.lambda_loc * aux["locality"] + lo.mu_dom * aux["domain"]
-    if lo.get("router_z", 0.0):  # a Python-level switch: weight 0 leaves the loss's bytes as they were
+    metrics = {"loss": total, "lm": lm, "bal": aux["balance"], "loc": aux["locality"], "dom": aux["domain"]}
+    if lo.get("router_z", 0.0):  # a Python-level switch: at weight 0 the program, the loss and the log are as before
+        z_loss = router_z_loss(router.lse)
         total = total + lo.router_z * z_loss
-    metrics = {"loss": total, "lm": lm, "bal": aux["balance"], "loc": aux["locality"], "dom": aux["domain"],
-               "z": z_loss}
+        metrics.update(loss=total, z=z_loss)
     if router.base_probs is not None:
         # Arm M: + λ_cs·L_cs + λ_rm·L_rm against the frozen base router (SPEC §3, MELINOE).
         # cs_capacity 0 means the default C = E/4.
