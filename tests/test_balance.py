@@ -195,3 +195,30 @@ def test_balance_none_and_bias_train_without_the_balance_loss_and_z_adds_its_wei
     assert float(switch["loss"]) == pytest.approx(float(switch["lm"]) + 0.01 * float(switch["bal"]), rel=1e-6)
     assert "z" not in switch and float(z["z"]) > 0
     assert float(z["loss"]) == pytest.approx(float(switch["loss"]) + 0.5 * float(z["z"]), rel=1e-6)
+
+
+# --------------------------------------------------------------------------- the bias as checkpointed state
+
+
+def test_the_bias_is_restored_exactly_on_resume_and_in_the_router_item(tmp_path):
+    from moe import checkpoint
+    from moe.train import train
+
+    config = tiny("bias", bias_rate=0.01)
+    config.train.update(log_every=2, ckpt_every=3)
+
+    def iterator():
+        return pipeline.make_train_iterator(config.data, batch_size=config.train.batch_size,
+                                            seq_len=config.model.context, seed=config.seed)
+
+    assert not train(config, tmp_path / "a", iterator(), log=lambda m: None, stop_after=5).completed
+    resumed = train(config, tmp_path / "a", iterator(), log=lambda m: None)
+    straight = train(config, tmp_path / "b", iterator(), log=lambda m: None)
+    assert resumed.completed and resumed.last_metrics == straight.last_metrics
+    for a, b in zip(jax.tree.leaves(resumed.state), jax.tree.leaves(straight.state)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    item = checkpoint.read_router_states(tmp_path / "a")
+    bias = np.stack([np.asarray(block["moe"]["route_bias"][...])
+                     for block in resumed.state["params"]["blocks"].values()])
+    assert np.any(bias)  # it moved
+    np.testing.assert_array_equal(item[max(item)]["route_bias"], bias)
