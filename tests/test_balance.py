@@ -222,3 +222,13 @@ def test_the_bias_is_restored_exactly_on_resume_and_in_the_router_item(tmp_path)
                      for block in resumed.state["params"]["blocks"].values()])
     assert np.any(bias)  # it moved
     np.testing.assert_array_equal(item[max(item)]["route_bias"], bias)
+
+
+def test_tensorboard_gets_every_per_layer_load_metric():
+    from moe.writers import train_scalars
+
+    scalars = train_scalars({"loss": 1.0, "max_vio": [0.5, 2.0], "bias_min": [-0.1, -0.2],
+                             "usage_entropy": [2.0, 1.0]}, 10.0)
+    assert scalars == {"train/loss": 1.0, "train/max_vio/layer0": 0.5, "train/max_vio/layer1": 2.0,
+                       "train/bias_min/layer0": -0.1, "train/bias_min/layer1": -0.2,
+                       "train/usage_entropy/layer0": 2.0, "train/usage_entropy/layer1": 1.0, "train/tok_s": 10.0}
