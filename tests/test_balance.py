@@ -232,3 +232,35 @@ def test_tensorboard_gets_every_per_layer_load_metric():
     assert scalars == {"train/loss": 1.0, "train/max_vio/layer0": 0.5, "train/max_vio/layer1": 2.0,
                        "train/bias_min/layer0": -0.1, "train/bias_min/layer1": -0.2,
                        "train/usage_entropy/layer0": 2.0, "train/usage_entropy/layer1": 1.0, "train/tok_s": 10.0}
+
+
+def test_the_decode_routes_with_the_bias_as_training_did():
+    from moe.decode.loop import DecodeModel
+
+    config = tiny("bias")
+    model = build_model(config.model, config.seed)
+    for block in model.blocks:
+        block.moe.route_bias[...] = jnp.zeros(16).at[3].set(50.0)  # expert 3 outranks every other
+    graphdef, params = nnx.split(model, nnx.Param)
+    decode = DecodeModel(graphdef, params, config.model)
+    tokens = jnp.arange(4, dtype=jnp.int32)
+    x = decode.embed(decode.shell_state, tokens)
+    for state, cache in zip(decode.block_states, decode.init_cache(4)):
+        _, h, _, topk, gates, probs = decode.attend_route(state, x, cache)
+        assert np.all(np.asarray(topk)[..., 0] == 3)
+        # The gates are the unbiased p of the chosen experts, renormalised.
+        chosen = np.take_along_axis(np.asarray(probs), np.asarray(topk), -1)
+        np.testing.assert_allclose(gates, chosen / chosen.sum(-1, keepdims=True), rtol=1e-6)
+
+
+def test_evaluation_routes_with_the_bias(batch):
+    from moe.evaluate import evaluate_windows, make_eval_step
+
+    config = tiny("bias")
+    model = build_model(config.model, config.seed)
+    for block in model.blocks:
+        block.moe.route_bias[...] = jnp.zeros(16).at[5].set(50.0)
+    graphdef, params = nnx.split(model, nnx.Param)
+    out = evaluate_windows(make_eval_step(graphdef, config, with_probs=False), params,
+                           np.asarray(batch["tokens"]), config.eval.batch_size)
+    assert np.all(out["experts"][..., 0] == 5)  # every layer, every token: the bias decides the top-1
