@@ -142,8 +142,14 @@ def base_config(arm: str, arg: str | None, arm_defaults: dict | None = None) -> 
         lora_rank=0,          # rank-r LoRA adapters on each expert's up/down projections; 0 = none
         lora_alpha=0.0,       # LoRA scale = alpha / rank (0 = alpha equal to the rank)
         base_router=False,    # keep a frozen copy of the router (the rank-matching loss's reference)
+        router_bias=False,    # a per-expert routing bias per layer; derived: True iff loss.balance=bias
     ))
     c.loss = ml_collections.ConfigDict(dict(
+        # How experts are balanced (docs/balancing.md): "switch" (the Switch loss, weight alpha_balance),
+        # "sequence" (the same per sequence), "bias" (aux-loss-free routing bias), "none".
+        balance="switch",
+        bias_rate=0.001,   # gamma of balance=bias: the bias step per training step (DeepSeek-V3's value)
+        router_z=0.0,      # weight of the router z-loss (mean squared log-sum-exp of the logits)
         alpha_balance=0.01,
         lambda_loc=0.0,
         mu_dom=0.0,

@@ -1,4 +1,4 @@
-"""Auxiliary router losses of SPEC §3: load balance, locality, domain confinement.
+"""Auxiliary router losses of SPEC §3: load balance, locality, domain confinement, z-loss; load metrics.
 
 Each loss is defined for ONE MoE layer on the router output of a batch:
 `probs` (B, T, E) float32 softmax over all experts and `topk` (B, T, k) int
@@ -48,6 +48,47 @@ def balance_loss(probs: jax.Array, topk: jax.Array) -> jax.Array:
     routed_fraction = jax.lax.stop_gradient(_expert_counts(topk, num_experts) / (k * num_tokens))
     mean_prob = probs.astype(jnp.float32).reshape(-1, num_experts).mean(0)
     return num_experts * jnp.dot(routed_fraction, mean_prob)
+
+
+def sequence_balance_loss(probs: jax.Array, topk: jax.Array) -> jax.Array:
+    """Sequence-wise balance loss of one layer: `balance_loss` of each sequence, averaged over the B sequences.
+
+    DeepSeek-V3's complementary sequence-wise loss: f and P are taken over the
+    T tokens of one row, so a batch balanced only on average still pays for
+    rows that each load a few experts. Equal to `balance_loss` when B = 1.
+    """
+    check_rank("probs", probs, 3, "(B, T, E)")
+    check_rank("topk", topk, 3, "(B, T, k)")
+    check_same_dims(("probs", "topk"), (probs, topk), 2)
+    return jax.vmap(lambda p, z: balance_loss(p[None], z[None]))(probs, topk).mean()
+
+
+# loss.balance -> the per-layer balance loss it trains with; "bias" and "none" train with none
+# (the Switch value is still computed and logged, at weight 0).
+BALANCE_LOSSES = {"switch": balance_loss, "sequence": sequence_balance_loss}
+BALANCE_METHODS = ("switch", "sequence", "bias", "none")
+
+
+def router_z_loss(lse: jax.Array) -> jax.Array:
+    """Router z-loss `mean_t (log Σ_e exp x_{t,e})²` from the log-sum-exp of the router logits, any shape."""
+    lse = lse.astype(jnp.float32)
+    return jnp.mean(lse * lse) if lse.size else jnp.zeros((), jnp.float32)
+
+
+def load_max_violation(counts: jax.Array) -> jax.Array:
+    """MaxVio of each row of expert loads (..., E): max_e load_e / mean_e load_e − 1; 0 for an empty row.
+
+    0 is perfectly even load; E − 1 is every assignment on one expert.
+    """
+    counts = jnp.asarray(counts, jnp.float32)
+    mean = counts.mean(-1)
+    return jnp.where(mean > 0, counts.max(-1) / jnp.maximum(mean, 1e-30) - 1.0, 0.0)
+
+
+def route_bias_update(bias: jax.Array, counts: jax.Array, rate: float) -> jax.Array:
+    """Aux-loss-free balancing step `b_e ← b_e + γ·sign(mean load − load_e)` on (..., E) bias and loads."""
+    counts = jnp.asarray(counts, jnp.float32)
+    return bias + rate * jnp.sign(counts.mean(-1, keepdims=True) - counts).astype(bias.dtype)
 
 
 def locality_loss(probs: jax.Array, pair_mask: jax.Array | None = None) -> jax.Array:
@@ -150,16 +191,19 @@ def domain_loss(probs: jax.Array, domains: jax.Array, allowed: jax.Array | np.nd
 def per_layer_router_losses(probs: jax.Array, topk: jax.Array, *,
                             domains: jax.Array | None = None,
                             pair_mask: jax.Array | None = None,
-                            allowed: jax.Array | np.ndarray | None = None) -> dict[str, jax.Array]:
+                            allowed: jax.Array | np.ndarray | None = None,
+                            balance: str = "switch") -> dict[str, jax.Array]:
     """The per-layer losses as (L,) arrays, for logging; see `router_losses`."""
     check_rank("probs", probs, 4, "(L, B, T, E)")
     check_rank("topk", topk, 4, "(L, B, T, k)")
     check_same_dims(("probs", "topk"), (probs, topk), 3)
+    if balance not in BALANCE_METHODS:
+        raise LossInputError(f"balance={balance!r} is not one of {', '.join(BALANCE_METHODS)}.")
     if (domains is None) != (allowed is None):
         raise LossInputError(
             "the domain loss needs both domains (B, T) and allowed (D, E); pass both or neither.")
     out = {
-        "balance": jax.vmap(balance_loss)(probs, topk),
+        "balance": jax.vmap(BALANCE_LOSSES.get(balance, balance_loss))(probs, topk),
         "locality": jax.vmap(locality_loss, in_axes=(0, None))(probs, pair_mask),
     }
     if domains is not None:
@@ -170,7 +214,8 @@ def per_layer_router_losses(probs: jax.Array, topk: jax.Array, *,
 
 def router_losses(probs: jax.Array, topk: jax.Array, *, domains: jax.Array | None = None,
                   pair_mask: jax.Array | None = None,
-                  allowed: jax.Array | np.ndarray | None = None) -> dict[str, jax.Array]:
+                  allowed: jax.Array | np.ndarray | None = None,
+                  balance: str = "switch") -> dict[str, jax.Array]:
     """Router losses of all L MoE layers, each averaged over the layers.
 
     Args:
@@ -179,12 +224,14 @@ def router_losses(probs: jax.Array, topk: jax.Array, *, domains: jax.Array | Non
       domains: (B, T) int token domains; with `allowed`, adds "domain".
       pair_mask: optional (B, T-1) bool locality pair mask (`boundary_pair_mask`).
       allowed: (D, E) bool allowed sets (`domain_slices`).
+      balance: a `BALANCE_METHODS` name; "balance" is the sequence-wise loss for
+        "sequence", the Switch loss otherwise.
 
     Returns:
       {"balance", "locality"[, "domain"]} float32 scalars.
     """
     per_layer = per_layer_router_losses(
-        probs, topk, domains=domains, pair_mask=pair_mask, allowed=allowed)
+        probs, topk, domains=domains, pair_mask=pair_mask, allowed=allowed, balance=balance)
     return {name: values.mean() for name, values in per_layer.items()}
 
 

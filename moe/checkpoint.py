@@ -415,7 +415,9 @@ def check_finite_restored(tree: Any, workdir: str | pathlib.Path, step: int) -> 
 
 
 def read_router_states(workdir: str | pathlib.Path) -> dict[int, dict[str, np.ndarray]]:
-    """{step: {"router_kernel": (L, d, E), "usage": (L, E)}} for every kept checkpoint.
+    """{step: {"router_kernel": (L, d, E), "usage": (L, E)[, "route_bias": (L, E)]}} for every kept checkpoint.
+
+    "route_bias" is there for runs with loss.balance=bias.
 
     Reads only the small router item — no model, no optimizer state.
     """

@@ -4,7 +4,7 @@
 model side reads them: :func:`validate` rejects what cannot run with one line
 naming the fix, and :func:`resolve` fills the derived fields (the measured
 ``auto`` dispatcher, the tokenizer's vocabulary, the run name, an absolute
-``init_from``).
+``init_from``, the routing bias that ``loss.balance=bias`` needs).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Callable
 import ml_collections
 
 from configs.base import SIZES, ConfigError, finetunes, num_train_steps
+from losses.router import BALANCE_METHODS
 from moe import rundir
 from moe.data import recipe as data_config
 from moe.data import pipeline
@@ -56,6 +57,14 @@ def validate(c: ml_collections.ConfigDict) -> None:
     for name in ("alpha_balance", "lambda_loc", "mu_dom"):
         if not math.isfinite(lo[name]) or lo[name] < 0:
             raise ConfigError(f"loss.{name} must be a finite number >= 0, got {lo[name]}")
+    if lo.balance not in BALANCE_METHODS:
+        raise ConfigError(f"unknown loss.balance {lo.balance!r}; choose one of {', '.join(BALANCE_METHODS)}")
+    for name in ("bias_rate", "router_z"):
+        if not math.isfinite(lo[name]) or lo[name] < 0:
+            raise ConfigError(f"loss.{name} must be a finite number >= 0, got {lo[name]}")
+    if m.router_bias and lo.balance != "bias":
+        raise ConfigError(f"model.router_bias is set by loss.balance=bias (got loss.balance={lo.balance!r}); "
+                          "leave model.router_bias unset and pass --config.loss.balance=bias")
     if lo.mu_dom > 0 and m.num_experts < 4:
         raise ConfigError("loss.mu_dom > 0 needs num_experts >= 4 for the domain slice layout")
     if lo.ce_chunk <= 0:
@@ -125,6 +134,7 @@ def resolve(config: ml_collections.ConfigDict, recorded: dict | None = None,
     validate(config)
     if config.init_from:  # recorded as an absolute path, whatever the working directory
         config.init_from = rundir.absolute_path(config.init_from)
+    config.model.router_bias = config.loss.balance == "bias"  # the model keeps the bias only when it is used
     if config.train.fork_from:
         config.train.fork_from = rundir.absolute_path(config.train.fork_from)
     config.model.dispatch = select_dispatch(config.model.dispatch)

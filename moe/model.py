@@ -56,7 +56,10 @@ class Routing(NamedTuple):
     # (..., B, T, E) p of the frozen base router on the same input; only when the
     # model keeps one (arm M's rank-matching loss), else None.
     base_probs: jax.Array | None = None
-    logits: jax.Array | None = None  # (..., B, T, E) router logits; the router's decision only
+    # (..., B, T, E) the logits the top-k choice ranks: the router's plus its routing bias, if any
+    # (loss.balance=bias); the router's decision only.
+    logits: jax.Array | None = None
+    lse: jax.Array | None = None  # (..., B, T) log-sum-exp of the router's own logits (the z-loss's input)
 
 
 class KVCache(NamedTuple):
@@ -81,11 +84,28 @@ def renormalise(chosen_p: jax.Array) -> jax.Array:
     return chosen_p / jnp.sum(chosen_p, axis=-1, keepdims=True)
 
 
-def route(logits: jax.Array, k: int) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """softmax over all E, top-k by p (top-1 first), gates = chosen p renormalised."""
+def route(logits: jax.Array, k: int, bias: jax.Array | None = None) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """softmax over all E, top-k by p (top-1 first), gates = chosen p renormalised.
+
+    With a routing ``bias`` (E,), the top-k ranks ``logits + bias`` instead, and
+    the gates are still the chosen experts' unbiased p renormalised (DeepSeek-V3's
+    auxiliary-loss-free balancing): the bias steers which experts run, not how
+    they are mixed.
+    """
     probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
-    top_p, topk = jax.lax.top_k(probs, k)
-    return probs, topk.astype(jnp.int32), renormalise(top_p)
+    if bias is None:
+        top_p, topk = jax.lax.top_k(probs, k)
+        return probs, topk.astype(jnp.int32), renormalise(top_p)
+    _, topk = jax.lax.top_k(logits.astype(jnp.float32) + bias, k)
+    return probs, topk.astype(jnp.int32), renormalise(jnp.take_along_axis(probs, topk, axis=-1))
+
+
+class RouteBias(nnx.Param):
+    """A MoE layer's per-expert routing bias (loss.balance=bias): set by the balancer, never by the gradient.
+
+    A Param so that it is saved, restored and sharded with the weights; the
+    train step keeps it out of the gradient and the optimiser (moe.train).
+    """
 
 
 class RMSNorm(nnx.Module):
@@ -197,6 +217,9 @@ class MoELayer(nnx.Module):
         # A copy of the base model's router, kept frozen, that scores the rank-matching loss.
         self.base_router = (nnx.Linear(d, e, use_bias=False, kernel_init=_fan_in_init(), rngs=rngs)
                             if cfg.base_router else None)
+        # Only under loss.balance=bias (moe.config.resolve sets model.router_bias), so that every other
+        # run keeps SPEC §2's parameter tree; configs saved before the option have no key.
+        self.route_bias = RouteBias(jnp.zeros((e,), jnp.float32)) if cfg.get("router_bias", False) else None
 
     def expert_weights(self) -> ExpertWeights:
         """The float32 expert weights the layer computes with (LoRA applied when present)."""
@@ -211,9 +234,12 @@ class MoELayer(nnx.Module):
         with jax.named_scope("router"):  # the scopes name ops in profiles (benchmarks/step_profile.py)
             x32 = x.astype(jnp.float32)
             logits = self.router(x32)
-            probs, topk, gates = route(logits, self.k)
+            bias = None if self.route_bias is None else jax.lax.stop_gradient(self.route_bias[...])
+            probs, topk, gates = route(logits, self.k, bias)
             base_probs = None if self.base_router is None else jax.nn.softmax(self.base_router(x32), axis=-1)
-        return Routing(probs, topk, gates, base_probs=base_probs, logits=logits)
+            lse = jax.nn.logsumexp(logits, axis=-1)
+        return Routing(probs, topk, gates, base_probs=base_probs, logits=logits if bias is None else logits + bias,
+                       lse=lse)
 
     def mix(self, x, topk, gates, weights: ExpertWeights | None = None) -> tuple[jax.Array, jax.Array]:
         """The experts' gated mixture for given choices: x (..., d), topk/gates (..., k) -> (y, dropped).
@@ -329,7 +355,8 @@ class MoETransformer(nnx.Module):
 def param_counts(model: MoETransformer) -> dict[str, int]:
     """Total parameters and the parameters one token activates (k of E experts)."""
     cfg = model.cfg
-    total = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+    # The routing bias is balancer state, not a weight: SPEC §2's counts leave it out.
+    total = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.All(nnx.Param, nnx.Not(RouteBias)))))
     expert = 3 * cfg.num_experts * cfg.d_model * cfg.d_ff * cfg.n_layers
     active = total - expert + expert * cfg.top_k // cfg.num_experts
     return {"params_total": int(total), "params_active": int(active)}

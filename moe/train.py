@@ -22,10 +22,11 @@ from flax import nnx
 from configs.base import ConfigError, num_train_steps
 from losses.lm import chunked_cross_entropy
 from losses.melinoe import melinoe_losses
-from losses.router import boundary_pair_mask, domain_slices, expert_usage_entropy, router_losses
+from losses.router import (BALANCE_LOSSES, boundary_pair_mask, domain_slices, expert_usage_entropy,
+                           load_max_violation, route_bias_update, router_losses, router_z_loss)
 from moe import distributed
 from moe.data.tokenizer import tokenizer_record
-from moe.model import MoETransformer, Routing, build_model
+from moe.model import MoETransformer, RouteBias, Routing, build_model
 from moe.seeds import SoloLayout, StackedLayout
 from moe.train_io import NonFiniteLossError, RunIO  # noqa: F401 (NonFiniteLossError: callers catch it from here)
 
@@ -72,13 +73,16 @@ def trainable_filter(config: ml_collections.ConfigDict) -> Callable[[tuple, Any]
     it gets no gradient, no optimiser state, and passes through each step untouched.
     """
     pattern = config.train.get("trainable", "")
+    # The routing bias (loss.balance=bias) is the balancer's, updated outside the gradient: never trained.
+    biased = bool(config.model.get("router_bias", False))
     if not pattern:
-        return None
+        return nnx.Not(RouteBias) if biased else None
     try:
         regex = re.compile(pattern)
     except re.error as e:
         raise ConfigError(f"train.trainable={pattern!r} is not a regular expression ({e}); fix it") from None
-    return lambda path, _: regex.search("/".join(map(str, path))) is not None
+    matches = lambda path, _: regex.search("/".join(map(str, path))) is not None  # noqa: E731
+    return nnx.All(matches, nnx.Not(RouteBias)) if biased else matches
 
 
 def split_trainable(params, trainable: Callable[[tuple, Any], bool] | None):
@@ -110,11 +114,14 @@ def init_state(config: ml_collections.ConfigDict, tx: optax.GradientTransformati
 
 
 def compute_loss(model: MoETransformer, batch: dict[str, jax.Array], config: ml_collections.ConfigDict):
-    """L = L_LM + α·L_bal + λ·L_loc + μ·L_dom on one batch (SPEC §3), + λ_cs·L_cs + λ_rm·L_rm for arm M.
+    """L = L_LM + α·L_bal + λ·L_loc + μ·L_dom + w_z·L_z on one batch (SPEC §3), + λ_cs·L_cs + λ_rm·L_rm for arm M.
+
+    L_bal is the loss ``loss.balance`` names (none for bias/none); w_z = ``loss.router_z``.
 
     batch["tokens"], batch["domains"]: (B, T+1). Token t's domain is the domain
-    of the input token routed at t. Every aux loss is computed (and logged) even
-    at weight 0, as the reference logs did.
+    of the input token routed at t. Every aux loss of the reference is computed
+    (and logged) even at weight 0, as the reference logs did; the z-loss only
+    when it is weighted.
     """
     tokens, domains = batch["tokens"], batch["domains"]
     inputs, targets, in_domains = tokens[:, :-1], tokens[:, 1:], domains[:, :-1]
@@ -127,11 +134,19 @@ def compute_loss(model: MoETransformer, batch: dict[str, jax.Array], config: ml_
     if config.loss.loc_boundary_mask:  # the tokenizer's own end-of-text id (GPT-2: 50256, byte: 0)
         pair_mask = boundary_pair_mask(inputs, in_domains, tokenizer_record(config.data.tokenizer)["eot_id"])
     allowed = jnp.asarray(domain_slices(config.model.num_experts))
-    with jax.named_scope("router_losses"):
-        aux = router_losses(router.probs, router.topk, domains=in_domains, pair_mask=pair_mask, allowed=allowed)
     lo = config.loss
-    total = lm + lo.alpha_balance * aux["balance"] + lo.lambda_loc * aux["locality"] + lo.mu_dom * aux["domain"]
+    balance = lo.get("balance", "switch")
+    with jax.named_scope("router_losses"):
+        aux = router_losses(router.probs, router.topk, domains=in_domains, pair_mask=pair_mask, allowed=allowed,
+                            balance=balance)
+    # balance=bias/none train without a balance loss; "bal" is still the Switch value, logged.
+    alpha = lo.alpha_balance if balance in BALANCE_LOSSES else 0.0
+    total = lm + alpha * aux["balance"] + lo.lambda_loc * aux["locality"] + lo.mu_dom * aux["domain"]
     metrics = {"loss": total, "lm": lm, "bal": aux["balance"], "loc": aux["locality"], "dom": aux["domain"]}
+    if lo.get("router_z", 0.0):  # a Python-level switch: at weight 0 the program, the loss and the log are as before
+        z_loss = router_z_loss(router.lse)
+        total = total + lo.router_z * z_loss
+        metrics.update(loss=total, z=z_loss)
     if router.base_probs is not None:
         # Arm M: + λ_cs·L_cs + λ_rm·L_rm against the frozen base router (SPEC §3, MELINOE).
         # cs_capacity 0 means the default C = E/4.
@@ -153,12 +168,27 @@ def usage_counts(router: Routing, num_experts: int) -> jax.Array:
     return jnp.sum(jax.nn.one_hot(router.topk, num_experts, dtype=jnp.int32), axis=(1, 2, 3))
 
 
+def update_route_biases(frozen, counts: jax.Array, rate: float):
+    """(frozen params with each layer's routing bias stepped by ``route_bias_update``, the new (L, E) biases)."""
+    blocks = frozen["blocks"]
+    keys = sorted(blocks.keys(), key=int)
+    biases = route_bias_update(jnp.stack([blocks[key]["moe"]["route_bias"][...] for key in keys]), counts, rate)
+    for layer, key in enumerate(keys):
+        blocks[key]["moe"]["route_bias"] = blocks[key]["moe"]["route_bias"].replace(biases[layer])
+    return frozen, biases
+
+
 def train_step_fn(graphdef, tx: optax.GradientTransformation, config: ml_collections.ConfigDict
                   ) -> Callable[[Any, dict], tuple[Any, dict]]:
     """The pure (unjitted) step ``(state, batch) -> (state, metrics)``; vmap-able over seeds."""
     schedule = one_cycle_schedule(config.optim, num_train_steps(config))
     num_experts = config.model.num_experts
     trainable = trainable_filter(config)
+    biased = bool(config.model.get("router_bias", False))
+    if (config.loss.get("balance", "switch") == "bias") != biased:
+        raise ConfigError("loss.balance=bias needs the routing bias that moe.config.resolve adds "
+                          "(model.router_bias); train a resolved config")
+    bias_rate = float(config.loss.get("bias_rate", 0.0))
 
     def loss_fn(params, batch, frozen):
         # copy=True: fresh Variables at this trace level, which nnx.remat may then update.
@@ -175,11 +205,17 @@ def train_step_fn(graphdef, tx: optax.GradientTransformation, config: ml_collect
         # Whether the new state may be checkpointed, reduced here on device, so the host
         # reads one bool where it syncs anyway (log and save steps). Frozen weights never change.
         state_finite = all_finite((params, opt_state))
+        counts = usage_counts(router, num_experts)
+        extra = {}
+        if biased:
+            # After the step, outside the gradient: b ← b + γ·sign(mean load − load_e), per layer.
+            frozen, bias = update_route_biases(frozen, counts, bias_rate)
+            extra = {"bias_min": jnp.min(bias, axis=-1), "bias_max": jnp.max(bias, axis=-1)}
         if frozen is not None:
             params = nnx.merge_state(params, frozen)
-        counts = usage_counts(router, num_experts)
         metrics = dict(metrics, grad_norm=optax.tree.norm(grads), lr=schedule(state["step"]),
                        usage_entropy=expert_usage_entropy(router.topk, num_experts),
+                       max_vio=load_max_violation(counts), **extra,
                        dropped=jnp.sum(router.dropped), state_finite=state_finite)
         new_state = {"step": state["step"] + 1, "params": params, "opt_state": opt_state,
                      "usage": state["usage"] + counts}

@@ -46,9 +46,13 @@ def check_finite(step: int, metrics: dict) -> None:
 
 
 def router_state(state) -> dict[str, jax.Array]:
-    """The small, separately checkpointed router item: per-layer router weights + usage."""
-    kernels = [block["moe"]["router"]["kernel"][...] for block in state["params"]["blocks"].values()]
-    return {"router_kernel": jnp.stack(kernels), "usage": state["usage"], "step": state["step"]}
+    """The small, separately checkpointed router item: per-layer router weights + usage (+ routing bias)."""
+    blocks = list(state["params"]["blocks"].values())
+    item = {"router_kernel": jnp.stack([block["moe"]["router"]["kernel"][...] for block in blocks]),
+            "usage": state["usage"], "step": state["step"]}
+    if "route_bias" in blocks[0]["moe"]:  # loss.balance=bias: the bias routes as much as the kernel does
+        item["route_bias"] = jnp.stack([block["moe"]["route_bias"][...] for block in blocks])
+    return item
 
 
 def log_record(step: int, metrics: dict[str, Any], tok_s: float, tokens_per_step: int) -> dict[str, Any]:

@@ -16,7 +16,7 @@ import ml_collections
 import numpy as np
 
 from cachesim.headline import LRU_FRACTION, LRU_POLICY
-from losses.router import expert_usage_entropy
+from losses.router import expert_usage_entropy, load_max_violation
 from moe import rundir
 from moe.data import pipeline
 from moe.evaluate import domain_summary, evaluate_windows, make_eval_step
@@ -53,8 +53,10 @@ def make_validator(graphdef, config: ml_collections.ConfigDict) -> Callable[[Any
         # The training log's own usage entropy, on the validation routing: (L, 1, T, k) as it expects.
         entropy = np.asarray(expert_usage_entropy(trace.experts[:, None].astype(np.int32), num_experts))
         total = int(misses[:, 0].sum())
+        loads = np.stack([np.bincount(layer.reshape(-1), minlength=num_experts) for layer in trace.experts])
         return {"domains": domains, "router": {
             "usage_entropy": [float(v) for v in entropy],
+            "max_vio": [float(v) for v in load_max_violation(loads)],
             "collapsed": int(sum(collapse_counts(trace))),
             "lru_miss_per_token_25": misses_per_token(total, trace.num_tokens),
             "lru_hit_rate_25": hit_rate(total, trace.num_tokens, trace.num_layers, trace.k)}}
@@ -70,6 +72,7 @@ def scalars(record: dict[str, Any]) -> dict[str, float]:
     router = record["router"]
     out.update({"router/collapsed": router["collapsed"], "router/lru_miss_per_token_25": router["lru_miss_per_token_25"],
                 "router/lru_hit_rate_25": router["lru_hit_rate_25"]})
-    for layer, value in enumerate(router["usage_entropy"]):
-        out[f"router/usage_entropy/layer{layer}"] = value
+    for name in ("usage_entropy", "max_vio"):
+        for layer, value in enumerate(router.get(name, [])):
+            out[f"router/{name}/layer{layer}"] = value
     return out

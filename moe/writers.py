@@ -62,9 +62,13 @@ class MetricWriters:
 
 
 def train_scalars(metrics: Mapping[str, Any], tok_s: float) -> dict[str, Any]:
-    """A log.jsonl record's training scalars, named for TensorBoard (train/..., per-layer usage entropy)."""
+    """A log.jsonl record's training scalars, named for TensorBoard (train/..., per-layer ones train/<k>/layer<l>).
+
+    The per-layer metrics are the lists: usage entropy, load MaxVio, the routing bias's range (loss.balance=bias).
+    """
     out = {f"train/{k}": v for k, v in metrics.items() if not isinstance(v, list)}
-    for layer, value in enumerate(metrics.get("usage_entropy", [])):
-        out[f"train/usage_entropy/layer{layer}"] = value
+    for name, values in metrics.items():
+        if isinstance(values, list):
+            out.update({f"train/{name}/layer{layer}": value for layer, value in enumerate(values)})
     out["train/tok_s"] = tok_s
     return out

@@ -55,6 +55,8 @@ def test_eval_jsonl_records_every_domain_and_the_router(runs):
             assert d["ppl"] == pytest.approx(2.718281828459045 ** d["loss"], rel=1e-9)
         router = r["router"]
         assert len(router["usage_entropy"]) == 2 and all(0 <= e <= 2.7726 for e in router["usage_entropy"])
+        # MaxVio lies in [0, E − 1] (E = 16).
+        assert len(router["max_vio"]) == 2 and all(0 <= v <= 15 for v in router["max_vio"])
         # hit rate and misses per token describe the same count: hit = 1 - miss/(L·k)
         assert router["lru_hit_rate_25"] == pytest.approx(1 - router["lru_miss_per_token_25"] / (2 * 2))
     # The last validation ran on the final weights and the first two windows: its loss is the final
@@ -73,6 +75,7 @@ def test_tensorboard_event_files_hold_train_and_val_curves(runs):
         assert {f"val/{domain}/loss", f"val/{domain}/ppl"} <= tags
         assert [e.step for e in events.Scalars(f"val/{domain}/ppl")] == [4, 8, 12]
     assert {"train/loss", "train/lm", "router/lru_miss_per_token_25"} <= tags
+    assert {"train/max_vio/layer0", "train/max_vio/layer1", "router/max_vio/layer0", "router/max_vio/layer1"} <= tags
     logged = [json.loads(line) for line in (with_eval / rundir.LOG).read_text().splitlines()]
     curve = events.Scalars("train/loss")
     assert [e.step for e in curve] == [r["step"] for r in logged]

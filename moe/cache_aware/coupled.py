@@ -91,12 +91,12 @@ def _stream_positions(domains: jax.Array, valid: jax.Array, state: CoupledState,
 
 
 def _route_layer(layer_state: RouteState, logits, probs, primes, clock, valid, params: Params, *, k: int,
-                 features: Features, carry: str, unroll: int) -> tuple[RouteState, TokenRoute]:
+                 features: Features, carry: str, unroll: int, biased: bool) -> tuple[RouteState, TokenRoute]:
     """Routes one layer for S settings: logits/probs (S, B, T, E); state leaves (S, ...)."""
     batch, length = logits.shape[1:3]
 
     def one_setting(state, setting_logits, setting_probs, setting_params):
-        stream = dict(k=k, features=features, unroll=unroll)
+        stream = dict(k=k, features=features, unroll=unroll, biased=biased)
         if carry == "persist":
             flat = lambda a: a.reshape((batch * length,) + a.shape[2:])  # noqa: E731 — windows in stream order
             state, routes = route_stream(state, flat(setting_logits), flat(setting_probs), flat(primes), flat(clock),
@@ -129,6 +129,7 @@ def make_coupled_step(graphdef, config: ml_collections.ConfigDict, features: Fea
         table = exclusive_experts(num_experts) if prime_table is None else np.asarray(prime_table, np.int32)
         table = jnp.asarray(table)
     chunk = int(config.loss.ce_chunk)
+    biased = bool(config.model.get("router_bias", False))  # the layers' logits carry their routing bias
 
     def step(params, route_params: Params, state: CoupledState, tokens, domains, valid):
         model = nnx.merge(graphdef, params)
@@ -152,7 +153,7 @@ def make_coupled_step(graphdef, config: ml_collections.ConfigDict, features: Fea
             layer_state = jax.tree.map(lambda leaf: leaf[index], state.layers)
             layer_state, route = _route_layer(layer_state, split(routing.logits), split(routing.probs), primes,
                                               clock, valid_tokens, route_params, k=k, features=features,
-                                              carry=carry, unroll=unroll)
+                                              carry=carry, unroll=unroll, biased=biased)
             layer_states.append(layer_state)
             routes.append(route)
             return merge(route.experts), merge(route.gates)

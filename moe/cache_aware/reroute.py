@@ -290,7 +290,7 @@ def _padded(ids: jax.Array, width: int) -> jax.Array:
 
 def route_token(state: RouteState, logits: jax.Array, probs: jax.Array, primes: jax.Array,
                 clock: jax.Array, params: Params, *, k: int,
-                features: Features) -> tuple[RouteState, TokenRoute]:
+                features: Features, biased: bool = False) -> tuple[RouteState, TokenRoute]:
     """Primes (on a switch), routes and serves one token of one layer.
 
     Args:
@@ -303,6 +303,9 @@ def route_token(state: RouteState, logits: jax.Array, probs: jax.Array, primes: 
       params: one setting (unbatched leaves).
       k: experts per token.
       features: the rules any setting uses (static).
+      biased: the model routes with a routing bias (loss.balance=bias): ``logits``
+        hold router logits + bias, and selection ranks softmax(logits) as the
+        model's own top-k does; gates stay ``probs`` (unbiased).
 
     Returns:
       (state after the token, TokenRoute).
@@ -320,7 +323,7 @@ def route_token(state: RouteState, logits: jax.Array, probs: jax.Array, primes: 
         token_time = 2 * clock + 1
 
     range_sum, range_count = state.range_sum, state.range_count
-    scores = probs
+    scores = jax.nn.softmax(logits.astype(jnp.float32)) if biased else probs
     if features.cache_prior:
         scores, range_sum, range_count = prior_scores(logits, cache.resident, range_sum, range_count,
                                                       params.cache_prior)
@@ -342,7 +345,7 @@ def route_token(state: RouteState, logits: jax.Array, probs: jax.Array, primes: 
 
 def route_stream(state: RouteState, logits: jax.Array, probs: jax.Array, primes: jax.Array, clock: jax.Array,
                  valid: jax.Array, params: Params, *, k: int,
-                 features: Features, unroll: int = 1) -> tuple[RouteState, TokenRoute]:
+                 features: Features, unroll: int = 1, biased: bool = False) -> tuple[RouteState, TokenRoute]:
     """`route_token` over a stream of N tokens of one layer, in order (a `lax.scan`).
 
     logits, probs: (N, E); primes: (N, P); clock: (N,) int32; valid: (N,) bool,
@@ -354,7 +357,7 @@ def route_stream(state: RouteState, logits: jax.Array, probs: jax.Array, primes:
     def body(carry, inputs):
         token_logits, token_probs, token_primes, token_clock, token_valid = inputs
         new, route = route_token(carry, token_logits, token_probs, token_primes, token_clock, params, k=k,
-                                 features=features)
+                                 features=features, biased=biased)
         new = jax.tree.map(lambda after, before: jnp.where(token_valid, after, before), new, carry)
         return new, route
 
