@@ -49,3 +49,12 @@ def test_every_dropless_dispatcher_gives_the_dense_loss_and_gradients_in_bfloat1
 def test_remat_gives_the_loss_and_gradients_without_remat_in_bfloat16(dense):
     batch, want = dense
     _assert_close(loss_and_grads(_config(dispatch="dense", attention="xla", remat="full"), batch), want)
+
+
+def test_the_blocked_attention_gives_xla_attention_loss_and_gradients_in_bfloat16():
+    """T = 160: one full block of 128 and a padded one (T <= 128 would be XLA's computation itself)."""
+    configs = [_config(dispatch="dense", attention=name, context=160) for name in ("xla", "blocked")]
+    for config in configs:
+        config.train.batch_size, config.train.tokens = 2, 2 * 160
+    batch = random_batch(configs[0])
+    _assert_close(loss_and_grads(configs[1], batch), loss_and_grads(configs[0], batch))
