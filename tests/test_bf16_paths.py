@@ -1,4 +1,4 @@
-"""The bfloat16 step's paths against each other: every dropless dispatcher and the blocked attention.
+"""The bfloat16 step's paths against each other: every dropless dispatcher, remat, and the blocked attention.
 
 Tolerances follow from bfloat16's rounding: an 8-bit significand rounds each activation to within
 2^-8 relative, and two paths that sum the same products in other orders may round a value to
