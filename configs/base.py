@@ -137,6 +137,9 @@ def base_config(arm: str, arg: str | None, arm_defaults: dict | None = None) -> 
         capacity_factor=1.25,  # only for dispatch="capacity"
         block_size=0,          # rows per block of the sparse dispatchers; 0 = measured per backend (AUTO_DISPATCH)
         remat="full",          # a named policy from moe.model.REMAT_POLICIES
+        # Causal attention: auto = blocked on CPU (skips the masked half), cuDNN on GPU half precision;
+        # or blocked, xla, cudnn (moe.attention).
+        attention="auto",
         compute_dtype="bfloat16",  # parameters and optimizer state are always float32 (SPEC §2)
         # Fine-tuning options (arm M), off by default so the parameter tree is SPEC §2's:
         lora_rank=0,          # rank-r LoRA adapters on each expert's up/down projections; 0 = none

@@ -15,7 +15,8 @@ O(block·T) per (batch, head).
 
 Numerics: matmul operands in the input dtype with float32 accumulation; the
 scores, softmax and log-sum-exp in float32 (SPEC §2). On GPU, bfloat16 and
-float16 go to cuDNN's fused attention where jax has it.
+float16 go to cuDNN's fused attention where jax has it. :func:`select` resolves the
+``model.attention`` switch per backend.
 """
 
 from __future__ import annotations
@@ -29,16 +30,40 @@ import jax.numpy as jnp
 
 BLOCK = 128  # query rows per block (benchmarks/attention_bench.py); T <= BLOCK has nothing to skip
 
+# model.attention: "blocked" (this module's, any backend), "xla" (jax.nn.dot_product_attention's XLA path),
+# "cudnn" (cuDNN's fused attention, GPU half precision); "auto" is blocked on CPU, cuDNN on a GPU in half
+# precision, else XLA's.
+IMPLEMENTATIONS = ("auto", "blocked", "xla", "cudnn")
+# What a recorded config without model.attention trained with (runs recorded before the switch existed);
+# moe.rundir.identity.ADDED_DEFAULTS states the same for the identity check.
+UNRECORDED = "xla"
+
+
+def select(name: str, compute_dtype: str, backend: str | None = None) -> str:
+    """The implementation ``model.attention=name`` runs for a compute dtype on a backend (default: jax's)."""
+    if name not in IMPLEMENTATIONS:
+        raise ValueError(f"unknown model.attention {name!r}; choose one of {', '.join(IMPLEMENTATIONS)}")
+    if name != "auto":
+        return name
+    backend = backend or jax.default_backend()
+    if backend == "cpu":
+        return "blocked"
+    return "cudnn" if backend == "gpu" and compute_dtype in ("bfloat16", "float16") else "xla"
+
 
 def reference_attention(q, k, v):
     """XLA's causal attention, (B, T, H, D) -> (B, T, H, D): the parity reference."""
     return jax.nn.dot_product_attention(q, k, v, is_causal=True)
 
 
-def causal_attention(q, k, v, *, block: int = BLOCK):
-    """Causal self-attention of q, k, v (B, T, H, D): blocked on CPU, cuDNN on GPU (half precision)."""
-    if jax.default_backend() == "gpu" and q.dtype in (jnp.bfloat16, jnp.float16):
+def causal_attention(q, k, v, implementation: str = "blocked", *, block: int = BLOCK):
+    """Causal self-attention of q, k, v (B, T, H, D) by a resolved implementation (:func:`select`)."""
+    if implementation == "xla":
+        return reference_attention(q, k, v)
+    if implementation == "cudnn":
         return _cudnn_or_xla(q, k, v)
+    if implementation != "blocked":
+        raise ValueError(f"attention implementation {implementation!r} is not resolved; pass it through select()")
     if q.shape[1] <= block:  # one block: the reference is the same computation
         return reference_attention(q, k, v)
     return blocked_causal_attention(q, k, v, block)
@@ -50,6 +75,9 @@ def _warn_no_cudnn(reason: str) -> None:
 
 
 def _cudnn_or_xla(q, k, v):
+    if q.dtype not in (jnp.bfloat16, jnp.float16):
+        _warn_no_cudnn(f"cuDNN's fused attention takes bfloat16 or float16, not {q.dtype}")
+        return reference_attention(q, k, v)
     try:
         return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn")
     except (RuntimeError, ValueError, NotImplementedError) as e:  # no cuDNN, or shapes it does not take

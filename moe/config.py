@@ -21,7 +21,7 @@ from moe.data import recipe as data_config
 from moe.data import pipeline
 from moe.dispatch import DISPATCHERS, select_block_size, select_dispatch
 from moe.finetune import validate as finetune_validate
-from moe import precision
+from moe import attention, precision
 from moe.model import REMAT_POLICIES
 
 ARMS = rundir.ARMS
@@ -53,6 +53,9 @@ def validate(c: ml_collections.ConfigDict) -> None:
         raise ConfigError(f"model.capacity_factor must be > 0, got {m.capacity_factor}")
     if m.compute_dtype not in precision.CHOICES:
         raise ConfigError(f"model.compute_dtype={m.compute_dtype!r} is not one of {', '.join(precision.CHOICES)}")
+    if m.attention not in attention.IMPLEMENTATIONS:
+        raise ConfigError(f"unknown model.attention {m.attention!r}; choose one of "
+                          f"{', '.join(attention.IMPLEMENTATIONS)}")
 
     for name in ("alpha_balance", "lambda_loc", "mu_dom"):
         if not math.isfinite(lo[name]) or lo[name] < 0:
@@ -147,9 +150,28 @@ def resolve(config: ml_collections.ConfigDict, recorded: dict | None = None,
         precision.keep_recorded(config, recorded, log)
         if config.model.compute_dtype == precision.AUTO:
             config.model.compute_dtype = precision.resolve_auto(config, log)
+    if config.model.attention == "auto":  # after the dtype: GPUs pick cuDNN in half precision only
+        resolve_attention(config, recorded, log or precision.log_stderr)
     if not config.run_name:
         config.run_name = default_run_name(config)
     return config
+
+
+def resolve_attention(config: ml_collections.ConfigDict, recorded: dict | None,
+                      log: Callable[[str], None]) -> None:
+    """``model.attention=auto``: this backend's choice for a new run; a resumed run keeps its recorded one.
+
+    A record without the field trained with XLA's attention (it predates the switch); a resume on a
+    backend that would choose otherwise says so in one line.
+    """
+    here = attention.select("auto", config.model.compute_dtype)
+    kept = (recorded.get("model") or {}).get("attention", attention.UNRECORDED) if recorded else "auto"
+    if kept in ("auto", here) or kept not in attention.IMPLEMENTATIONS:
+        config.model.attention = here
+        return
+    config.model.attention = kept
+    log(f"attention: resuming with {kept}, as the run's config.json records (auto chooses {here} here; "
+        f"a new --workdir uses {here})")
 
 
 def default_run_name(config: ml_collections.ConfigDict) -> str:

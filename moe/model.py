@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
+from moe import attention
 from moe.dispatch import DISPATCHERS, ExpertWeights, select_block_size, select_dispatch
 
 # Named rematerialisation policies for the per-block jax.checkpoint.
@@ -158,6 +159,8 @@ class Attention(nnx.Module):
     def __init__(self, cfg: ml_collections.ConfigDict, dtype, *, rngs: nnx.Rngs):
         d = cfg.d_model
         self.n_heads, self.head_dim, self.rope_base, self.dtype = d // cfg.head_dim, cfg.head_dim, cfg.rope_base, dtype
+        # A config recorded before model.attention existed trained with XLA's attention.
+        self.implementation = attention.select(cfg.get("attention", attention.UNRECORDED), jnp.dtype(dtype).name)
         self.qkv = nnx.Linear(d, 3 * d, use_bias=False, kernel_init=_fan_in_init(), dtype=dtype, rngs=rngs)
         self.out = nnx.Linear(d, d, use_bias=False, kernel_init=_fan_in_init(), dtype=dtype, rngs=rngs)
 
@@ -179,7 +182,7 @@ class Attention(nnx.Module):
         q, k, v = jnp.split(self.qkv(x).reshape(b, t, 3 * self.n_heads, self.head_dim), 3, axis=2)
         q, k = rope(q, self.rope_base, positions), rope(k, self.rope_base, positions)
         if cache is None:
-            y = jax.nn.dot_product_attention(q, k, v, is_causal=True)
+            y = attention.causal_attention(q, k, v, self.implementation)
             return self.out(y.reshape(b, t, -1))
         start = (0, cache.length, 0, 0)
         keys = jax.lax.dynamic_update_slice(cache.k, k.astype(cache.k.dtype), start)

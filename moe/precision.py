@@ -59,7 +59,7 @@ def probe_key(config: ml_collections.ConfigDict) -> str:
     m = config.model
     return (f"{cpu_model()} | jax {jax.__version__} | {m.size} {config.train.batch_size}x{m.context} "
             f"d{m.d_model} f{m.d_ff} E{m.num_experts} k{m.top_k} V{m.vocab_size} {m.dispatch}/b{m.block_size} "
-            f"remat={m.remat} ce_chunk={config.loss.ce_chunk}")
+            f"remat={m.remat} attention={m.attention} ce_chunk={config.loss.ce_chunk}")
 
 
 def choose(float32_s: float, bfloat16_s: float, margin: float = MARGIN) -> str:

@@ -98,6 +98,7 @@ def dry_run(config: ml_collections.ConfigDict) -> dict[str, Any]:
         "block_size": config.model.block_size,
         "remat": config.model.remat,
         "compute_dtype": config.model.compute_dtype,
+        "attention": config.model.attention,
         "backend": jax.default_backend(),
         "compile_s": compile_s,
         "train_steps": num_train_steps(config),

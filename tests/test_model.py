@@ -115,21 +115,17 @@ def test_same_seed_same_parameters_different_seed_different():
 
 def test_sparse_dispatch_gives_the_dense_loss_and_gradients_on_tiny():
     from configs import arm_b
-    from moe.train import compute_loss
+    from model_fixtures import loss_and_grads, random_batch
 
     config = arm_b.get_config("tiny,lam=0.05,mu=0.1")
     config.model.compute_dtype = "float32"  # unresolved: the tiny size's auto is pinned here, not probed
-    rng = np.random.default_rng(0)
-    shape = (config.train.batch_size, config.model.context + 1)
-    batch = {"tokens": jnp.asarray(rng.integers(0, config.model.vocab_size, shape), jnp.int32),
-             "domains": jnp.asarray(rng.integers(0, 3, shape), jnp.int32)}
+    batch = random_batch(config)
 
-    def loss_and_grads(dispatch):
+    def dispatched(dispatch):
         config.model.dispatch, config.model.block_size = dispatch, 8
-        graphdef, params = nnx.split(build_model(config.model, config.seed), nnx.Param)
-        return jax.jit(jax.value_and_grad(lambda p: compute_loss(nnx.merge(graphdef, p), batch, config)[0]))(params)
+        return loss_and_grads(config, batch)
 
-    (v0, g0), (v1, g1) = loss_and_grads("dense"), loss_and_grads("sparse")
+    (v0, g0), (v1, g1) = dispatched("dense"), dispatched("sparse")
     np.testing.assert_allclose(v1, v0, rtol=1e-6)
     for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g0)):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7)

@@ -34,6 +34,7 @@ RESUMABLE_FIELDS = (
 ADDED_DEFAULTS = {
     "train.fork_from": "",
     "train.fork_step": 0,
+    "model.attention": "xla",  # moe.attention.UNRECORDED: the attention every earlier run trained with
 }
 
 
@@ -97,8 +98,9 @@ def unresolved_fields(config: dict[str, Any]) -> set[str]:
 
     The launcher compares a planned (unresolved) config with a run's recorded
     (resolved) one without importing the model stack: the vocabulary follows from
-    ``data.tokenizer``, ``auto`` dispatch, a measured block size (0) and an ``auto``
-    compute dtype from the backend and CPU, an empty name from the run-name rule; those are left to the worker's
+    ``data.tokenizer``, ``auto`` dispatch, a measured block size (0), an ``auto``
+    compute dtype from the backend and CPU, an ``auto`` attention from the backend,
+    an empty name from the run-name rule; those are left to the worker's
     own identity check.
     """
     fields = {"model.vocab_size"}
@@ -109,6 +111,8 @@ def unresolved_fields(config: dict[str, Any]) -> set[str]:
         fields.add("model.block_size")
     if model.get("compute_dtype") == "auto":
         fields.add("model.compute_dtype")
+    if model.get("attention") == "auto":
+        fields.add("model.attention")
     if not config.get("run_name"):
         fields.add("run_name")
     return fields
