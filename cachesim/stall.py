@@ -32,7 +32,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from cachesim.cli_util import CLI, check_writable, progress, write_output
+from cachesim.cli_util import CLI, check_writable, progress, stop_on_interrupt, write_output
 from cachesim.policies import parse_capacities
 
 # cachesim.timed and cachesim.trace (numpy) are imported where they are used: `--help` starts without them
@@ -211,4 +211,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(stop_on_interrupt(main))
