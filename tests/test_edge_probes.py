@@ -16,12 +16,12 @@ def test_ctrl_c_in_a_command_is_one_line_and_exit_130(capsys):
 
 
 def test_ctrl_c_in_an_analysis_command_is_one_line_and_exit_130(capsys):
-    from analysis import cli
+    from analysis import run_args
 
     def body(argv):
         raise KeyboardInterrupt
 
-    assert cli.run_main(body, []) == 130
+    assert run_args.run_main(body, []) == 130
     assert capsys.readouterr().err.strip() == cli_util.INTERRUPTED_LINE
 
 
