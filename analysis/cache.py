@@ -26,6 +26,7 @@ import hashlib
 import json
 import multiprocessing
 import os
+import signal
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -39,6 +40,20 @@ from moe import rundir, runtime
 # Bump when the cached fields or the metric semantics they come from change (cachesim.facts owns both).
 CACHE_VERSION = cs_facts.VERSION
 ENV_CACHE_DIR = runtime.CACHE_ENV
+
+
+def ignore_interrupts() -> None:
+    """A worker's initializer: Ctrl-C reaches the whole process group, and the parent alone answers it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def stop_workers(pool: concurrent.futures.ProcessPoolExecutor) -> None:
+    """Terminates a pool's worker processes (Python 3.14's ``terminate_workers``; before it, its processes)."""
+    if hasattr(pool, "terminate_workers"):
+        pool.terminate_workers()
+        return
+    for process in list((pool._processes or {}).values()):  # noqa: SLF001 — no public way before 3.14
+        process.terminate()
 
 
 def default_cache_dir() -> Path:
@@ -258,13 +273,17 @@ class MetricsStore:
                     bar.advance()
                 return
             ctx = multiprocessing.get_context("spawn")
-            pool = concurrent.futures.ProcessPoolExecutor(min(self.jobs, len(todo)), mp_context=ctx)
+            pool = concurrent.futures.ProcessPoolExecutor(min(self.jobs, len(todo)), mp_context=ctx,
+                                                          initializer=ignore_interrupts)
             try:
                 futures = {pool.submit(compute_trace_facts, path, segment_tokens, fit): sha
                            for sha, (path, segment_tokens, fit) in todo.items()}
                 for future in concurrent.futures.as_completed(futures):
                     yield futures[future], future.result()
                     bar.advance()
+            except KeyboardInterrupt:
+                stop_workers(pool)  # Ctrl-C: the traces in flight are not worth waiting for
+                raise
             finally:
                 # On an error (a bad trace) do not wait for the remaining traces.
                 pool.shutdown(wait=True, cancel_futures=True)

@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from cachesim import cli_util
 from cachesim.cli_util import CLI
 from moe import rundir
 from moe.runtime import CACHE_ENV
@@ -71,9 +72,6 @@ def write_or_print(text: str, out_dir: Path | None, filename: str) -> None:
 
 
 def run_main(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None = None) -> int:
-    """Runs a CLI body; bad input becomes one 'error: ...' line on stderr and exit code 2."""
-    try:
-        return main(argv)
-    except (ValueError, OSError) as e:  # AnalysisError and cachesim's TraceError are ValueErrors.
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    """Runs a CLI body; bad input becomes one 'error: ...' line on stderr and exit code 2, Ctrl-C exit 130."""
+    # AnalysisError and cachesim's TraceError are ValueErrors.
+    return cli_util.run(main, argv, errors=(ValueError, OSError))

@@ -2,6 +2,7 @@
 
 import sys
 
+from cachesim.cli_util import stop_on_interrupt
 from cachesim.simulate_cli import main
 
-sys.exit(main())
+sys.exit(stop_on_interrupt(main))

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from cachesim.cli_util import CLI, check_writable, comma_list, write_output
+from cachesim.cli_util import CLI, check_writable, comma_list, stop_on_interrupt, write_output
 
 # cachesim.timed (numpy) is imported in main: `--help` starts without it (benchmarks/help_bench.py).
 
@@ -105,4 +105,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(stop_on_interrupt(main))

@@ -202,12 +202,32 @@ def flags_only(remaining: Sequence[str], prog: str) -> list[str]:
 
 def run(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None = None, *,
         errors: tuple[type[BaseException], ...] = USER_ERRORS) -> int:
-    """Runs a CLI body; the user's bad input becomes one ``error: ...`` line and exit code 2."""
+    """Runs a CLI body; the user's bad input becomes one ``error: ...`` line and exit code 2, Ctrl-C exit 130."""
+    def body(argv):
+        try:
+            return main(argv)
+        except errors as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+    return stop_on_interrupt(body, argv)
+
+
+# The exit code of a command stopped by Ctrl-C (128 + SIGINT), as a shell reports one killed by it.
+INTERRUPTED = 130
+INTERRUPTED_LINE = "interrupted (Ctrl-C): stopped; no output file was left half-written"
+
+
+def stop_on_interrupt(main: Callable[..., int | None], *args, **kwargs) -> int | None:
+    """``main(*args, **kwargs)``, with Ctrl-C as one line on stderr and exit code 130 instead of a traceback.
+
+    Output files are written whole or not at all (:func:`write_output`,
+    ``moe.rundir.write_atomic``), so stopping anywhere leaves no partial file.
+    """
     try:
-        return main(argv)
-    except errors as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return main(*args, **kwargs)
+    except KeyboardInterrupt:
+        print(f"\n{INTERRUPTED_LINE}", file=sys.stderr, flush=True)
+        return INTERRUPTED
 
 
 def comma_list(text: str, kind: type, what: str) -> list:

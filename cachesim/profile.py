@@ -13,7 +13,8 @@ import sys
 from collections.abc import Sequence
 
 from cachesim.simulate_cli import warn_collapse
-from cachesim.cli_util import CLI, UsageError, check_writable, comma_list, write_output
+from cachesim.cli_util import (CLI, UsageError, check_writable, comma_list, stop_on_interrupt,
+                               write_output)
 from cachesim.headline import COLLAPSE_PERCENT
 
 # The metrics (numpy, jax) and the trace reader are imported where they are used: `--help` starts
@@ -84,4 +85,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(stop_on_interrupt(main))

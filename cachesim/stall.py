@@ -32,7 +32,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from cachesim.cli_util import CLI, check_writable, progress, write_output
+from cachesim.cli_util import CLI, check_writable, progress, stop_on_interrupt, write_output
 from cachesim.headline import ADMISSIONS
 from cachesim.policies import parse_capacities
 
@@ -210,4 +210,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(stop_on_interrupt(main))

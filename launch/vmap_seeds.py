@@ -64,6 +64,9 @@ def _main(argv: Sequence[str]) -> int:
         prepare_jax_env()  # main.py's persistent compile cache
         train_seeds(configs, workdirs, log=lambda msg: print(msg, flush=True), batching=flag_values.seed_batching)
         return 0
+    except KeyboardInterrupt as e:  # as main.py: checkpointed at the next step, exit 130
+        from moe.main import interrupted
+        return interrupted(e)
     except (ConfigError, DataError, CheckpointError, NonFiniteLossError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -83,8 +86,8 @@ if __name__ == "__main__":
     flags.DEFINE_enum("seed_batching", "auto", list(SEED_BATCHING),
                       "How the seeds share the jit: vmap (batched ops), unrolled (the solo step per seed inside "
                       "one jit), auto (unrolled on CPU for 50+ steps, else vmap; see moe/seeds.py).")
-    from cachesim.cli_util import parse_app_flags
+    from cachesim.cli_util import parse_app_flags, stop_on_interrupt
     from configs import flag_error, help_notes, locate_in_argv
-    app.run(_main, flags_parser=lambda argv: parse_app_flags(
+    sys.exit(stop_on_interrupt(app.run, _main, flags_parser=lambda argv: parse_app_flags(
         argv, prog="python -m launch.vmap_seeds", description="\n\n".join(__doc__.split("\n\n")[:2]),
-        prepare=locate_in_argv, error_line=flag_error, notes=help_notes()))
+        prepare=locate_in_argv, error_line=flag_error, notes=help_notes())))

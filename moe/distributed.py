@@ -229,27 +229,47 @@ def host_local(tree):
     return jax.tree.map(local, tree)
 
 
-class Preemption:
-    """SIGTERM -> save a checkpoint at the next step boundary and exit cleanly.
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C stopped training after checkpointing ``step``: a KeyboardInterrupt, so every caller unwinds."""
 
+    def __init__(self, step: int):
+        super().__init__(f"interrupted at step {step}; checkpoint saved")
+        self.step = step
+
+
+class Preemption:
+    """SIGTERM or SIGINT (Ctrl-C) -> save a checkpoint at the next step boundary and stop.
+
+    A second Ctrl-C stops at once, without that checkpoint (KeyboardInterrupt).
     Multi-process (``synced=True``): saving is collective, so jax's preemption
-    service agrees on the step to stop at instead of a Python signal handler.
+    service agrees on the step to stop at instead of a Python signal handler
+    (and Ctrl-C is a plain KeyboardInterrupt: the newest checkpoint stands).
     """
 
     def __init__(self, synced: bool = False):
         self.requested = False
+        self.signum: int | None = None  # the signal that asked to stop, if one did
         self.synced = synced
         self._previous = {}
 
     def __enter__(self):
-        for sig in () if self.synced else (signal.SIGTERM,):
+        for sig in () if self.synced else (signal.SIGTERM, signal.SIGINT):
             self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
     def _handle(self, signum, frame):
         del frame
-        self.requested = True
-        print(f"\nreceived signal {signum}: checkpointing and exiting", file=sys.stderr, flush=True)
+        if self.requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # the second Ctrl-C: the user will not wait for the checkpoint
+        self.requested, self.signum = True, signum
+        again = " (Ctrl-C again stops at once, without it)" if signum == signal.SIGINT else ""
+        print(f"\nreceived {signal.Signals(signum).name}: checkpointing at the next step and exiting{again}",
+              file=sys.stderr, flush=True)
+
+    @property
+    def interrupted(self) -> bool:
+        """Whether Ctrl-C (SIGINT) asked to stop: the process then exits 130, as an interrupted one does."""
+        return self.signum == signal.SIGINT
 
     def stop_at(self, step: int) -> bool:
         """Whether to checkpoint and stop after ``step``; multi-process: call it at every step on every process."""

@@ -8,7 +8,7 @@ configs from anywhere (``--config=arm_b.py:smoke``, ``--config=arm_b:smoke``).
 
 Rerunning with the same --workdir resumes from the newest intact checkpoint
 (only the fields in ``moe.rundir.RESUMABLE_FIELDS`` may change); SIGTERM
-checkpoints and exits cleanly. One process writes a workdir at a time. One run
+checkpoints at the next step and exits 0, Ctrl-C (SIGINT) the same and exits 130. One process writes a workdir at a time. One run
 over several processes (hosts): start the same command in each, under ``srun``
 or with JAX_COORDINATOR_ADDRESS=host:port, JAX_NUM_PROCESSES=N and
 JAX_PROCESS_ID=i set (moe/distributed.py).
@@ -98,6 +98,8 @@ def main(argv):
         from moe.run import run
         run(config, workdir, log=lambda msg: print(msg, flush=True))
         return 0  # finished, or checkpointed after SIGTERM: rerun to resume
+    except KeyboardInterrupt as e:
+        return interrupted(e)
     except NonFiniteLossError as e:
         print(f"error: {e}; {retry_advice(_FLAGS.argv, e, config)}", file=sys.stderr)
         return 2
@@ -107,6 +109,17 @@ def main(argv):
     except (ConfigError, DataError, CheckpointError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+
+
+def interrupted(error: KeyboardInterrupt) -> int:
+    """Ctrl-C: exit 130 with one line; after the loop's checkpoint that line was already printed."""
+    from cachesim.cli_util import INTERRUPTED
+    from moe.distributed import Interrupted
+
+    if not isinstance(error, Interrupted):  # outside the training loop, or a second Ctrl-C
+        print("\ninterrupted (Ctrl-C); rerun the same command to resume from the newest checkpoint",
+              file=sys.stderr, flush=True)
+    return INTERRUPTED
 
 
 # ---------------------------------------------------------------- after a divergence
@@ -216,7 +229,9 @@ def check_workdir(workdir: str, flag: str = "--workdir") -> None:
 
 
 def run_cli() -> None:
-    app.run(main, flags_parser=parse_flags)
+    from cachesim.cli_util import stop_on_interrupt
+
+    sys.exit(stop_on_interrupt(app.run, main, flags_parser=parse_flags))  # Ctrl-C while parsing or importing
 
 
 if __name__ == "__main__":

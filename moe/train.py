@@ -239,14 +239,15 @@ class LoopResult:
     step: int                # the last step run
     completed: bool          # False when stopped (signal or stop_after) before the last step
     last_metrics: Any        # what log_step returned last; None when no log step ran
+    interrupted: bool = False  # stopped by Ctrl-C (SIGINT), checkpointed
 
 
 def run_steps(state, step_fn: Callable[[Any, Any], tuple[Any, Any]], io: RunIO, *, start: int, total_steps: int,
               log_every: int, ckpt_every: int, stop_after: int | None = None, synced: bool = False) -> LoopResult:
     """Runs steps start+1 .. total_steps; ``io`` logs every ``log_every`` and saves every ``ckpt_every`` steps.
 
-    Also saves at the last step and when stopping early (SIGTERM, or ``stop_after``
-    steps in this call). The host syncs only at the first, log and checkpoint
+    Also saves at the last step and when stopping early (SIGTERM or SIGINT, or
+    ``stop_after`` steps in this call). The host syncs only at the first, log and checkpoint
     steps and for the one-behind NaN guard, so the device runs ahead otherwise;
     a diverged state is never saved.
     """
@@ -273,7 +274,7 @@ def run_steps(state, step_fn: Callable[[Any, Any], tuple[Any, Any]], io: RunIO, 
                 io.check(step, metrics)  # never checkpoint a diverged state
                 io.save(step, state)
             if stopping and not is_last:
-                return LoopResult(state, step, False, last)
+                return LoopResult(state, step, False, last, interrupted=preempt.interrupted)
     if pending is not None:
         io.check(*pending)
     return LoopResult(state, step, True, last)
@@ -350,6 +351,8 @@ def train_runs(members: Sequence[Member], *, batching: str = "solo", log: Callab
     if not result.completed:
         io.progress(phase="stopped", step=result.step)
         io.log(f"stopped at step {result.step}; checkpoint saved, rerun the same command to resume")
+        if result.interrupted:  # Ctrl-C: the caller unwinds (main.py exits 130), the checkpoint stands
+            raise distributed.Interrupted(result.step)
     # A resume that trained no step: the final losses are those its checkpoint was saved with.
     last = result.last_metrics or [dict(r["metrics"]) if r else {} for r in io.saved]
     return TrainResult(graphdef, layout.split(result.state), result.completed, last)

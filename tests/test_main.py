@@ -125,17 +125,23 @@ def test_sigkill_at_a_random_step_then_restart_matches_uninterrupted(uninterrupt
     assert logs[0] == logs[1]
 
 
+def signalled_after_first_log(args, workdir, sig):
+    """main.py started, sent ``sig`` once its first training record is in log.jsonl; (proc, that step, out, err)."""
+    proc = subprocess.Popen([sys.executable, "main.py", *args], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    # The event, not a clock: the first training record (step 2 of 20) is in log.jsonl.
+    first = wait_for(lambda: first_log_step(workdir / "log.jsonl"), proc, what="the first log.jsonl record")
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=120)
+    return proc, first, out, err
+
+
 @pytest.mark.slow
 def test_sigterm_checkpoints_and_exits_cleanly(tmp_path):
     workdir = tmp_path / "term"
     # The uninterrupted run's config (its compiled step), checkpointing only when stopped.
     args = [*TINY, "--config.train.ckpt_every=1000", f"--workdir={workdir}"]
-    proc = subprocess.Popen([sys.executable, "main.py", *args], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    # The event, not a clock: the first training record (step 2 of 20) is in log.jsonl.
-    first = wait_for(lambda: first_log_step(workdir / "log.jsonl"), proc, what="the first log.jsonl record")
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=120)
+    proc, first, out, err = signalled_after_first_log(args, workdir, signal.SIGTERM)
     assert proc.returncode == 0, err[-2000:]
     assert "checkpoint saved" in out
     steps = [int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()]
@@ -150,3 +156,24 @@ def test_collapse_is_flagged_per_domain():
                            "code": {"collapsed": 3, "collapsed_per_layer": [1, 2]}}}
     assert collapse_warnings(metrics) == ["WARNING: expert collapse in code: 3 experts < 1% usage (per layer [1, 2])"]
     assert collapse_warnings({}) == []
+
+
+@pytest.mark.slow
+def test_sigint_checkpoints_exits_130_and_resumes_byte_identical(uninterrupted, tmp_path):
+    workdir = tmp_path / "int"
+    args = [*TINY, "--config.train.ckpt_every=1000", f"--workdir={workdir}"]  # a checkpoint only when stopped
+    proc, first, out, err = signalled_after_first_log(args, workdir, signal.SIGINT)
+    assert proc.returncode == 130, err[-2000:]
+    assert "Traceback" not in err and [x for x in err.splitlines() if x.startswith("received SIGINT")], err[-2000:]
+    steps = [int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()]
+    assert len(steps) == 1 and first <= steps[0] < 20, (first, steps)
+    assert f"stopped at step {steps[0]}; checkpoint saved" in out
+    again = main_py(*args)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"resumed from checkpoint at step {steps[0]}" in again.stdout
+    assert (workdir / "final_eval.json").read_bytes() == (uninterrupted / "final_eval.json").read_bytes()
+    for name in ("trace_code.npz", "eval_windows.npz"):
+        assert (workdir / name).read_bytes() == (uninterrupted / name).read_bytes(), name
+    strip = lambda r: {k: v for k, v in r.items() if k != "tok_s"}  # noqa: E731
+    logs = [[strip(json.loads(x)) for x in (d / "log.jsonl").read_text().splitlines()] for d in (workdir, uninterrupted)]
+    assert logs[0] == logs[1]

@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from cachesim.cli_util import CLI, progress
+from cachesim.cli_util import CLI, progress, stop_on_interrupt
 from cachesim.headline import LRU_FRACTION
 from cachesim.policies import ROUNDING_MODES, capacity_from_fraction, parse_capacities
 from moe import baselines, rundir
@@ -421,4 +421,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(stop_on_interrupt(main))

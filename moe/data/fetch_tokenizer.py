@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 from moe.data.errors import TokenizerError
 from moe.data.tokenizer import GPT2_RANKS_SHA256, gpt2_ranks_path, sha256_bytes, tiktoken_cache_candidates
-from cachesim.cli_util import CLI
+from cachesim.cli_util import CLI, stop_on_interrupt
 from cachesim.files import file_sha256
 
 WHISPER_VERSION = "20250625"
@@ -127,4 +127,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(stop_on_interrupt(main))

@@ -34,7 +34,7 @@ from moe.data.document import Document
 from moe.data.errors import DataError, ManifestError, SourceError
 from moe.data.fetch_tokenizer import ensure_gpt2_ranks
 from moe.data.tokenizer import Tokenizer, get_tokenizer, tokenizer_record
-from cachesim.cli_util import CLI, progress
+from cachesim.cli_util import CLI, progress, stop_on_interrupt
 
 Log = Callable[[str], None]
 _ENCODE_BATCH_CHARS = 1 << 20  # characters per tokenizer call: big enough for threads, small enough to stop early
@@ -355,4 +355,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(stop_on_interrupt(main))

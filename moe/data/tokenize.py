@@ -13,7 +13,7 @@ import sys
 from moe.data.recipe import TOKENIZERS
 from moe.data.errors import DataError
 from moe.data.tokenizer import get_tokenizer
-from cachesim.cli_util import CLI
+from cachesim.cli_util import CLI, stop_on_interrupt
 
 
 COMMAND = CLI("python -m moe.data.tokenize", (__doc__ or "").split("\n\n")[0], positional="TEXT",
@@ -37,4 +37,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(stop_on_interrupt(main))

@@ -2,7 +2,8 @@
 
 import sys
 
+from cachesim.cli_util import stop_on_interrupt
 from moe.decode.cli import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(stop_on_interrupt(main))
