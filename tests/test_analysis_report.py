@@ -11,7 +11,7 @@ import pytest
 
 from analysis import report, verdict
 from moe import rundir
-from analysis_fixtures import block_experts, fake_paper_metrics, fake_run, spread_experts, write_run
+from analysis_fixtures import block_experts, check_vs_lines, fake_paper_metrics, fake_run, spread_experts, write_run
 
 
 DOMAINS = ("prose", "code", "math")
@@ -167,6 +167,7 @@ def test_the_page_states_every_finding_and_is_regenerated_byte_for_byte(tmp_path
     assert "## Can this scale answer the questions?" in page and "Can this study test them? RQ1:" in page
     assert "| λ grid (arm B) | 0.01, 0.02, 0.03, 0.05, 0.2 | 0.1, 0.3 |" in page
     assert "Diagnostic, not a verdict (collapse beyond arm A's" in page
+    assert check_vs_lines(page) >= 6  # every "X vs Y = Z" on the page recomputes from its X and Y
     # The Deviations table holds the verdicts' departures: seed pairing, the interval rule, the collapse reading.
     for aspect in ("seed pairing (confidence verdict)", "interval rule (confidence verdict)",
                    "collapse reading (diagnostic)"):

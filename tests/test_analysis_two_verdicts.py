@@ -5,11 +5,12 @@ import math
 import re
 
 import pytest
-from analysis_fixtures import fake_paper_metrics, fake_run, synthetic_study, windowed_run
+from analysis_fixtures import (check_vs_lines, fake_paper_metrics, fake_run, recomputes, synthetic_study,
+                               windowed_run, with_record)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from analysis import effects, verdict
+from analysis import effects, intervals, verdict
 
 DOMAINS = ("prose", "code", "math")
 
@@ -91,6 +92,21 @@ def test_only_the_preregistered_budget_counts_and_a_triage_pass_never_carries_an
     assert not [line for line in text.splitlines() if " overall" in line and ("PASS" in line or "SUPPORTED" in line)]
 
 
+def test_arm_m_is_judged_against_its_base_and_never_carries_rq1():
+    # B fails the miss gate; arm M (a fine-tune of a1) cuts misses 75% against its base at no PPL cost.
+    m = with_record(_run("m1", arm="M", lam=0.0, tokens=2e5, ppl=10.0, miss=0.5), lambda_cs=0.1,
+                    base_run="a1-1e+06", base_tokens=1e6, base_arm="A")
+    runs = [_a(1, 10.0, 2.0), _run("b", miss=1.9), m]
+    for found in (verdict.preregistered(runs), verdict.confidence(runs)):
+        arm_m = _one(found, "RQ1", "M")
+        assert not arm_m.counted and "arm M answers MELINOE's question" in arm_m.not_counted
+        assert "arm-M baseline" in arm_m.deviations
+        assert verdict.overall_word(found, "RQ1")[0] != "SUPPORTED"
+    pre = _one(verdict.preregistered(runs), "RQ1", "M")
+    assert pre.state == "PASS" and "vs base averaged over a1-1e+06" in pre.line
+    assert verdict.overall_word(verdict.preregistered(runs), "RQ1")[0] == "REFUTED"
+
+
 # -- the confidence verdict -----------------------------------------------------------------------
 def _rq2_study(a_hit):
     """Arm A (2 seeds) with out-of-sample static hit ``a_hit``; arm C (2 seeds) at 95% and 99% out-of-sample
@@ -125,6 +141,21 @@ def test_no_proportion_interval_leaves_zero_to_one_hundred_percent():
     for m in re.finditer(r"95% CI \[([+-]?[\d.]+)%, ([+-]?[\d.]+)%\]", c.line):
         if "static hit" in c.line[:m.start()].rsplit(";", 1)[-1]:
             assert 0.0 <= float(m.group(1)) <= float(m.group(2)) <= 100.0
+
+
+def test_miss_reduction_is_judged_on_the_log_ratio():
+    # Three seeds against A's 2.0 misses: 1.0, 1.8 and 0.4 (per-seed reductions 50%, 10%, 80%).
+    b = [1.0, 1.8, 0.4]
+    runs = [_a(s, 10.0, 2.0) for s in (1, 2, 3)] + [_run(f"b{s}", seed=s, miss=m) for s, m in zip((1, 2, 3), b)]
+    c = _one(verdict.confidence(runs), "RQ1", "B")
+    logs = [math.log(m / 2.0) for m in b]
+    mean, sd = sum(logs) / 3, math.sqrt(sum((x - sum(logs) / 3) ** 2 for x in logs) / 2)
+    half = 4.302652729911275 * sd / math.sqrt(3)  # t(0.975, 2)
+    assert c.metric.point == pytest.approx(1 - math.exp(mean), rel=1e-12)
+    assert c.metric.interval == pytest.approx((1 - math.exp(mean + half), 1 - math.exp(mean - half)), rel=1e-9)
+    assert c.metric.interval[1] < 1.0  # a reduction of misses never reaches 100% on the log scale
+    additive = intervals.seed_interval([1 - m / 2.0 for m in b])  # what the page used to print: past 100%
+    assert additive.high > 1.0 and c.metric.state == "NOT TESTABLE"  # half-width 1.88 > log(1/0.7)
 
 
 def test_a_single_seed_borrows_the_pooled_seed_paired_sd_and_never_the_window_interval():
@@ -177,26 +208,7 @@ def test_a_deviation_used_but_not_listed_fails(monkeypatch):
 
 
 # -- every "X vs Y = Z" line recomputes -----------------------------------------------------------
-_VS = re.compile(r"(\d+\.\d+) vs (\d+\.\d+) = ([+-]?\d+\.\d+)%( reduction)?")
-
-
-def _recomputes(x: str, y: str, z: str, reduction: bool) -> bool:
-    """Z follows from X and Y as printed: some X, Y within their rounding give Z at its printed digits."""
-    dx, dy, dz = (0.5 * 10 ** -len(s.split(".")[1]) for s in (x, y, z))
-    ratios = [(float(x) + a) / (float(y) + b) for a in (-dx, dx) for b in (-dy, dy)]
-    values = [100 * (1 - r) if reduction else 100 * (r - 1) for r in ratios]
-    return min(values) - dz <= float(z) <= max(values) + dz
-
-
-def check_vs_lines(text: str) -> int:
-    """Asserts every "X vs Y = Z" in ``text`` recomputes; returns how many there were."""
-    found = _VS.findall(text)
-    for x, y, z, red in found:
-        assert _recomputes(x, y, z, bool(red)), (x, y, z, red)
-    return len(found)
-
-
 def test_every_x_vs_y_line_recomputes():
     runs = synthetic_study()
     assert check_vs_lines(verdict.verdict_text(runs)) >= 12
-    assert not _recomputes("0.842", "1.941", "57.0", True)  # the issue's line: a mean of ratios beside means
+    assert not recomputes("0.842", "1.941", "57.0", True)  # the issue's line: a mean of ratios beside means
