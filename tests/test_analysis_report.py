@@ -100,15 +100,19 @@ def test_frontier_findings_from_hand_built_points():
     assert report.rerouting_finding({}, "a-s1", "b-s1").status == "not tested"
 
 
-def test_collapse_finding_needs_collapse_at_the_top_lambda_beyond_the_lower_ones():
+def test_findings_hold_only_the_papers_claims_and_judge_priming_on_arm_c():
     rows = [{"run": "a-s1", "arm": "A", "lam": 0.0, "seed": 1, "collapsed": 0},
-            {"run": "b1", "arm": "B", "lam": 0.01, "seed": 1, "collapsed": 0},
-            {"run": "b3", "arm": "B", "lam": 0.3, "seed": 1, "collapsed": 5}]
-    assert report.collapse_finding(rows).status == "replicates"
-    rows[1]["collapsed"] = 5  # as much at λ = 0.01: above A, but not an effect of high λ
-    assert report.collapse_finding(rows).status == "partly replicates"
-    rows[0]["collapsed"] = 5  # arm A collapses as much: nothing to attribute to λ
-    assert report.collapse_finding(rows).status == "does not replicate"
+            {"run": "b-s1", "arm": "B", "lam": 0.1, "seed": 1, "collapsed": 9},
+            {"run": "c-s1", "arm": "C", "lam": 0.0, "seed": 1, "collapsed": 0}]
+    # A and B prime with no gain; C saves 40% of its loads: judged on C, priming does not replicate.
+    frontiers = {**FRONTIERS, "c-s1": [point(stream="mixed", misses=2.0),
+                                       point(stream="mixed", prime=True, misses=1.0, prefetch=0.2)]}
+    found = report.findings(rows, [], frontiers, ["a-s1", "b-s1"])
+    assert not [f for f in found if "collapse" in f.claim.lower()]  # a diagnostic (the verdict's), no claim
+    (priming,) = [f for f in found if f.claim.startswith("Domain priming")]
+    assert priming.status == "does not replicate" and "c-s1:" in priming.evidence and "a-s1:" not in priming.evidence
+    without_c = report.findings(rows[:2], [], FRONTIERS, ["a-s1", "b-s1"])
+    assert [f.status for f in without_c if f.claim.startswith("Domain priming")] == ["not tested"]
 
 
 # -- the page of a synthetic study ----------------------------------------------------------------
@@ -148,8 +152,9 @@ def test_the_page_states_every_finding_and_is_regenerated_byte_for_byte(tmp_path
     page = (out / "tiny-study.md").read_text()
     figures = {p.name: p.read_bytes() for p in (out / "tiny-study").iterdir()}
     for claim in ("dose-response is monotone", "gates are coupled", "τ-rerouting costs less", "ε-elision",
-                  "Domain priming", "Expert collapse"):
+                  "Domain priming"):
         assert claim in page
+    assert "| Expert collapse" not in page
     assert "python -m launch.sweep --config=configs/study_cpu.py --root=study --parallel=2" in page
     assert {"dose_response.png", "training_curves.png", "frontier_a-s1.png", "frontier_b-lam0.1-s1.png",
             "usage.png"} <= set(figures)
