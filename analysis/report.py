@@ -33,10 +33,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
-from analysis import (arm_m, cli, complementarity, decode, figures, formatting, plots, stall, study, summary, tables,
-                      verdict)
+from analysis import (arm_m, cli, complementarity, decode, figures, formatting, intervals, plots, stall, study,
+                      summary, tables, verdict)
 from analysis.runs import AnalysisError, Run
 from moe import rundir
 
@@ -318,20 +319,43 @@ def rerouting_finding(frontiers: Mapping[str, Sequence[Mapping[str, Any]]], a_ru
                    + "; ".join(parts) + ".")
 
 
-def elision_finding(frontiers: Mapping[str, Sequence[Mapping[str, Any]]], b_run: str) -> Finding:
-    claim = f"ε-elision (ε = {ELISION_EPSILON:g}) drops expert loads on B."
-    if b_run not in frontiers:
-        return Finding(claim, "not tested", f"no frontier.json for {b_run}")
-    plain = _frontier_points(frontiers[b_run]).get(0.0)
-    elided = _frontier_points(frontiers[b_run], epsilon=ELISION_EPSILON).get(0.0)
-    if plain is None or elided is None:
-        return Finding(claim, "not tested", f"{b_run}'s frontier has no τ = 0 point at ε = {ELISION_EPSILON:g}")
-    fewer = elided["misses_per_token"] < plain["misses_per_token"]
-    return Finding(claim, "replicates" if fewer else "does not replicate",
-                   f"{b_run}: misses/token {plain['misses_per_token']:.3f} → {elided['misses_per_token']:.3f} "
-                   f"(miss reduction {_pct(elided['miss_reduction_vs_tau0'])}, loads skipped "
-                   f"{elided['loads_skipped_per_token']:.3f}/token) at a PPL cost of "
-                   f"{_pct(elided['ppl_cost_vs_tau0'], 2)}; {_FRONTIER_NO_CI}.")
+def _window_series(p: Mapping[str, Any], key: str) -> dict[str, list[float]] | None:
+    """{stream part: per-window values of ``key``} a frontier point kept, or None (a frontier.json without them)."""
+    windows = p.get("windows") or {}
+    return {d: w[key] for d, w in windows.items()} if windows and all(key in w for w in windows.values()) else None
+
+
+def elision_finding(frontiers: Mapping[str, Sequence[Mapping[str, Any]]], a_run: str, b_run: str) -> Finding:
+    claim = (f"ε-elision (ε = {ELISION_EPSILON:g}) drops more expert loads on B than on A. Criterion: B's miss "
+             "reduction from elision (against its own ε = 0) exceeds A's at the same ε over the whole "
+             "window-bootstrap 95% CI of the difference.")
+    pairs = {}
+    for run in (a_run, b_run):
+        if run not in frontiers:
+            return Finding(claim, "not tested", f"no frontier.json for {run or 'an arm-A or arm-B run'}")
+        plain = _frontier_points(frontiers[run]).get(0.0)
+        elided = _frontier_points(frontiers[run], epsilon=ELISION_EPSILON).get(0.0)
+        if plain is None or elided is None:
+            return Finding(claim, "not tested", f"{run}'s frontier has no τ = 0 point at ε = {ELISION_EPSILON:g}")
+        pairs[run] = (plain, elided)
+    words = "; ".join(f"{run}: misses/token {p['misses_per_token']:.3f} → {e['misses_per_token']:.3f} "
+                      f"({_pct(e['miss_reduction_vs_tau0'])}) at a PPL cost of {_pct(e['ppl_cost_vs_tau0'], 2)}"
+                      for run, (p, e) in pairs.items())
+    series = [_window_series(p, "misses") for pair in pairs.values() for p in pair]
+    if any(s is None for s in series):
+        return Finding(claim, "not resolved", f"{words}; no per-window values in frontier.json, so the "
+                                              "difference has no interval")
+    per_domain = {d: np.array([s[d] for s in series]) for d in series[0]}
+
+    def difference(means: Mapping[str, np.ndarray]) -> np.ndarray:
+        m = np.mean(list(means.values()), axis=0)  # (4, R): A plain, A elided, B plain, B elided
+        return (1 - m[3] / m[2]) - (1 - m[1] / m[0])
+
+    point = float(difference({d: v.mean(axis=1, keepdims=True) for d, v in per_domain.items()})[0])
+    low, high = intervals.paired_bootstrap(per_domain, difference)
+    status = "replicates" if low > 0 else "does not replicate" if high < 0 else "not resolved"
+    return Finding(claim, status, f"B − A miss reduction from elision {point * 100:+.1f} points (window-bootstrap "
+                                  f"95% CI [{low * 100:+.1f}, {high * 100:+.1f}] points). {words}.")
 
 
 def priming_finding(frontiers: Mapping[str, Sequence[Mapping[str, Any]]], runs: Sequence[str]) -> Finding:
@@ -366,7 +390,7 @@ def findings(rows: Sequence[Mapping[str, Any]], results: Sequence[verdict.Criter
     a_run, b_run = (list(frontier_runs) + ["", ""])[:2]
     c_runs = [r["run"] for r in rows if r["arm"] == "C"]
     return [dose_response_finding(results), gates_finding(results), rerouting_finding(frontiers, a_run, b_run),
-            elision_finding(frontiers, b_run), priming_finding(frontiers, c_runs)]
+            elision_finding(frontiers, a_run, b_run), priming_finding(frontiers, c_runs)]
 
 
 # -- deviations from the paper's protocol ---------------------------------------------------------

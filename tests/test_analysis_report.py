@@ -89,8 +89,20 @@ def test_frontier_findings_from_hand_built_points():
     assert f.status == "replicates" and "B − A -3.00 points" in f.evidence
     assert report.rerouting_finding({**FRONTIERS, "b-s1": [point(), point(tau=0.5, ppl_cost=0.05)]},
                                     "a-s1", "b-s1").status == "does not replicate"
-    e = report.elision_finding(FRONTIERS, "b-s1")
-    assert e.status == "replicates" and "1.000 → 0.800" in e.evidence
+    # Elision against arm A at the same ε: without per-window values there is no interval, so not resolved.
+    a_elided = [*FRONTIERS["a-s1"], point(eps=0.02, misses=1.9, miss_red=0.05)]
+    e = report.elision_finding({**FRONTIERS, "a-s1": a_elided}, "a-s1", "b-s1")
+    assert e.status == "not resolved" and "1.000 → 0.800" in e.evidence and "no interval" in e.evidence
+    assert report.elision_finding(FRONTIERS, "a-s1", "b-s1").status == "not tested"  # A has no ε point
+    # With per-window misses (4 windows, one domain): B's elision removes 20%, A's 5%, every window alike.
+    def windowed(p, misses):
+        return {**p, "windows": {"prose": {"misses": misses}}}
+    wa = [windowed(point(), [2.0, 2.2, 1.8, 2.0]), windowed(point(eps=0.02, misses=1.9), [1.9, 2.09, 1.71, 1.9])]
+    wb = [windowed(point(misses=1.0), [1.0, 1.1, 0.9, 1.0]), windowed(point(eps=0.02, misses=0.8), [0.8, 0.88, 0.72, 0.8])]
+    e = report.elision_finding({"a-s1": wa, "b-s1": wb}, "a-s1", "b-s1")
+    assert e.status == "replicates" and "B − A miss reduction from elision +15.0 points" in e.evidence
+    e = report.elision_finding({"a-s1": wb, "b-s1": wa}, "a-s1", "b-s1")
+    assert e.status == "does not replicate"
     # Priming: A's loads 2.0 -> 1.8 + 0.4 = 2.2 (no gain), B's 1.0 -> 0.95 + 0.2 = 1.15 (no gain).
     p = report.priming_finding(FRONTIERS, ["a-s1", "b-s1"])
     assert p.status == "replicates" and "2.000 unprimed vs 2.200 primed" in p.evidence
