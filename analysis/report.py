@@ -295,7 +295,7 @@ def _frontier_points(points: Sequence[Mapping[str, Any]], *, epsilon: float = 0.
     return out
 
 
-_FRONTIER_NO_CI = ("no CI: frontier.json holds means over its evaluation windows, not per-window values")
+_FRONTIER_NO_CI = "no CI: this finding reads the frontier's means over its evaluation windows"
 
 
 def rerouting_finding(frontiers: Mapping[str, Sequence[Mapping[str, Any]]], a_run: str, b_run: str) -> Finding:
@@ -306,17 +306,33 @@ def rerouting_finding(frontiers: Mapping[str, Sequence[Mapping[str, Any]]], a_ru
     taus = sorted(t for t in a.keys() & b.keys() if t > 0)
     if not taus:
         return Finding(claim, "not tested", "the frontiers share no τ > 0")
-    parts, cheaper = [], 0
+    parts, judged = [], []
     for t in taus:
         ca, cb = a[t]["ppl_cost_vs_tau0"], b[t]["ppl_cost_vs_tau0"]
         ma, mb = a[t]["miss_reduction_vs_tau0"], b[t]["miss_reduction_vs_tau0"]
-        cheaper += cb < ca
-        parts.append(f"τ={t:g}: PPL cost A {_pct(ca, 2)} vs B {_pct(cb, 2)} (B − A {(cb - ca) * 100:+.2f} points), "
-                     f"miss reduction A {_pct(ma)} vs B {_pct(mb)}")
-    status = ("replicates" if cheaper == len(taus) else "partly replicates" if cheaper else "does not replicate")
-    return Finding(claim, status, f"B's PPL cost is lower at {cheaper} of {len(taus)} τ values "
-                                  f"({a_run} vs {b_run}, against each run's own τ = 0; {_FRONTIER_NO_CI}). "
-                   + "; ".join(parts) + ".")
+        series = [_window_series(p, "ce") for p in (a[0.0], a[t], b[0.0], b[t])] if 0.0 in a and 0.0 in b else [None]
+        where = "no per-window values in frontier.json, so no interval"
+        if all(x is not None for x in series):
+            per_domain = {d: np.array([x[d] for x in series]) for d in series[0]}
+
+            def difference(means: Mapping[str, np.ndarray]) -> np.ndarray:
+                ppl = np.mean([np.exp(m) for m in means.values()], axis=0)  # (4, R): A τ=0, A τ, B τ=0, B τ
+                return (ppl[3] / ppl[2] - 1) - (ppl[1] / ppl[0] - 1)
+
+            low, high = intervals.paired_bootstrap(per_domain, difference)
+            judged.append("B cheaper" if high < 0 else "A cheaper" if low > 0 else "open")
+            where = f"window-bootstrap 95% CI [{low * 100:+.2f}, {high * 100:+.2f}] points"
+        else:
+            judged.append("open")
+        parts.append(f"τ={t:g}: PPL cost A {_pct(ca, 2)} vs B {_pct(cb, 2)} (B − A {(cb - ca) * 100:+.2f} points, "
+                     f"{where}), miss reduction A {_pct(ma)} vs B {_pct(mb)}")
+    status = ("replicates" if all(j == "B cheaper" for j in judged) else
+              "does not replicate" if all(j == "A cheaper" for j in judged) else
+              "partly replicates" if "B cheaper" in judged and "open" not in judged else "not resolved")
+    return Finding(claim, status, f"Criterion: at every τ, B's PPL cost (against its own τ = 0) is below A's over the "
+                                  f"whole window interval of B − A. B cheaper at {judged.count('B cheaper')} of "
+                                  f"{len(taus)} τ values, A cheaper at {judged.count('A cheaper')} ({a_run} vs "
+                                  f"{b_run}). " + "; ".join(parts) + ".")
 
 
 def _window_series(p: Mapping[str, Any], key: str) -> dict[str, list[float]] | None:

@@ -85,10 +85,17 @@ FRONTIERS = {
 
 
 def test_frontier_findings_from_hand_built_points():
+    # Without per-window values a difference has no interval: not resolved, whatever the points say.
     f = report.rerouting_finding(FRONTIERS, "a-s1", "b-s1")
-    assert f.status == "replicates" and "B − A -3.00 points" in f.evidence
-    assert report.rerouting_finding({**FRONTIERS, "b-s1": [point(), point(tau=0.5, ppl_cost=0.05)]},
-                                    "a-s1", "b-s1").status == "does not replicate"
+    assert f.status == "not resolved" and "B − A -3.00 points, no per-window values" in f.evidence
+    # With per-window CE (one domain, 4 windows): A's τ = 0.5 costs log 1.04 per window, B's log 1.01.
+    def ce(p, shift):
+        return {**p, "windows": {"prose": {"ce": [2.0 + shift, 2.1 + shift, 1.9 + shift, 2.0 + shift]}}}
+    a = [ce(point(), 0.0), ce(point(tau=0.5, ppl_cost=0.04), math.log(1.04))]
+    b = [ce(point(), 0.0), ce(point(tau=0.5, ppl_cost=0.01), math.log(1.01))]
+    f = report.rerouting_finding({"a-s1": a, "b-s1": b}, "a-s1", "b-s1")
+    assert f.status == "replicates" and "Criterion: at every τ" in f.evidence
+    assert report.rerouting_finding({"a-s1": b, "b-s1": a}, "a-s1", "b-s1").status == "does not replicate"
     # Elision against arm A at the same ε: without per-window values there is no interval, so not resolved.
     a_elided = [*FRONTIERS["a-s1"], point(eps=0.02, misses=1.9, miss_red=0.05)]
     e = report.elision_finding({**FRONTIERS, "a-s1": a_elided}, "a-s1", "b-s1")
