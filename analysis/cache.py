@@ -33,12 +33,12 @@ from typing import Any
 
 from cachesim import facts as cs_facts
 from cachesim.cli_util import progress
+from cachesim.files import file_sha256
 from moe import rundir, runtime
 
 # Bump when the cached fields or the metric semantics they come from change (cachesim.facts owns both).
 CACHE_VERSION = cs_facts.VERSION
 ENV_CACHE_DIR = runtime.CACHE_ENV
-file_sha256 = cs_facts.file_sha256
 
 
 def default_cache_dir() -> Path:

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from analysis import cli, plots, summary, verdict
+from analysis import run_args, summary, verdict
 from analysis.cache import MetricsStore
 from analysis.profile import load_traces
 from analysis.runs import AnalysisError, Run, discover, load_runs, read_run_file
@@ -348,6 +348,8 @@ def run_usage(runs: Sequence[Run]) -> tuple[dict[str, dict[str, np.ndarray]], fl
 def draw_dose_response(points: Sequence[Mapping[str, Any]], stem: Path,
                        bands: Mapping[str, Mapping[str, tuple[float, float]]] | None = None) -> list[Path]:
     """dose_response_points drawn with the RQ1 gates (and arm A's seed range, a_seed_bands)."""
+    from analysis import plots  # here, not at the top: matplotlib; --help need not wait for it
+
     return plots.dose_response(points, stem, miss_gate=verdict.RQ1_MIN_MISS_REDUCTION,
                                ppl_gate=verdict.RQ1_MAX_PPL_COST, bands=bands)
 
@@ -376,6 +378,8 @@ def make_figures(paths: Sequence[str], out: Path, *, store: MetricsStore, budget
 def _figure_tasks(runs: Sequence[Run], complete: Sequence[Run], trace_dirs: Sequence[Path], out: Path,
                   store: MetricsStore, dense: set[str]) -> list[Callable[[], list[Path]]]:
     """One callable per figure (or per run's data), in drawing order: the unit of the progress bar."""
+    from analysis import plots  # here, not at the top: matplotlib; --help need not wait for it
+
     tasks: list[Callable[[], list[Path]]] = []
     points = dose_response_points(complete)
     if points:
@@ -424,6 +428,8 @@ def _figure_tasks(runs: Sequence[Run], complete: Sequence[Run], trace_dirs: Sequ
 
 def _trace_folder_figures(folder: Path, out: Path) -> list[Path]:
     """A real model's trace folder (e.g. Qwen3): dense hit vs budget, reuse vs lag and usage maps."""
+    from analysis import plots  # here, not at the top: matplotlib; --help need not wait for it
+
     traces = load_traces(folder)
     name = _slug(folder.name)
     written = plots.hit_vs_budget(simulated_budget_curves(traces), out / f"hit_vs_budget_{name}",
@@ -437,22 +443,29 @@ def _trace_folder_figures(folder: Path, out: Path) -> list[Path]:
 
 def draw_trace_usage(traces: Mapping[str, Any], stem: Path, *, title: str) -> list[Path]:
     """A trace folder's usage maps ({domain: cachesim Trace}); E >= 64 gets plots' log scale, sorted experts."""
+    from analysis import plots  # here, not at the top: matplotlib; --help need not wait for it
+
     from cachesim.metrics import usage_fraction
 
     return plots.expert_usage({"": {d: usage_fraction(t) for d, t in traces.items()}}, stem, title=title)
 
 
-COMMAND = cli.figures_command()
+COMMAND = run_args.run_command("python -m analysis.figures", "The study's figures (PNG and PDF) from run "
+                               "directories and trace folders.")
+COMMAND.define("string", "out", None, "folder for the PNG and PDF files (required)")
+COMMAND.define("string", "budget_runs", "", "runs to simulate on a dense capacity grid ('all' or "
+               "comma-separated names); others plot the three cached paper capacities")
+COMMAND.deprecated("budget-runs", "budget_runs")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = cli.parse_runs(COMMAND, argv)
+    args = run_args.parse_runs(COMMAND, argv)
     if not args.out:
         raise ValueError("--out is required: the folder for the figures")
-    for path in make_figures(args.paths, Path(args.out), store=cli.make_store(args), budget_runs=args.budget_runs):
+    for path in make_figures(args.paths, Path(args.out), store=run_args.make_store(args), budget_runs=args.budget_runs):
         print(path)
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(cli.run_main(main))
+    raise SystemExit(run_args.run_main(main))

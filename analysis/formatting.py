@@ -14,10 +14,12 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
 from tabulate import LATEX_ESCAPE_RULES
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 EMPTY = "—"
 _ALIGN = {"l": "left", "r": "right", "c": "center"}
@@ -53,11 +55,15 @@ class Table:
         Object dtype: ints stay ints and None stays None (a float column would
         print a seed 1 as 1.0 and lose the difference between 0 and missing).
         """
+        import pandas as pd  # here, not at the top: the table commands' --help need not wait for it
+
         keys = [c.key for c in self.columns]
         return pd.DataFrame([[cell(row.get(k)) for k in keys] for row in self.rows], columns=keys, dtype=object)
 
     def formatted(self) -> pd.DataFrame:
         """The cells as the human formats show them, headed by the column headers."""
+        import pandas as pd
+
         frame = self.frame()
         cells = {c.header: [c.fmt(v) for v in frame[c.key]] for c in self.columns}
         return pd.DataFrame(cells, columns=[c.header for c in self.columns], dtype=object)

@@ -32,7 +32,7 @@ from typing import Any
 
 import pandas as pd
 
-from analysis import cache, cli, summary
+from analysis import cache, run_args, summary
 from analysis import runs as runs_lib
 from analysis.runs import Run
 
@@ -106,8 +106,8 @@ def load_study(paths: str | os.PathLike | Sequence[str | os.PathLike], *,
 
     Incomplete runs are kept (``Run.complete`` is False, ``Run.problems`` says
     why); the frames and figures use the complete ones. ``cache_dir`` and
-    ``jobs`` as for the CLIs (default: the user cache, ``cli.default_jobs()``).
+    ``jobs`` as for the CLIs (default: the user cache, ``run_args.default_jobs()``).
     """
     roots = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
-    store = cache.MetricsStore(cache_dir=cache_dir, jobs=cli.default_jobs() if jobs is None else jobs)
+    store = cache.MetricsStore(cache_dir=cache_dir, jobs=run_args.default_jobs() if jobs is None else jobs)
     return sorted(runs_lib.load_runs(roots, store=store), key=summary.sort_key)

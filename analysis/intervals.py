@@ -44,9 +44,10 @@ from pathlib import Path
 
 import numpy as np
 
+from analysis import effects
+from analysis.effects import CONFIDENCE
 from analysis.runs import Run
 
-CONFIDENCE = 0.95
 N_RESAMPLES = 9999
 SEED = 0
 # Resamples drawn per step: bounds memory (a (batch, N) weight matrix per domain), and is fixed so that the
@@ -109,8 +110,6 @@ def seed_interval(deltas: Sequence[float], confidence: float = CONFIDENCE) -> In
     spread; the t-interval widens honestly with few seeds (t(0.975, 1) = 12.7).
     It does not add the evaluation windows' noise (the window interval does).
     """
-    from analysis import effects  # effects reads CONFIDENCE from here: imported when used
-
     values = [float(v) for v in deltas if v is not None and math.isfinite(v)]
     if len(values) < 2:
         return Interval(None, None, f"{len(values)} seed: a seed-level interval needs 2 or more")
@@ -124,8 +123,6 @@ def seeds_to_resolve(deltas: Sequence[float], gate: float, confidence: float = C
 
     None below 2 seeds, with the mean on the gate, or when more than ``most`` would be needed.
     """
-    from analysis import effects
-
     values = [float(v) for v in deltas if v is not None and math.isfinite(v)]
     if len(values) < 2:
         return None

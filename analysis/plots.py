@@ -19,7 +19,7 @@ matplotlib.use("Agg")  # Headless: figures are files, never windows.
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from cachesim.metrics import COLLAPSE_THRESHOLD  # noqa: E402
+from cachesim.headline import COLLAPSE_THRESHOLD  # noqa: E402
 from moe import rundir  # noqa: E402
 
 FORMATS = ("png", "pdf")

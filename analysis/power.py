@@ -30,7 +30,7 @@ from typing import Any
 
 from typing import TYPE_CHECKING
 
-from analysis import cli
+from analysis import run_args
 from moe import rundir
 
 if TYPE_CHECKING:  # the numeric modules load in the functions that use them: `power --help` stays fast
@@ -204,8 +204,8 @@ def plan_lines(plan: dict[str, Any], sha256: str) -> list[str]:
     return lines
 
 
-def _command() -> cli.CLI:
-    command = cli.run_command("python -m analysis.power", "Size a study from a pilot: seed-paired spreads with their "
+def _command() -> run_args.CLI:
+    command = run_args.run_command("python -m analysis.power", "Size a study from a pilot: seed-paired spreads with their "
                               "ranges, and the seeds RQ1's estimand needs for a target half-width.")
     command.define("float", "target", 0.5, "target 95% half-width of RQ1's estimand, in percentage points of ΔPPL")
     command.define("string", "seeds", "3,4,6,8,12", "candidate numbers of seeds (comma-separated, each 2 or more)")
@@ -228,20 +228,20 @@ def _candidates(text: str) -> list[int]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = cli.parse_runs(COMMAND, argv)
+    args = run_args.parse_runs(COMMAND, argv)
     if not args.target > 0:
         raise ValueError(f"--target must be a positive number of percentage points, got {args.target}")
     candidates = _candidates(args.seeds)
     from analysis.runs import load_runs
 
-    runs = load_runs(args.paths, store=cli.make_store(args))
+    runs = load_runs(args.paths, store=run_args.make_store(args))
     if args.format == "json":
         text = json.dumps(report_json(runs, args.target, candidates), indent=1) + "\n"
     else:
         text = "\n".join(report_lines(runs, args.target, candidates)) + "\n"
-    cli.write_or_print(text, Path(args.out).parent if args.out else None, Path(args.out).name if args.out else "")
+    run_args.write_or_print(text, Path(args.out).parent if args.out else None, Path(args.out).name if args.out else "")
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(cli.run_main(main))
+    raise SystemExit(run_args.run_main(main))

@@ -24,9 +24,11 @@ from typing import Any
 
 import numpy as np
 
-from analysis import cli, formatting
+from analysis import run_args, formatting
 from analysis.formatting import Column, Table, fixed, percent
 from analysis.runs import AnalysisError, domain_sort_key
+from cachesim.cli_util import CLI
+from cachesim.headline import LRU_FRACTION
 from cachesim.policies import parse_capacities
 
 PROFILE_POLICIES = ("lru", "lfu", "static_w0.2", "belady")
@@ -65,7 +67,7 @@ def _specs(capacity: int | float, rounding: str, recency: str) -> list:
             CacheSpec("static", warmup=0.2, **size), CacheSpec("belady", **size)]
 
 
-def profile(traces: Mapping[str, Any], *, capacity: int | float = 0.25, rounding: str = "ceil",
+def profile(traces: Mapping[str, Any], *, capacity: int | float = float(LRU_FRACTION), rounding: str = "ceil",
             recency: str = "request", layer: int | None = None) -> dict[str, Any]:
     """The profile as a JSON-able dict (unrounded): means over domains plus a per-domain breakdown.
 
@@ -132,7 +134,18 @@ def report_tables(prof: Mapping[str, Any]) -> list[Table]:
     return [main, sim]
 
 
-COMMAND = cli.profile_command()
+COMMAND = CLI("python -m analysis.profile", "Routing profile of one model from its per-domain traces (Markdown "
+              "or JSON).", positional="TRACE_DIR", positional_help="a folder of per-domain trace .npz files")
+COMMAND.define("string", "capacity", LRU_FRACTION, "cache capacity: a fraction of E with a decimal point (0.25) or a "
+               "count (4)")
+COMMAND.define("enum", "rounding", "ceil", "rounding of a fractional capacity (the paper's: ceil)",
+               enum_values=["ceil", "round", "floor"])
+COMMAND.define("enum", "lru_recency", "request", "LRU recency granularity", enum_values=["request", "token"])
+COMMAND.deprecated("recency", "lru_recency")
+COMMAND.define("string", "layers", "all", "layer index for the cache hit rates, or 'all' (mean)")
+COMMAND.deprecated("layer", "layers")
+COMMAND.define_format("markdown", ["markdown", "json"])
+COMMAND.define("string", "out", None, "write the report to this file")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -157,9 +170,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.out is None:
         print(text, end="")
     else:
-        cli.write_or_print(text, args.out.parent, args.out.name)
+        run_args.write_or_print(text, args.out.parent, args.out.name)
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(cli.run_main(main))
+    raise SystemExit(run_args.run_main(main))

@@ -36,13 +36,15 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analysis import (arm_m, cli, complementarity, decode, figures, formatting, intervals, plots, stall, study,
-                      summary, tables, verdict)
+from analysis import (arm_m, complementarity, decode, figures, formatting, intervals, plots, run_args, stall_section,
+                      study, summary, tables, verdict)
 from analysis.runs import AnalysisError, Run
+from cachesim import headline
 from moe import rundir
 
 TIMINGS_HEADING = "## Timings"
-CAPACITY = 0.25  # the frontier's cache capacity (fraction of E), as configs/study_cpu.py runs it
+# The frontier's cache capacity (fraction of E): the headline cache's, as configs/study_cpu.py runs it.
+CAPACITY = float(headline.LRU_FRACTION)
 ELISION_EPSILON = 0.02
 # Within this relative difference two load counts are "the same" (priming's "no gain").
 NO_GAIN = 0.01
@@ -73,12 +75,12 @@ def _ci(low: float | None, high: float | None, digits: int = 1) -> str:
 def data_manifests(runs: Sequence[Run]) -> list[dict[str, Any]]:
     """The prepared corpora the runs read: recipe, tokenizer hash and every file's SHA-256 (MANIFEST.json).
 
-    Found from each run's recorded data config (moe.data.config.prepared_dir), so
+    Found from each run's recorded data config (moe.data.recipe.prepared_dir), so
     the page names exactly the bytes the runs were trained and evaluated on.
     """
     import ml_collections
 
-    from moe.data import config as data_config
+    from moe.data import recipe as data_config
     from moe.data import store
 
     found: dict[str, dict[str, Any]] = {}
@@ -451,7 +453,7 @@ def deviations(runs: Sequence[Run], frontier_runs: Sequence[str]) -> list[tuple[
         "evaluation": windows,
         "frontier (τ/ε)": (f"frontier.json of {', '.join(with_frontier)}; the findings compare "
                            f"{', '.join(frontier_runs) or 'none'}" if with_frontier else "no frontier.json"),
-        "collapse": "experts under 1% of the run's evaluation tokens pooled over domains",
+        "collapse": f"experts under {headline.COLLAPSE_PERCENT} of the run's evaluation tokens pooled over domains",
     }
     # The protocol rows read the run records; the verdicts' own departures follow, from the same list.
     rows = [(verdict.deviation(key).aspect, verdict.deviation(key).paper, text) for key, text in here.items()]
@@ -490,7 +492,8 @@ def write_figures(runs: Sequence[Run], out: Path, frontier_runs: Sequence[str],
     attempt(f"Hit rate vs cache budget: arm B at the λ with the largest miss reduction ({largest or 'none'}) "
             "over arm A",
             lambda: study.write_hit_vs_budget_a_vs_b(complete, out / "hit_vs_budget.png", config=largest))
-    attempt("Expert usage per layer (one log colour scale for every run; red: under the 1% collapse threshold)",
+    attempt("Expert usage per layer (one log colour scale for every run; red: under the "
+            f"{headline.COLLAPSE_PERCENT} collapse threshold)",
             lambda: study.write_usage_heatmaps(complete, out / "usage.png"))
     return drawn
 
@@ -643,11 +646,11 @@ def _melinoe(runs: Sequence[Run]) -> list[str]:
 
 def _stall(root: Path) -> list[str]:
     """The stall section's lines and table; none for a study without a stall step."""
-    docs = stall.load_stall(root)
+    docs = stall_section.load_stall(root)
     if not docs:
         return []
-    rows = stall.stall_rows(docs)
-    return [*stall.stall_lines(rows), "", *stall.stall_table_md(rows)]
+    rows = stall_section.stall_rows(docs)
+    return [*stall_section.stall_lines(rows), "", *stall_section.stall_table_md(rows)]
 
 
 def _decode(root: Path) -> list[str]:
@@ -690,7 +693,7 @@ def build(root: Path, name: str, out: Path, *, command: str, frontier_runs: Sequ
     return path
 
 
-COMMAND = cli.report_command()
+COMMAND = run_args.report_command()
 
 
 def _default_frontier_runs(root: Path) -> list[str]:
@@ -712,7 +715,7 @@ def _sweep_command(root: Path, name: str, out: Path) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = cli.parse_runs(COMMAND, argv)
+    args = run_args.parse_runs(COMMAND, argv)
     if not args.name or not args.out:
         raise ValueError("--name and --out are required: the page is written to OUT/<name>.md")
     if len(args.paths) != 1 or not Path(args.paths[0]).is_dir():
@@ -726,4 +729,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(cli.run_main(main))
+    raise SystemExit(run_args.run_main(main))

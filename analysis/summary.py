@@ -35,24 +35,22 @@ from typing import Any
 import numpy as np
 
 from analysis.runs import Run
-from cachesim.metrics import COLLAPSE_THRESHOLD
+from cachesim.headline import COLLAPSE_THRESHOLD, LRU_FRACTION
 from moe import baselines, rundir
 
 # Cache fractions are the keys paper_metrics uses (capacity = ceil(frac * E)).
 _CACHE_FIELDS = {
     "lru_hit_12": ("lru", "0.125", "hit_rate"),
-    "lru_hit_25": ("lru", "0.25", "hit_rate"),
+    "lru_hit_25": ("lru", LRU_FRACTION, "hit_rate"),
     "static_hit_50": ("static_w1.0", "0.5", "hit_rate"),
     "static_hit_50_w02": ("static_w0.2", "0.5", "hit_rate"),
-    "belady_hit_25": ("belady", "0.25", "hit_rate"),
-    "lru_miss_25": ("lru", "0.25", "misses_per_token"),
+    "belady_hit_25": ("belady", LRU_FRACTION, "hit_rate"),
+    "lru_miss_25": ("lru", LRU_FRACTION, "misses_per_token"),
 }
 # The out-of-sample static pin (fitted on the training split; only runs that saved trace_<d>_train.npz).
 OUT_OF_SAMPLE_FIELD = ("static_hit_50_oos", ("static_train", "0.5", "hit_rate"))
 # The per-domain / per-run cache metric keys in table order.
 METRIC_KEYS = ("reuse", *_CACHE_FIELDS, OUT_OF_SAMPLE_FIELD[0], "collapsed")
-# Usage below this fraction of tokens counts as a collapsed expert (SPEC §6): cachesim's one threshold.
-COLLAPSE_USAGE = COLLAPSE_THRESHOLD
 # Config keys that distinguish arm-M configurations beyond λ and μ.
 ARM_M_KEYS = ("lambda_cs", "lambda_rm", "gamma", "cache_capacity")
 # What an arm-M run was fine-tuned from: runs from different bases are different configurations.
@@ -83,7 +81,7 @@ def token_weighted_ppl(run: Run) -> float:
     return float(math.exp(float(np.sum(tokens * losses) / np.sum(tokens))))
 
 
-def pooled_collapsed(run: Run, threshold: float = COLLAPSE_USAGE) -> tuple[int, list[int]]:
+def pooled_collapsed(run: Run, threshold: float = COLLAPSE_THRESHOLD) -> tuple[int, list[int]]:
     """(total, per-layer) experts used by < threshold of all the run's eval tokens."""
     counts = sum(np.asarray(d.facts["expert_counts"], dtype=np.int64) for d in run.domains.values())
     tokens = sum(int(d.facts["paper_metrics"]["num_tokens"]) for d in run.domains.values())

@@ -37,10 +37,11 @@ from typing import Any
 
 import numpy as np
 
-from analysis import arm_m, cli, complementarity, formatting, intervals, summary
+from analysis import arm_m, run_args, complementarity, formatting, intervals, summary
 from analysis.formatting import (Column, Table, fixed, general, percent, percent_interval, percent_spread,
                                  signed_percent)
 from analysis.runs import Run, load_runs
+from cachesim.headline import COLLAPSE_PERCENT
 from moe import rundir
 
 TABLE_NAMES = ("main", "per_domain", "runs", "scale", "complementarity", "transfers", "ablation")
@@ -172,7 +173,8 @@ def main_table(runs: Sequence[Run]) -> Table:
     notes = ["Mean PPL = arithmetic mean of the domain PPLs; cache metrics = mean over domains, capacity = "
              "ceil(fraction × E) per layer; static w=1 pins by frequency over the whole evaluation trace "
              "(in-sample), w=0.2 over its first 20%, 'fit on train' over the training-split trace "
-             "(out-of-sample; — without trace_<d>_train.npz); collapsed = experts used by < 1% of all the run's "
+             "(out-of-sample; — without trace_<d>_train.npz); collapsed = experts used by < "
+             f"{COLLAPSE_PERCENT} of all the run's "
              "evaluation tokens (pooled over domains), summed over layers. ΔPPL and miss reduction are seed-paired: "
              "against the arm-A run of the same seed, token budget and size ('paired with'; seed s of every arm "
              "reads the same batches), an arm-M run against its base run; where no such run exists, against the "
@@ -202,7 +204,7 @@ def per_domain_table(runs: Sequence[Run]) -> Table:
                Column("collapsed", "collapsed", general))
     notes = ["ΔPPL = PPL / (the domain's PPL of arm A of the same seed, budget and size where that run exists, "
              "else of arm A's mean over its seeds; for arm M, its base run's) − 1. " + _baseline_note(runs),
-             "collapsed = experts used by < 1% of this domain's tokens, summed over layers."]
+             f"collapsed = experts used by < {COLLAPSE_PERCENT} of this domain's tokens, summed over layers."]
     return Table("per_domain", "Per-domain results", columns, tuple(rows), tuple(notes))
 
 
@@ -323,11 +325,17 @@ def json_rows(runs: Sequence[Run]) -> list[dict[str, Any]]:
     return main_rows(runs)
 
 
-COMMAND = cli.tables_command()
+COMMAND = run_args.run_command("python -m analysis.tables", "The study's tables from run directories: main "
+                               "results, per domain, all-runs log, scale, complementarity, arm M.")
+COMMAND.define_format("markdown", ["markdown", "latex", "csv", "json"])
+COMMAND.define("string", "out", None, "write one file per table into this folder instead of stdout")
+COMMAND.define("string", "tables", None, f"comma-separated subset of {', '.join(TABLE_NAMES)} (default: all; "
+               "complementarity only when a frontier.json exists, transfers only when a transfers.json exists, "
+               "ablation only when arm-M runs differ in their loss settings)")
 
 
 def _parse_args(argv: Sequence[str] | None):
-    args = cli.parse_runs(COMMAND, argv)
+    args = run_args.parse_runs(COMMAND, argv)
     args.out = Path(args.out) if args.out else None
     args.explicit_tables = args.tables is not None
     args.table_names = [t.strip() for t in (args.tables or ",".join(TABLE_NAMES)).split(",") if t.strip()]
@@ -370,13 +378,13 @@ def _json_main(args, runs: Sequence[Run], frontiers: Mapping[str, Any],
     for note in _skip_notes(args, available):
         print(note, file=sys.stderr)  # stdout stays parseable JSON
     for filename, rows in payloads:
-        cli.write_or_print(json.dumps(rows, indent=1) + "\n", args.out, filename)
+        run_args.write_or_print(json.dumps(rows, indent=1) + "\n", args.out, filename)
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse_args(argv)
-    runs = load_runs(args.paths, store=cli.make_store(args))
+    runs = load_runs(args.paths, store=run_args.make_store(args))
     names = list(args.table_names)
     frontiers = complementarity.load_frontiers(runs) if "complementarity" in names else {}
     studies = arm_m.load_transfers(runs) if {"transfers", "ablation"} & set(names) else {}
@@ -391,14 +399,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     ext = formatting.EXTENSIONS[args.format]
     if args.out is None:
         if tables:
-            cli.write_or_print(formatting.render_all(tables, args.format), None, "")
+            run_args.write_or_print(formatting.render_all(tables, args.format), None, "")
     else:
         for t in tables:
-            cli.write_or_print(formatting.render(t, args.format), args.out, f"{t.name}.{ext}")
+            run_args.write_or_print(formatting.render(t, args.format), args.out, f"{t.name}.{ext}")
     for note in notes:
         print(note)
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(cli.run_main(main))
+    raise SystemExit(run_args.run_main(main))

@@ -51,8 +51,9 @@ from typing import Any
 
 import numpy as np
 
-from analysis import cli, effects, intervals, matched, summary
+from analysis import run_args, effects, intervals, matched, summary
 from analysis.runs import Run, load_runs
+from cachesim.headline import COLLAPSE_PERCENT
 from moe import rundir
 
 RQ1_MIN_MISS_REDUCTION = 0.30
@@ -66,9 +67,9 @@ GATE_SLACK = 1e-12
 # What each interval covers (every printed interval carries one of these labels).
 SEED_LABEL = "seed-level 95% t-interval over {n} seed-paired effects (training noise: init and data order)"
 WINDOW_LABEL = "window-bootstrap 95% CI (evaluation windows only, not training noise)"
-COLLAPSE_CHOICE = ("SPEC §9 reports any expert under 1% usage as expert collapse and names no baseline; read "
-                   "literally, the clause fails arm A itself wherever a small model leaves an expert idle, so it "
-                   "cannot tell the arms apart. The verdict therefore fails a configuration on collapse only "
+COLLAPSE_CHOICE = (f"SPEC §9 reports any expert under {COLLAPSE_PERCENT} usage as expert collapse and names no "
+                   "baseline; read literally, the clause fails arm A itself wherever a small model leaves an "
+                   "expert idle, so it cannot tell the arms apart. The verdict therefore fails a configuration on collapse only "
                    "beyond arm A's at the same size and budget, and prints the verdict without the clause and with "
                    "the literal clause beside it.")
 
@@ -387,7 +388,7 @@ DEVIATIONS: dict[str, Deviation] = {
         "RQ2 pin (confidence verdict)", "static pin (w = 1.0) chosen on the evaluation trace (in-sample)",
         "pin fitted on the training split, judged on the evaluation trace (out-of-sample); in-sample beside"),
     "collapse reading": Deviation(
-        "collapse reading (diagnostic)", "any expert under 1% usage fails the configuration",
+        "collapse reading (diagnostic)", f"any expert under {COLLAPSE_PERCENT} usage fails the configuration",
         "both verdicts use the clause as written; a labelled diagnostic line also counts collapse beyond "
         "arm A's at the same size and budget"),
     "arm-M baseline": Deviation(
@@ -402,7 +403,7 @@ DEVIATIONS: dict[str, Deviation] = {
     "context": Deviation("context", "1024 tokens", ""),
     "evaluation": Deviation("evaluation", "500k tokens per domain: 488 windows of 1024 tokens", ""),
     "frontier (τ/ε)": Deviation("frontier (τ/ε)", "not stated in the spec", ""),
-    "collapse": Deviation("collapse", "any expert under 1% usage", ""),
+    "collapse": Deviation("collapse", f"any expert under {COLLAPSE_PERCENT} usage", ""),
 }
 
 
@@ -881,9 +882,9 @@ def format_collapse(entry: dict[str, Any]) -> str:
         against = f"; baseline {min(base)}–{max(base)}, excess {entry['excess']:+d}" if min(base) != max(base) \
             else f"; baseline {base[0]}, excess {entry['excess']:+d}"
     if entry["collapsed"] == 0:
-        return f"COLLAPSE {entry['run']}: none (every expert >= 1% usage in every layer){against}"
+        return f"COLLAPSE {entry['run']}: none (every expert >= {COLLAPSE_PERCENT} usage in every layer){against}"
     layers = ", ".join(f"L{i}: {n}" for i, n in enumerate(entry["per_layer"]) if n)
-    return f"COLLAPSE {entry['run']}: {entry['collapsed']} experts < 1% usage ({layers}){against}"
+    return f"COLLAPSE {entry['run']}: {entry['collapsed']} experts < {COLLAPSE_PERCENT} usage ({layers}){against}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -973,16 +974,19 @@ def verdict_json(runs: Sequence[Run]) -> dict[str, Any]:
     }
 
 
-COMMAND = cli.verdict_command()
+COMMAND = run_args.run_command("python -m analysis.verdict", "The pre-registered verdict (SPEC §9) from run "
+                               "directories: the one module that judges.")
+COMMAND.define_format("text", ["text", "json"])
+COMMAND.define("string", "out", None, "write the verdict to this file instead of stdout")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = cli.parse_runs(COMMAND, argv)
-    runs = load_runs(args.paths, store=cli.make_store(args))
+    args = run_args.parse_runs(COMMAND, argv)
+    runs = load_runs(args.paths, store=run_args.make_store(args))
     text = json.dumps(verdict_json(runs), indent=1) + "\n" if args.format == "json" else verdict_text(runs)
-    cli.write_or_print(text, Path(args.out).parent if args.out else None, Path(args.out).name if args.out else "")
+    run_args.write_or_print(text, Path(args.out).parent if args.out else None, Path(args.out).name if args.out else "")
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(cli.run_main(main))
+    raise SystemExit(run_args.run_main(main))

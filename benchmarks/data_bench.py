@@ -34,7 +34,7 @@ import time
 import numpy as np
 
 from bench_common import command, emit, parse
-from moe.data import config as config_lib
+from moe.data import recipe as config_lib
 from moe.data import pipeline, store
 from moe.data.fetch_tokenizer import ensure_gpt2_ranks
 from moe.data.prepare import prepare

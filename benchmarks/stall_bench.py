@@ -39,7 +39,7 @@ from cachesim.policies import CacheSpec
 from cachesim.simulate import simulate
 from cachesim.timed import compare_policies, prepare
 from cachesim.timed.engine import PrefetchConfig, run_timed
-from cachesim.timed.metrics import json_safe, summarize
+from cachesim.timed.stall_metrics import json_safe, summarize
 from cachesim.timed.prefetch import ADMISSIONS
 from cachesim.timed.residency import (Speculation, make_step_plan, residency_pass,
                                       residency_passes, step_unions)

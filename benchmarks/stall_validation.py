@@ -12,7 +12,7 @@
    locality on) and each arm's own sampled generations.
 
 Every configuration runs --rounds rounds; a round calibrates the tier (from
-inside a decode, see moe.offload.calibrate), then decodes the same sampled
+inside a decode, see moe.decode.offload.calibrate), then decodes the same sampled
 tokens once per policy, demand-only first. Figures are medians over rounds;
 every round's are in the JSON. Timing on a shared machine is noisy: the
 load average is printed and recorded. Without --run_b and --run_a it trains
@@ -63,8 +63,8 @@ POLICIES = ["none", "highest_prob", "prob_per_byte", "earliest_deadline", "esv_p
 
 
 def session_for(run, bandwidth: str | None):
-    from moe.offload.model_check import parse_bandwidth
-    from moe.offload.session import OffloadConfig, OffloadSession
+    from moe.decode.offload.model_check import parse_bandwidth
+    from moe.decode.offload.session import OffloadConfig, OffloadSession
 
     config = OffloadConfig(tier="disk", capacity=FLAGS.capacity, source=FLAGS.source,
                            bandwidth_Bps=parse_bandwidth(bandwidth),
@@ -74,7 +74,7 @@ def session_for(run, bandwidth: str | None):
 
 def validate(run, bandwidth: str | None, cfg) -> dict:
     """Part 1 for one cap: every policy, measured and modelled."""
-    from moe.offload.report import format_table, session_record
+    from moe.decode.offload.comparison import format_table, session_record
 
     session = session_for(run, bandwidth)
     try:
@@ -89,7 +89,7 @@ def validate(run, bandwidth: str | None, cfg) -> dict:
 
 def arms(run_a, run_b, cfg) -> dict:
     """Part 2 for one decode mode: the two arms alternate round by round on the same store configuration."""
-    from moe.offload.report import policy_rows
+    from moe.decode.offload.comparison import policy_rows
 
     sessions = {"A": session_for(run_a, None), "B": session_for(run_b, None)}
     rounds = {"A": [], "B": []}
@@ -134,7 +134,7 @@ def arms(run_a, run_b, cfg) -> dict:
 
 
 def _by_round(rounds, policy):
-    from moe.offload.model_check import summarize
+    from moe.decode.offload.model_check import summarize
 
     return [summarize(run.measured)["tokens_per_s"] for runs in rounds for run in runs if run.policy == policy]
 
@@ -172,8 +172,8 @@ def main(argv=None) -> int:
 
 def validate_runs() -> int:
     from moe.decode.restore import DecodeError, restore_run
-    from moe.offload.model_check import json_safe
-    from moe.offload.session import DecodeConfig
+    from moe.decode.offload.model_check import json_safe
+    from moe.decode.offload.session import DecodeConfig
 
     load_before = os.getloadavg()
     start = time.perf_counter()

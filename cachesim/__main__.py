@@ -1,7 +1,7 @@
-"""Entry point of `python -m cachesim` (see cachesim.cli)."""
+"""Entry point of `python -m cachesim` (see cachesim.simulate_cli)."""
 
 import sys
 
-from cachesim.cli import main
+from cachesim.simulate_cli import main
 
 sys.exit(main())

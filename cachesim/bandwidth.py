@@ -1,4 +1,4 @@
-"""`python -m cachesim.bandwidth`: the bandwidth wall of a MoE on a tier set (`cachesim.timed.bandwidth`).
+"""`python -m cachesim.bandwidth`: the bandwidth wall of a MoE on a tier set (`cachesim.timed.throughput`).
 
     python -m cachesim.bandwidth --model=qwen3-235b-a22b [--hardware=rtx3070-ddr4-nvme]
         [--quant=q4_k_m] [TRACE.npz] [--batch=1,2,4,...] [--hit_rate=0.5]
@@ -19,7 +19,7 @@ from cachesim.cli_util import CLI, check_writable, comma_list, write_output
 
 
 COMMAND = CLI("python -m cachesim.bandwidth", "The bandwidth wall: first-principles decode throughput of a MoE on "
-              "a tier set, batched unions and path-mapped serving (cachesim.timed.bandwidth).",
+              "a tier set, batched unions and path-mapped serving (cachesim.timed.throughput).",
               positional="[TRACE.npz]", positional_help="optional router trace: measured unions and path-mapped "
               "hit rates")
 COMMAND.define("string", "model", None, "model preset name or JSON path")
@@ -75,7 +75,7 @@ def _format_table(rep: dict[str, Any]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     args = COMMAND.parse(argv)
     check_writable(args.out)
-    from cachesim.timed.bandwidth import report
+    from cachesim.timed.throughput import report
     from cachesim.timed.spec import StallConfigError, load_hardware, load_model
 
     try:

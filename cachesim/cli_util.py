@@ -30,12 +30,13 @@ import os
 import pathlib
 import shutil
 import sys
-import tempfile
 import types
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from absl import flags
+
+from cachesim.files import write_atomic
 
 # Exceptions that are the user's input, reported as one line (anything else is a bug: a traceback).
 USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError)
@@ -60,7 +61,7 @@ class UsageError(ValueError):
     """A malformed command line; the message names the flag and the fix."""
 
 
-# Set by launch.cli before it runs a command's module: the name the user typed (``cacheable-moe simulate``).
+# Set by launch.console before it runs a command's module: the name the user typed (``cacheable-moe simulate``).
 invoked_name: str | None = None
 
 
@@ -239,31 +240,6 @@ def check_writable(out: str | None) -> None:
     fail(f"--out={out} {problem}")
 
 
-def _write_atomic(path: pathlib.Path, data: str) -> None:
-    """Writes through a hidden temporary sibling, fsyncs and renames it over ``path``: the old file
-    stays whole or is replaced whole. (moe.rundir.names.write_atomic does this for run directories;
-    cachesim is a leaf and imports nothing of the project, so its command outputs use this one.)"""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        # The mode an ordinary open() would give (mkstemp's 0600), or the replaced file's.
-        mode = path.stat().st_mode & 0o7777 if path.exists() else 0o666 & ~_umask()
-        os.fchmod(fd, mode)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        pathlib.Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
 def write_error_line(out: str, error: OSError) -> str:
     """``--out=PATH: cannot write (No space left on device; 4,096 bytes free in DIR) ...``."""
     reason = error.strerror or str(error)
@@ -280,7 +256,8 @@ def write_output(text: str, out: str | None) -> None:
         print(text)
         return
     try:
-        _write_atomic(pathlib.Path(out), text if text.endswith("\n") else text + "\n")
+        # The user's file: the mode an ordinary open() would give, or the replaced file's.
+        write_atomic(out, text if text.endswith("\n") else text + "\n", mode=None)
     except OSError as e:
         fail(write_error_line(out, e))
     print(out)

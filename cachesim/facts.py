@@ -23,12 +23,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from cachesim.files import file_sha256
+from cachesim.headline import LRU_FRACTION, LRU_POLICY
+
 # Bump when the facts' fields or the semantics they come from change (the fingerprint covers the code).
 VERSION = 3
 # metrics.json's key of the facts beside its per-domain paper_metrics ("domains").
 RECORD_KEY = "cache_facts"
-# The cache whose per-window misses are kept (RQ1's metric: LRU miss/token at 25% of E, SPEC §9).
-WINDOW_POLICY, WINDOW_FRACTION = "lru", "0.25"
 # Where the facts are computed: the fingerprint covers these modules and everything they import.
 _ENTRY_POINTS = ("cachesim.facts", "cachesim.metrics", "cachesim.trace", "cachesim.segments")
 _PACKAGE = Path(__file__).resolve().parent
@@ -82,12 +83,6 @@ def fingerprint() -> str:
     return digest.hexdigest()
 
 
-def file_sha256(path: str | os.PathLike) -> str:
-    """Hex SHA-256 of a file's bytes (content, not name or mtime)."""
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
 def window_misses(trace: Any, paper_metrics: dict[str, Any], segment_tokens: int | None) -> dict[str, Any] | None:
     """LRU@25% demand misses of each ``segment_tokens``-token window (summed over layers), or why not.
 
@@ -99,15 +94,15 @@ def window_misses(trace: Any, paper_metrics: dict[str, Any], segment_tokens: int
     from cachesim import segments
     from cachesim.policies import CacheSpec
 
-    entry: dict[str, Any] = {"policy": WINDOW_POLICY, "fraction": WINDOW_FRACTION, "segment_tokens": segment_tokens,
+    entry: dict[str, Any] = {"policy": LRU_POLICY, "fraction": LRU_FRACTION, "segment_tokens": segment_tokens,
                              "misses": None, "reason": ""}
     if trace.num_tokens % segment_tokens:
         entry["reason"] = (f"the trace has {trace.num_tokens} tokens, not a multiple of the {segment_tokens}-token "
                            "evaluation window")
         return entry
-    misses = segments.segment_misses(trace, CacheSpec(WINDOW_POLICY, fraction=float(WINDOW_FRACTION)),
+    misses = segments.segment_misses(trace, CacheSpec(LRU_POLICY, fraction=float(LRU_FRACTION)),
                                      segment_tokens)
-    expected = paper_metrics["cache"][WINDOW_POLICY][WINDOW_FRACTION]["misses_per_token"] * trace.num_tokens
+    expected = paper_metrics["cache"][LRU_POLICY][LRU_FRACTION]["misses_per_token"] * trace.num_tokens
     if abs(int(misses.sum()) - expected) > 1e-6 * max(1.0, expected):
         raise RuntimeError(f"cachesim disagrees with itself on {trace.name!r}: per-window LRU misses sum to "
                            f"{int(misses.sum())}, the grid simulator counts {expected:.0f}")

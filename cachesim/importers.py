@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cachesim.commands import import_trace_command
+from cachesim.cli_util import CLI
 from cachesim.trace import Trace, TraceError, load_error_detail, make_trace, save_trace
 
 _HEADER = np.dtype("<i4")
@@ -205,7 +205,14 @@ FORMATS = {"llama-moe-trace": read_llama_moe_trace, "route-trace": read_route_tr
            "hf-router-logits": read_hf_router_logits}
 
 
-COMMAND = import_trace_command()
+COMMAND = CLI("python -m cachesim.importers", "Convert a recorded router trace into the reference .npz format.",
+              positional="FORMAT INPUT OUTPUT.npz", positional_help=f"FORMAT one of {', '.join(sorted(FORMATS))}")
+COMMAND.define("integer", "num_experts", None, "E (required for llama-moe-trace and route-trace)")
+COMMAND.deprecated("num-experts", "num_experts")
+COMMAND.define("integer", "k", None, "top-k (required for hf-router-logits)")
+COMMAND.define("string", "model", "", "model name stored in meta")
+COMMAND.define("bool", "keep_probs", False, "hf-router-logits: also store softmax probabilities")
+COMMAND.deprecated("keep-probs", "keep_probs")
 
 
 def main(argv: list[str] | None = None) -> int:

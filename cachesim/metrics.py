@@ -12,13 +12,12 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from cachesim.headline import COLLAPSE_THRESHOLD, LRU_FRACTION
 from cachesim.policies import CacheSpec, exact_decimal
 from cachesim.trace import Trace, TraceError
 
-# Experts used by fewer than this fraction of tokens count as collapsed (SPEC §6, §9): the one
-# threshold; analysis imports it (this module stays JAX-free at import, the simulator loads on use).
-COLLAPSE_THRESHOLD = 0.01
-PAPER_FRACTIONS = ("0.125", "0.25", "0.5")
+# The paper's capacity grid (fractions of E); the headline LRU capacity is one of its points.
+PAPER_FRACTIONS = ("0.125", LRU_FRACTION, "0.5")
 # Name in paper_metrics -> spec at a given capacity fraction.
 PAPER_POLICIES = {
     "lru": lambda f: CacheSpec("lru", fraction=f),

@@ -12,8 +12,9 @@ import json
 import sys
 from collections.abc import Sequence
 
-from cachesim.cli import warn_collapse
+from cachesim.simulate_cli import warn_collapse
 from cachesim.cli_util import CLI, UsageError, check_writable, comma_list, write_output
+from cachesim.headline import COLLAPSE_PERCENT
 
 # The metrics (numpy, jax) and the trace reader are imported where they are used: `--help` starts
 # without them (benchmarks/help_bench.py).
@@ -52,7 +53,7 @@ def format_table(report: dict) -> str:
         lines.append("  working set (fraction of E):  " + "  ".join(
             f"{float(c):.0%}: {value:.4f}" for c, value in entry["working_set"].items()))
         flag = "  <-- EXPERT COLLAPSE" if entry["collapsed"] else ""
-        lines.append(f"  collapsed experts (< 1% of tokens): {entry['collapsed']} "
+        lines.append(f"  collapsed experts (< {COLLAPSE_PERCENT} of tokens): {entry['collapsed']} "
                      f"(per layer {entry['collapsed_per_layer']}){flag}")
     paths = list(report["similarity"])
     if len(paths) > 1:

@@ -33,14 +33,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from cachesim.cli_util import CLI, check_writable, progress, write_output
+from cachesim.headline import ADMISSIONS
 from cachesim.policies import parse_capacities
 
 # cachesim.timed and cachesim.trace (numpy) are imported where they are used: `--help` starts without them
 # (benchmarks/help_bench.py). Their vocabularies for the flags, spelled out (tested equal):
 PLACEMENTS = ("frequency", "slowest")  # cachesim.timed.residency.PLACEMENTS
 SOURCES = ("prev_token", "frequency", "lookahead", "oracle")  # cachesim.timed.prefetch.SOURCES
-ADMISSIONS = ("none", "highest_prob", "prob_per_byte", "earliest_deadline", "esv_per_byte",
-              "oracle")  # cachesim.timed.prefetch.ADMISSIONS
 
 
 # ---------------------------------------------------------------- CLI
@@ -152,7 +151,7 @@ def _run_cli(args) -> list[dict[str, Any]]:
 def _runs(args, admissions, speculation, hardware, base_model, bar) -> list[dict[str, Any]]:
     from cachesim.timed.compare import compare_policies, prepare
     from cachesim.timed.engine import PrefetchConfig, run_timed
-    from cachesim.timed.metrics import run_header, summarize, write_jsonl
+    from cachesim.timed.stall_metrics import run_header, summarize, write_jsonl
     from cachesim.timed.projection import needs_projection, projection
     from cachesim.timed.spec import StallConfigError, parse_bytes
     from cachesim.trace import load_trace
@@ -202,7 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.format == "json":
-        from cachesim.timed.metrics import json_safe
+        from cachesim.timed.stall_metrics import json_safe
 
         write_output(json.dumps(json_safe({"runs": runs}), indent=2, allow_nan=False), args.out)
     else:

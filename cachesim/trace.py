@@ -15,13 +15,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import tempfile
 import zipfile
 import zlib
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from cachesim.files import write_atomic
 
 # Largest E the on-disk int16 `experts` array can hold.
 MAX_EXPERTS_ON_DISK = int(np.iinfo(np.int16).max) + 1
@@ -202,7 +203,7 @@ def load_trace(path: str | os.PathLike[str]) -> Trace:
 
 
 def save_trace(path: str | os.PathLike[str], trace: Trace) -> None:
-    """Writes `trace` in the reference format, atomically (temp file + os.replace)."""
+    """Writes `trace` in the reference format, atomically (cachesim.files.write_atomic)."""
     path = Path(path)
     if trace.num_experts > MAX_EXPERTS_ON_DISK:
         raise TraceError(f"num_experts = {trace.num_experts} does not fit the int16 on-disk "
@@ -213,17 +214,5 @@ def save_trace(path: str | os.PathLike[str], trace: Trace) -> None:
               "meta": np.array(json.dumps(meta, sort_keys=True))}
     if trace.probs is not None:
         arrays["probs"] = trace.probs.astype(np.float16)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.fchmod(fd, 0o644)  # mkstemp's 0600 would hide the trace from other users
-        with os.fdopen(fd, "wb") as f:
-            # A file object (not a name) so numpy does not append ".npz".
-            np.savez_compressed(f, **arrays)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    # A file object (not a name) so numpy does not append ".npz".
+    write_atomic(path, lambda f: np.savez_compressed(f, **arrays))

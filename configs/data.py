@@ -1,4 +1,4 @@
-"""Defaults of the ``config.data`` section (validated by ``moe.data.config``).
+"""Defaults of the ``config.data`` section (validated by ``moe.data.recipe``).
 
 Pure data, like every file under ``configs/``: what a corpus is made of and
 how it is read, nothing that imports the model or the data stack.

@@ -11,8 +11,9 @@ The runs, at the ``cpu`` size and budget on the embedded corpus:
 * arm B at λ = 0.1, seeds 1-3, branched from each seed's arm-A trunk at a quarter of the budget
   (configs.sweeps.branched, moe.fork): the same λ, so the two spreads compare like with like.
 
-About 8¼ run-equivalents (a branch trains three quarters of a run): 30 minutes on two idle cores at about
-3.5 minutes a run. ``plan()`` registers what the pilot measures and the rule its numbers feed.
+About 8¼ run-equivalents (a branch trains three quarters of a run): 39 minutes on two cores of an AMD
+EPYC without AMX, two runs at a time (docs/results/cpu3-pilot.md). ``plan()`` registers what the pilot
+measures and the rule its numbers feed.
 """
 
 from configs.base import base_config

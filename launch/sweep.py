@@ -34,6 +34,7 @@ from typing import Any
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from cachesim.files import write_atomic
 from launch.vmap_seeds import SEED_BATCHING
 from moe import lockfile
 
@@ -415,9 +416,7 @@ def run_analysis(root: pathlib.Path, echo=print, *, page: str | None = None) -> 
             status = 3
             continue
         if capture is not None:
-            tmp = capture.with_name(f".{capture.name}.tmp")
-            tmp.write_text(proc.stdout)
-            os.replace(tmp, capture)
+            write_atomic(capture, proc.stdout)
         echo(proc.stdout.rstrip())
     if status == 0:
         echo(f"analysis written to {out}")

@@ -27,13 +27,6 @@ import ml_collections  # noqa: E402
 SEED_BATCHING = ("auto", "vmap", "unrolled")
 
 
-def __getattr__(name: str):
-    if name == "VmapGroupError":  # the name this CLI's errors had before moe.seeds
-        from moe.seeds import SeedGroupError
-        return SeedGroupError
-    raise AttributeError(f"module 'launch.vmap_seeds' has no attribute {name!r}")
-
-
 def train_seeds(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence[str | pathlib.Path], *,
                 log=print, stop_after: int | None = None, batching: str = "auto") -> bool:
     """Trains (or resumes), evaluates and writes one run directory per seed. True when finished."""

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import io
 import json
 import os
@@ -46,6 +45,7 @@ import orbax.checkpoint as ocp
 from absl import logging as absl_logging
 from flax import nnx
 
+from cachesim.files import file_sha256
 from moe import rundir
 from moe.model import abstract_model
 
@@ -78,14 +78,9 @@ def _step_files(directory: pathlib.Path) -> list[pathlib.Path]:
     return sorted(p for p in directory.rglob("*") if p.is_file() and p.name != rundir.CHECKSUMS)
 
 
-def _sha256(path: pathlib.Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
 def write_checksums(directory: pathlib.Path) -> None:
     """``checksums.json`` of a finished step: every file's size and SHA-256, by path inside the step."""
-    files = {str(p.relative_to(directory)): {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+    files = {str(p.relative_to(directory)): {"bytes": p.stat().st_size, "sha256": file_sha256(p)}
              for p in _step_files(directory)}
     rundir.write_json(directory / rundir.CHECKSUMS, {"version": 1, "files": files})
 
@@ -106,7 +101,7 @@ def step_problem(directory: pathlib.Path) -> str | None:
             return f"{name} is missing"
         if file.stat().st_size != size:
             return f"{name} has {file.stat().st_size} bytes, {size} were saved"
-        if _sha256(file) != sha:
+        if file_sha256(file) != sha:
             return f"{name} differs from the SHA-256 saved with it"
     return None
 

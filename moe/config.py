@@ -16,7 +16,7 @@ import ml_collections
 
 from configs.base import SIZES, ConfigError, finetunes, num_train_steps
 from moe import rundir
-from moe.data import config as data_config
+from moe.data import recipe as data_config
 from moe.data import pipeline
 from moe.dispatch import DISPATCHERS, select_block_size, select_dispatch
 from moe.finetune import validate as finetune_validate

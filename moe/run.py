@@ -24,6 +24,7 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
+from cachesim.headline import COLLAPSE_PERCENT
 from configs.base import finetunes, num_train_steps
 from moe import checkpoint, fork, rundir
 from moe import seeds as seeds_lib
@@ -125,7 +126,7 @@ def collapse_warnings(metrics: dict) -> list[str]:
     lines = []
     for domain, m in metrics.get("domains", {}).items():
         if m["collapsed"]:
-            lines.append(f"WARNING: expert collapse in {domain}: {m['collapsed']} experts < 1% usage "
+            lines.append(f"WARNING: expert collapse in {domain}: {m['collapsed']} experts < {COLLAPSE_PERCENT} usage "
                          f"(per layer {m['collapsed_per_layer']})")
     return lines
 

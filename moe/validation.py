@@ -15,13 +15,11 @@ from typing import Any
 import ml_collections
 import numpy as np
 
+from cachesim.headline import LRU_FRACTION, LRU_POLICY
 from losses.router import expert_usage_entropy
 from moe import rundir
 from moe.data import pipeline
 from moe.evaluate import domain_summary, evaluate_windows, make_eval_step
-
-# The router's cacheability at a glance: LRU (request recency), a quarter of E (the paper's headline budget).
-CAPACITY_FRACTION = 0.25
 
 
 def make_validator(graphdef, config: ml_collections.ConfigDict) -> Callable[[Any], dict[str, Any]]:
@@ -38,7 +36,8 @@ def make_validator(graphdef, config: ml_collections.ConfigDict) -> Callable[[Any
     eval_step = make_eval_step(graphdef, config, with_probs=False)
     windows = {d: pipeline.eval_windows(config.data, d, n_windows=config.train.eval_windows,
                                         seq_len=config.model.context)["tokens"] for d in rundir.DOMAINS}
-    spec = CacheSpec("lru", fraction=CAPACITY_FRACTION)
+    # The router's cacheability at a glance: the headline cache (LRU, request recency, a quarter of E).
+    spec = CacheSpec(LRU_POLICY, fraction=float(LRU_FRACTION))
     num_experts = int(config.model.num_experts)
 
     def validate(params) -> dict[str, Any]:

@@ -14,7 +14,7 @@ import shutil
 import pytest
 
 from helpers import shared_dir
-from moe.data import config as config_lib
+from moe.data import recipe as config_lib
 from moe.data.fetch_tokenizer import ensure_gpt2_ranks
 from moe.data.prepare import prepare
 

@@ -20,7 +20,7 @@ from analysis_fixtures import (
     alternating_experts, fake_run, spread_experts, squash, sticky_experts, with_record, write_run,
 )
 
-from analysis import arm_m, cli, formatting, summary, tables, verdict
+from analysis import arm_m, run_args, formatting, summary, tables, verdict
 from analysis.cache import MetricsStore
 from analysis.runs import AnalysisError, load_runs
 
@@ -206,7 +206,7 @@ def test_ablation_groups_seeds_per_setting(runs):
 
 # -- CLI --------------------------------------------------------------------------------------
 def _run_cli(argv, capsys):
-    code = cli.run_main(tables.main, argv)
+    code = run_args.run_main(tables.main, argv)
     out, err = capsys.readouterr()
     return code, out, err
 

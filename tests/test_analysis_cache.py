@@ -297,7 +297,7 @@ def published(tmp_path_factory) -> pathlib.Path:
 
 def test_analysis_prints_from_the_runs_metrics_json_exactly_what_a_recompute_prints(published, tmp_path,
                                                                                     count_calls, monkeypatch, capsys):
-    from analysis import cli, tables, verdict
+    from analysis import run_args, tables, verdict
 
     printed = {}
     for how in ("recorded", "recomputed"):
@@ -306,7 +306,7 @@ def test_analysis_prints_from_the_runs_metrics_json_exactly_what_a_recompute_pri
         texts = []
         for main, fmt in ((tables.main, "markdown"), (tables.main, "json"), (verdict.main, "text"),
                           (verdict.main, "json")):
-            assert cli.run_main(main, [str(published), "--format", fmt, "--cache_dir", str(tmp_path / how),
+            assert run_args.run_main(main, [str(published), "--format", fmt, "--cache_dir", str(tmp_path / how),
                                        "--jobs", "1"]) == 0
             texts.append(capsys.readouterr().out)
         printed[how] = texts

@@ -7,7 +7,7 @@ import pytest
 from analysis_fixtures import (alternating_experts, block_experts, spread_experts, squash, sticky_experts,
                                write_run)
 
-from analysis import cli, figures, profile, tables, verdict
+from analysis import run_args, figures, profile, tables, verdict
 
 A_LOSSES = {"prose": math.log(60.0), "code": math.log(5.0), "math": math.log(25.0)}  # mean PPL 30
 # Eight evaluation windows of 8 tokens per domain (the 64-token traces), their CE spread around the domain's.
@@ -55,7 +55,7 @@ FRONTIER = {"schema": 1, "points": [_point(0.0, 0.59, 0.02, plain=True), _point(
 
 
 def _run_cli(main, argv, capsys):
-    code = cli.run_main(main, argv)
+    code = run_args.run_main(main, argv)
     out, err = capsys.readouterr()
     return code, out, err
 

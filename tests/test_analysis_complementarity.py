@@ -5,7 +5,7 @@ import json
 import pytest
 from analysis_fixtures import fake_run, squash, with_record, write_run
 
-from analysis import cli, complementarity, tables
+from analysis import run_args, complementarity, tables
 from analysis.runs import AnalysisError
 
 
@@ -66,7 +66,7 @@ def test_rows_are_exact_seed_means_per_size(tmp_path):
 
 
 def _run_cli(argv, capsys):
-    code = cli.run_main(tables.main, argv)
+    code = run_args.run_main(tables.main, argv)
     out, err = capsys.readouterr()
     return code, out, err
 

@@ -10,7 +10,7 @@ from analysis_fixtures import block_experts, spread_experts, write_run
 from rich.console import Console
 
 import analysis
-from analysis import cli, figures, plots, tables
+from analysis import run_args, figures, plots, tables
 from analysis.cache import MetricsStore
 from analysis.runs import AnalysisError, load_runs
 from cachesim.cli_util import progress
@@ -94,7 +94,7 @@ def test_a_cold_store_reports_its_progress(study, tmp_path, capsys):
     load_runs([study], store=MetricsStore(tmp_path / "c", console=console))
     # Two distinct traces (each run's three domains share one content): two computations.
     assert "cache metrics (cachesim)" in console.file.getvalue() and "2/2" in console.file.getvalue()
-    code = cli.run_main(tables.main, [str(study), "--cache_dir", str(tmp_path / "c2"), "--jobs", "1"])
+    code = run_args.run_main(tables.main, [str(study), "--cache_dir", str(tmp_path / "c2"), "--jobs", "1"])
     out, err = capsys.readouterr()
     assert code == 0 and "### Main results" in out and err == ""  # no TTY: a cold build prints no progress
 

@@ -7,7 +7,7 @@ import pytest
 from analysis_fixtures import write_run
 from test_analysis_matched import _study
 
-from analysis import cli, effects, matched, power
+from analysis import run_args, effects, matched, power
 
 
 def test_sd_range_is_the_chi_square_range_by_hand():
@@ -59,10 +59,10 @@ def test_cli_runs_on_run_directories_and_refuses_bad_seeds(tmp_path, capsys):
         write_run(tmp_path, f"b-s{seed}", arm="B", lam=0.1, seed=seed,
                   losses={"prose": ppl + 0.01 * seed, "code": 1.0, "math": 2.0})
     store = ["--cache_dir", str(tmp_path / "cache"), "--jobs=1"]
-    assert cli.run_main(power.main, [str(tmp_path), *store]) == 0
+    assert run_args.run_main(power.main, [str(tmp_path), *store]) == 0
     out = capsys.readouterr().out
     assert "log_ppl: seed-paired SD" in out and "never reaches the miss gate" in out
-    assert cli.run_main(power.main, [str(tmp_path), "--seeds=1,3", *store]) == 2
+    assert run_args.run_main(power.main, [str(tmp_path), "--seeds=1,3", *store]) == 2
     assert "--seeds must be comma-separated counts of 2 or more, got '1,3'" in capsys.readouterr().err
 
 

@@ -13,7 +13,7 @@ import shutil
 import numpy as np
 import pytest
 
-from analysis import cli, summary, tables, verdict
+from analysis import run_args, summary, tables, verdict
 from analysis.cache import MetricsStore
 from analysis.runs import load_runs
 from helpers import shared_dir
@@ -42,7 +42,7 @@ def reference_runs(writable_reference, tmp_path_factory):
     # xdist splits this module's tests across workers; the first to get here fills the cache, the
     # others wait for it (shared_dir's lock) instead of simulating the same 33 traces again.
     def load():
-        return load_runs([writable_reference[0]], store=MetricsStore(jobs=cli.default_jobs()))
+        return load_runs([writable_reference[0]], store=MetricsStore(jobs=run_args.default_jobs()))
 
     shared_dir(tmp_path_factory, "reference-metrics", lambda _: load())
     return load()

@@ -202,11 +202,11 @@ def test_the_page_states_every_finding_and_is_regenerated_byte_for_byte(tmp_path
 
 
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
-    from analysis import cli
+    from analysis import run_args
 
-    assert cli.run_main(report.main, [str(tmp_path), "--out=x"]) == 2
+    assert run_args.run_main(report.main, [str(tmp_path), "--out=x"]) == 2
     assert "--name and --out are required" in capsys.readouterr().err
-    assert cli.run_main(report.main, [str(tmp_path), "--name=x", f"--out={tmp_path / 'o'}"]) == 2
+    assert run_args.run_main(report.main, [str(tmp_path), "--name=x", f"--out={tmp_path / 'o'}"]) == 2
     assert "no run directories" in capsys.readouterr().err
 
 

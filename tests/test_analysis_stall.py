@@ -1,4 +1,4 @@
-"""analysis.stall: the study page's stall section from hand-built cachesim.stall documents."""
+"""analysis.stall_section: the study page's stall section from hand-built cachesim.stall documents."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from analysis import stall
+from analysis import stall_section
 from analysis.runs import AnalysisError
 from launch import sweep
 
@@ -28,14 +28,14 @@ def test_rows_average_each_policy_over_the_domains_and_lines_follow_them(tmp_pat
              [_result("none", 2e-3, 4e-3, 0.0, 0.0), _result("highest_prob", 1e-3, 2e-3, 0.3, 3e6),
               _result("oracle", 1e-3, 2e-3, 0.9, 0.0)])
     b = _doc([_result("none", 1e-3, 1e-3, 0.0, 0.0), _result("highest_prob", 1e-3, 1e-3, 0.0, 5e5)])
-    (tmp_path / stall.STALL_DIR).mkdir(parents=True)
+    (tmp_path / stall_section.STALL_DIR).mkdir(parents=True)
     for run, doc in (("a-s1", a), ("b-s1", b)):
-        (tmp_path / stall.STALL_DIR / f"{run}.json").write_text(json.dumps(doc))
-    rows = stall.stall_rows(stall.load_stall(tmp_path))
+        (tmp_path / stall_section.STALL_DIR / f"{run}.json").write_text(json.dumps(doc))
+    rows = stall_section.stall_rows(stall_section.load_stall(tmp_path))
     hp = next(r for r in rows if r["run"] == "a-s1" and r["policy"] == "highest_prob")
     assert (hp["stall_s"], hp["p99_s"], hp["recall"], hp["unused_bytes"], hp["domains"]) == pytest.approx(
         (1.5e-3, 4e-3, 0.4, 2e6, 2))
-    lines = stall.stall_lines(rows)
+    lines = stall_section.stall_lines(rows)
     assert lines[0].startswith("Timed tier on each run's held-out traces: m expert bytes on `hw`, 4 experts resident "
                                "per layer, every admission policy at one prefetch budget of 2.00 MB per step")
     # 3 ms on demand only (mean of 4 and 2), 1.5 ms with highest_prob: 2.00x less; the oracle is a bound beside it.
@@ -43,16 +43,16 @@ def test_rows_average_each_policy_over_the_domains_and_lines_follow_them(tmp_pat
                         "less), timely byte recall 40.0%, unused prefetch 2.00 MB per token; the oracle admission "
                         "(a bound) 1.0000 ms.")
     assert lines[3] == "* b-s1: no admission policy lowers S below demand-only's 1.0000 ms per token."
-    table = stall.stall_table_md(rows)
+    table = stall_section.stall_table_md(rows)
     assert "| a-s1 | highest_prob | 1.5000 | 0.7500 / 1.5000 / 4.0000 | 40.0% | 2.00 |" in table
-    assert stall.stall_lines([]) == ["* No stall step ran in this study: the timed tier's metrics are not "
+    assert stall_section.stall_lines([]) == ["* No stall step ran in this study: the timed tier's metrics are not "
                                      "measured here."]
 
 
 def test_the_sweep_writes_where_the_page_reads_and_a_broken_file_is_one_line(tmp_path):
-    assert stall.STALL_DIR.as_posix() == f"{sweep.ANALYSIS_DIR}/{sweep.STALL_DIR}"
-    assert stall.load_stall(tmp_path) == {}  # a study without the step: no section
-    (tmp_path / stall.STALL_DIR).mkdir(parents=True)
-    (tmp_path / stall.STALL_DIR / "a-s1.json").write_text("{")
+    assert stall_section.STALL_DIR.as_posix() == f"{sweep.ANALYSIS_DIR}/{sweep.STALL_DIR}"
+    assert stall_section.load_stall(tmp_path) == {}  # a study without the step: no section
+    (tmp_path / stall_section.STALL_DIR).mkdir(parents=True)
+    (tmp_path / stall_section.STALL_DIR / "a-s1.json").write_text("{")
     with pytest.raises(AnalysisError, match=r"a-s1.json: not JSON .*; delete it and rerun the sweep"):
-        stall.load_stall(tmp_path)
+        stall_section.load_stall(tmp_path)

@@ -131,9 +131,3 @@ def test_token_weighted_ppl_lies_between_domain_extremes(domains):
                                           (12, "12"), (204_800, "204.8k"), (-38400, "-38.4k"), (0.5, "0.5")])
 def test_format_tokens(tokens, text):
     assert rundir.format_tokens(tokens) == text
-
-
-def test_collapse_threshold_matches_cachesim():
-    import cachesim.metrics
-
-    assert summary.COLLAPSE_USAGE == cachesim.metrics.COLLAPSE_THRESHOLD

@@ -132,7 +132,6 @@ def test_the_baseline_rule_is_one_function(monkeypatch):
     runs = _baseline() + [_run("b")]
     assert [r.name for r in summary.matching_baseline_runs(runs[2], runs)] == ["a1", "a2"] and calls
     assert frontier.baselines is baselines  # find_arm_a asks the same module
-    assert summary.COLLAPSE_USAGE is __import__("cachesim.metrics").metrics.COLLAPSE_THRESHOLD
 
 
 def test_two_seeds_are_judged_at_the_seed_level_interval():

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import pathlib
+import re
 from collections.abc import Iterator
 
 import pytest
@@ -91,10 +92,10 @@ def test_the_module_graph_has_no_cycles(graph):
 
 
 def test_no_two_subpackages_import_each_other(graph):
-    """moe.decode and moe.offload, cachesim.timed and cachesim.policies...: arrows between them run one way.
+    """moe.decode and moe.decode.offload, cachesim.timed and cachesim.policies...: arrows between them run one way.
 
     A package's ``__main__`` is an entry point, outside the graph (``python -m moe.decode`` runs
-    ``moe.offload.cli``).
+    ``moe.decode.cli``).
     """
     modules = _modules()
 
@@ -133,7 +134,7 @@ def test_prefetch_admission_is_planned_in_one_module():
     planners = sorted(p for p, text in texts.items() if any(marker in text for marker in ranking))
     assert planners == ["cachesim/timed/prefetch.py"], planners
     callers = sorted(p for p, text in texts.items() if "plan_admission(" in text)
-    assert callers == ["cachesim/timed/engine.py", "cachesim/timed/prefetch.py", "moe/offload/admission.py"]
+    assert callers == ["cachesim/timed/engine.py", "cachesim/timed/prefetch.py", "moe/decode/offload/admission.py"]
 
 
 def test_one_lock_takes_every_inter_process_lock():
@@ -304,3 +305,170 @@ def test_one_record_of_a_routing_decision():
     assert _routing_records("class A(NamedTuple):\n    topk: int\n    gates: int\n"
                             "class B(typing.NamedTuple):\n    topk: int\n    gates: int\n    logits: int\n") == ["A", "B"]
     assert _routing_records((REPO / "moe" / "model.py").read_text()) == ["Routing"]
+
+
+# Module names that occur twice on purpose: the same meaning in two packages, or a spelling kept one release.
+SHARED_NAMES = {
+    "profile.py": "a routing profile: of traces (cachesim) and of a model's trace folder (analysis)",
+    "arm_m.py": "arm M: its config (configs) and its tables (analysis)",
+    "errors.py": "a package's error types (losses, moe.data)",
+    "engine.py": "the engine of its subpackage (cachesim.lcs, cachesim.timed)",
+    "local.py": "local: the local executor (launch) and the corpus named local (moe.data, one module per corpus)",
+    "cli.py": "launch/cli.py is launch.console's old name, kept one release",
+}
+
+
+def test_module_names_say_what_they_hold():
+    """No two modules share a file name unless SHARED_NAMES says why (four cli.py once meant four things)."""
+    by_name: dict[str, list[str]] = {}
+    for path in _modules().values():
+        if path.name not in ("__init__.py", "__main__.py"):
+            by_name.setdefault(path.name, []).append(path.relative_to(REPO).as_posix())
+    repeated = {name: sorted(paths) for name, paths in by_name.items() if len(paths) > 1}
+    assert sorted(repeated) == sorted(SHARED_NAMES), repeated
+
+
+# -- one definition per shared rule ------------------------------------------------------------------------------
+# Each headline constant's one home (everything else imports it from there).
+HEADLINE_HOMES = {
+    **dict.fromkeys(("LRU_POLICY", "LRU_FRACTION", "COLLAPSE_THRESHOLD", "COLLAPSE_PERCENT", "ADMISSIONS"),
+                    "cachesim/headline.py"),
+    **dict.fromkeys(("RQ1_MIN_MISS_REDUCTION", "RQ1_MAX_PPL_COST", "RQ2_MIN_STATIC_HIT", "RQ2_MAX_PPL_COST",
+                     "GATE_SLACK"), "analysis/verdict.py"),
+}
+# Literals 0.25 / 0.01 that stand for something else, by the name they are bound to: (path, name) -> what it is.
+OTHER_QUARTERS_AND_PERCENTS = {
+    ("moe/data/synthetic.py", "SUCCESSOR_PROBS"): "a synthetic corpus's successor probabilities",
+    ("moe/offload/report.py", "TIE"): "modelled stalls within 1% of each other are a tie",
+    ("analysis/report.py", "NO_GAIN"): "priming's 'no gain' tolerance between load counts",
+    ("analysis/verdict.py", "RQ1_MAX_PPL_COST"): "RQ1's quality gate, in its home",
+}
+_COLLAPSE_TEXT = re.compile(r"(<|>=|≥|under|below)\s*(the\s+)?1\s?%")
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    return {id(node.body[0].value) for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body
+            and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+
+
+def _bound_names(tree: ast.AST) -> dict[int, str]:
+    """id(node) -> the name an assignment (or a keyword/default) binds it to, for every node inside one."""
+    bound = {}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            name = ",".join(t.id if isinstance(t, ast.Name) else getattr(t, "attr", "?") for t in targets)
+            bound.update({id(inner): name for inner in ast.walk(node.value)})
+    return bound
+
+
+def headline_offenders(sources: dict[str, str]) -> list[str]:
+    """Second definitions of a headline constant, an admission list spelled out, a literal 0.25 or 0.01
+    standing for a headline number, and the collapse threshold restated in a message."""
+    found = []
+    for path, source in sources.items():
+        tree = ast.parse(source)
+        docstrings, bound = _docstrings(tree), _bound_names(tree)
+        for node in ast.walk(tree):
+            targets = (node.targets if isinstance(node, ast.Assign) else [node.target]
+                       if isinstance(node, ast.AnnAssign) else [])
+            for target in (e for t in targets for e in (t.elts if isinstance(t, ast.Tuple) else [t])):
+                if isinstance(target, ast.Name) and HEADLINE_HOMES.get(target.id, path) != path:
+                    found.append(f"{path}: defines {target.id} (its home is {HEADLINE_HOMES[target.id]})")
+            if (isinstance(node, (ast.Tuple, ast.List)) and path != HEADLINE_HOMES["ADMISSIONS"]
+                    and {"highest_prob", "esv_per_byte"} <= {getattr(e, "value", None) for e in node.elts}):
+                found.append(f"{path}:{node.lineno}: spells out the admission policies (cachesim.headline.ADMISSIONS)")
+            # configs/ and losses/ import nothing of the project: their numbers are data, not these rules.
+            if not isinstance(node, ast.Constant) or id(node) in docstrings or path.startswith(("configs/", "losses/")):
+                continue
+            value = node.value
+            if ((isinstance(value, float) and value in (0.25, 0.01)) or value in ("0.25", "0.01")) \
+                    and path not in ("cachesim/headline.py",) \
+                    and (path, bound.get(id(node))) not in OTHER_QUARTERS_AND_PERCENTS:
+                found.append(f"{path}:{node.lineno}: the literal {value!r} (import it from cachesim.headline)")
+            if isinstance(value, str) and _COLLAPSE_TEXT.search(value):
+                found.append(f"{path}:{node.lineno}: the collapse threshold in words {value[:40]!r}… "
+                             "(format cachesim.headline.COLLAPSE_PERCENT)")
+    return sorted(found)
+
+
+def _sources() -> dict[str, str]:
+    return {path.relative_to(REPO).as_posix(): path.read_text() for path in _modules().values()}
+
+
+def test_each_headline_constant_has_one_home():
+    """The gates, LRU at 25% of E, the 1% collapse threshold and the admission policies: defined once each."""
+    assert headline_offenders(_sources()) == []
+
+
+def test_a_second_headline_definition_is_caught():
+    planted = {
+        "moe/copy.py": 'CAPACITY = 0.25\nCOLLAPSE_THRESHOLD = 0.01\nWORDS = ("none", "highest_prob", "esv_per_byte")\n'
+                       'def f(c="0.25"):\n    print(f"{c} experts < 1% usage")\n',
+        "analysis/gates.py": "RQ1_MAX_PPL_COST = 0.02\n",
+        "moe/offload/report.py": "TIE = 0.01\n",  # another rule's 1%, named as such: not an offender
+    }
+    found = headline_offenders(planted)
+    assert [line.split(":")[0] for line in found] == ["analysis/gates.py", *["moe/copy.py"] * 6], found
+    assert any("defines COLLAPSE_THRESHOLD" in line for line in found)
+    assert any("the literal '0.25'" in line for line in found) and any("in words" in line for line in found)
+
+
+def _calls(node: ast.AST) -> Iterator[tuple[str, ast.Call]]:
+    """``(dotted name, call)`` of every call under ``node`` (``hashlib.sha256``, ``f.read``, ``tempfile.mkstemp``)."""
+    for call in ast.walk(node):
+        if isinstance(call, ast.Call):
+            parts, func = [], call.func
+            while isinstance(func, ast.Attribute):
+                parts.append(func.attr)
+                func = func.value
+            parts.append(func.id if isinstance(func, ast.Name) else "")
+            yield ".".join(reversed(parts)), call
+
+
+# The one file hash and the one atomic writer; what else may open a temporary file, and why.
+FILES_HOME = "cachesim/files.py"
+OWN_TEMP_FILES = {"moe/data/store.py": "ShardWriter streams a token shard too large to hold, hashing as it writes"}
+
+
+def file_rule_offenders(sources: dict[str, str]) -> list[str]:
+    """A second SHA-256-of-a-file or a second temporary-file atomic writer outside cachesim.files."""
+    found = []
+    for path, source in sources.items():
+        if path == FILES_HOME:
+            continue
+        tree = ast.parse(source)
+        functions = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        for name, call in _calls(tree):
+            if name.endswith("file_digest"):
+                found.append(f"{path}:{call.lineno}: hashlib.file_digest (use cachesim.files.file_sha256)")
+            if name.endswith("sha256") and any(n.endswith((".read", ".read_bytes")) for a in call.args
+                                               for n, _ in _calls(a)):
+                found.append(f"{path}:{call.lineno}: hashes a file it reads (use cachesim.files.file_sha256)")
+            if name.endswith(("mkstemp", "NamedTemporaryFile")) and path not in OWN_TEMP_FILES:
+                found.append(f"{path}:{call.lineno}: a temporary file of its own (use cachesim.files.write_atomic)")
+        for function in functions:
+            names = {name.rpartition(".")[2] for name, _ in _calls(function)}
+            if "sha256" in names and "read" in names:
+                found.append(f"{path}: {function.name} hashes a file chunk by chunk (use cachesim.files.file_sha256)")
+            if {"write_text", "write_bytes"} & names and names & {"replace", "rename"} and "mkdtemp" not in names:
+                found.append(f"{path}: {function.name} writes a file and renames it (use cachesim.files.write_atomic)")
+    return sorted(set(found))
+
+
+def test_one_file_hash_and_one_atomic_writer():
+    assert file_rule_offenders(_sources()) == []
+
+
+def test_a_second_file_hash_or_atomic_writer_is_caught():
+    planted = {
+        "moe/a.py": "import hashlib\ndef h(p):\n    with open(p, 'rb') as f:\n        return hashlib.file_digest(f, 'sha256')\n",
+        "moe/b.py": "import hashlib\ndef h(p):\n    return hashlib.sha256(p.read_bytes()).hexdigest()\n",
+        "moe/c.py": "import hashlib\ndef h(f):\n    s = hashlib.sha256()\n    while b := f.read(9):\n        s.update(b)\n",
+        "analysis/d.py": "import os, tempfile\ndef w(p):\n    fd, tmp = tempfile.mkstemp(dir='.')\n    os.replace(tmp, p)\n",
+        "launch/e.py": "import os\ndef w(p, t):\n    p.with_name('.x').write_text(t)\n    os.replace(p.with_name('.x'), p)\n",
+        "moe/f.py": "import hashlib\ndef plan(text):\n    return hashlib.sha256(text.encode()).hexdigest()\n",  # not a file
+    }
+    assert [line.split(":")[0] for line in file_rule_offenders(planted)] == [
+        "analysis/d.py", "launch/e.py", "moe/a.py", "moe/b.py", "moe/c.py"]

@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from cachesim import cli, profile, reference as ref
+from cachesim import profile, simulate_cli, reference as ref
 from cachesim.policies import CacheSpec
 from cachesim.trace import make_trace, save_trace
 from cachesim_fixtures import random_trace
@@ -25,7 +25,7 @@ def traces(tmp_path):
 
 
 def _run(argv, capsys):
-    code = cli.main(argv)
+    code = simulate_cli.main(argv)
     captured = capsys.readouterr()
     return code, captured.out, captured.err
 
@@ -97,7 +97,7 @@ def test_bad_arguments_are_one_error_line(traces, capsys, argv, message):
 def test_unparsable_arguments_exit_2_with_one_error_line(traces, capsys):
     for argv in (["--capacity", "x"], ["--capacity", "1.5"], ["--no_such_flag=2"], ["--format=xml"]):
         try:
-            code = cli.main([traces[0], *argv])
+            code = simulate_cli.main([traces[0], *argv])
         except SystemExit as exc:  # a malformed command line stops in the parser
             code = exc.code
         assert code == 2

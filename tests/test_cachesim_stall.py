@@ -9,7 +9,7 @@ from cachesim import stall, timed
 from cachesim.policies import CacheSpec
 from cachesim.simulate import simulate
 from cachesim.timed.engine import PrefetchConfig, default_capacity, run_timed
-from cachesim.timed.metrics import run_header, summarize, write_jsonl
+from cachesim.timed.stall_metrics import run_header, summarize, write_jsonl
 from cachesim.timed.spec import (QUANT_BITS, StallConfigError, compute_times, load_hardware,
                                  load_model, model_presets, parameter_counts, parse_bytes)
 from cachesim.trace import load_trace, make_trace, save_trace
@@ -258,10 +258,10 @@ def test_paper_bandwidth_figures_from_the_timed_model(tmp_path, capsys):
     from `cachesim.stall` over a shallow Qwen3-shaped trace (4 of 94 layers, E
     = 128, k = 8), every expert on NVMe: the bytes are the hand-computed ones
     and the projected tokens/s meets the first-principles calculator's
-    (`cachesim.timed.bandwidth`) to within the compute the timed model adds
+    (`cachesim.timed.throughput`) to within the compute the timed model adds
     and overlaps (under 1% of a 2.4 GB/s NVMe read of ~8.6 GB)."""
     from cachesim import reference as ref
-    from cachesim.timed import bandwidth
+    from cachesim.timed import throughput
 
     rng = np.random.default_rng(3)
     weights = rng.dirichlet(np.full(128, 0.1), size=4)
@@ -275,7 +275,7 @@ def test_paper_bandwidth_figures_from_the_timed_model(tmp_path, capsys):
     # Cold: nothing cached, every active expert streamed from NVMe.
     run, simulated, cold = _projected_run(path, capsys, "--capacity", "0")
     assert cold["demand_bytes_per_token"]["nvme"] == pytest.approx(expert_bytes, rel=1e-12)
-    first = bandwidth.path_mapped(model, hardware, bandwidth.hit_rate_fractions(hardware, 0.0, "nvme"))
+    first = throughput.path_mapped(model, hardware, throughput.hit_rate_fractions(hardware, 0.0, "nvme"))
     assert cold["tokens_per_s"] == pytest.approx(first["tokens_per_s"], rel=0.01)
     assert simulated["tokens_per_s"] > 1.8 * cold["tokens_per_s"]  # the 4-layer model's, not the 235B's
 
@@ -286,6 +286,6 @@ def test_paper_bandwidth_figures_from_the_timed_model(tmp_path, capsys):
     misses = sum(ref.layer_misses(experts.tolist(), CacheSpec("static", capacity=18), 128))
     hit = 1 - misses / experts.size
     assert mapped["demand_bytes_per_token"]["nvme"] == pytest.approx((1 - hit) * expert_bytes, rel=1e-12)
-    projection = bandwidth.path_mapped(model, hardware, {"vram": hit, "nvme": 1 - hit})
+    projection = throughput.path_mapped(model, hardware, {"vram": hit, "nvme": 1 - hit})
     assert mapped["tokens_per_s"] == pytest.approx(projection["tokens_per_s"], rel=0.01)
     assert mapped["tokens_per_s"] > cold["tokens_per_s"]

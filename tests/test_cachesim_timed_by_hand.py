@@ -13,7 +13,7 @@ import pytest
 from cachesim import reference, stall
 from cachesim.policies import CacheSpec
 from cachesim.timed.engine import PrefetchConfig, run_timed
-from cachesim.timed.metrics import run_header, summarize, write_jsonl
+from cachesim.timed.stall_metrics import run_header, summarize, write_jsonl
 from cachesim.trace import make_trace, save_trace
 
 from cachesim_timed_fixtures import machine, workload

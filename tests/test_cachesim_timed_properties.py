@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from cachesim.policies import CacheSpec
 from cachesim.timed.engine import PrefetchConfig, run_timed
-from cachesim.timed.metrics import summarize
+from cachesim.timed.stall_metrics import summarize
 from cachesim.timed.prefetch import ADMISSIONS, SOURCES
 
 from cachesim_timed_fixtures import machine, workload

@@ -10,7 +10,7 @@ import pytest
 
 from cachesim.policies import CacheSpec
 from cachesim.timed.engine import PrefetchConfig, run_timed
-from cachesim.timed.metrics import summarize
+from cachesim.timed.stall_metrics import summarize
 from cachesim.timed.residency import Speculation
 
 from cachesim_timed_fixtures import machine, workload

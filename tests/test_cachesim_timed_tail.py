@@ -12,7 +12,7 @@ import pytest
 
 from cachesim.policies import CacheSpec
 from cachesim.timed.engine import PrefetchConfig, build_workload, run_timed
-from cachesim.timed.metrics import summarize
+from cachesim.timed.stall_metrics import summarize
 from cachesim.timed.spec import Hardware, ModelShape, StallConfigError, Tier
 from cachesim.trace import make_trace
 

@@ -10,7 +10,7 @@ import pytest
 
 from data_fixtures import embedded, gpt2_ranks, make_cfg, synthetic  # noqa: F401  (fixtures)
 from moe.data import pipeline, store
-from moe.data.config import DOMAINS
+from moe.data.recipe import DOMAINS
 from moe.data.errors import DataError
 
 B, T = 8, 128  # the smoke config's batch shape

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from data_fixtures import copy_corpus, embedded, gpt2_ranks, make_cfg, quiet, synthetic  # noqa: F401
-from moe.data import config as config_lib
+from moe.data import recipe as config_lib
 from moe.data import embedded as embedded_lib
 from moe.data import prepare as prepare_lib
 from moe.data import store

@@ -13,7 +13,7 @@ import pytest
 
 from data_fixtures import make_cfg, quiet
 from moe.data import paper, store
-from moe.data.config import DOMAINS, PAPER_SOURCES
+from moe.data.recipe import DOMAINS, PAPER_SOURCES
 from moe.data.errors import SourceError
 from moe.data.prepare import prepare
 from moe.data.tokenizer import ByteTokenizer

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from moe.decode import DecodeModel, InMemoryExperts, decode, restore_run, step_union
+from moe.decode.loop import DecodeModel, InMemoryExperts, decode, step_union
+from moe.decode.restore import restore_run
 from moe.model import build_model
 from decode_fixtures import tiny_run  # noqa: F401 — a session fixture
 from test_model import model_cfg

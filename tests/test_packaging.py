@@ -64,8 +64,8 @@ def test_wheel_has_ranges_that_hold_the_locked_pins(tmp_path):
             assert req.specifier.contains(locks[extra][key]), f"{req} excludes the locked {locks[extra][key]}"
     assert {"jax", "flax", "optax", "orbax-checkpoint", "grain", "ml_collections"} <= set(by_extra[None])
     assert by_extra["gpu"] == ["tokamax"]
-    assert re.search(r"^cacheable-moe = launch\.cli:main$", entry_points, re.M)
-    assert {"moe/dispatch.py", "configs/arm_b.py", "launch/cli.py", "cachesim/cli_util.py"} <= set(files)
+    assert re.search(r"^cacheable-moe = launch\.console:main$", entry_points, re.M)
+    assert {"moe/dispatch.py", "configs/arm_b.py", "launch/console.py", "cachesim/cli_util.py"} <= set(files)
     # `pip install .` into this environment (which holds the locked versions, inside the ranges)
     # installs the project alone: nothing is up- or downgraded, and nothing is fetched.
     report = tmp_path / "report.json"

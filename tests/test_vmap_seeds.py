@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from launch import plan
-from launch.vmap_seeds import VmapGroupError, train_seeds
-from moe.seeds import choose_batching, split_seeds, stack
+from launch.vmap_seeds import train_seeds
+from moe.seeds import SeedGroupError, choose_batching, split_seeds, stack
 from launch_fixtures import ARM_B, TINY_OVERRIDES, TINY_STEPS, quiet, solo_run  # noqa: F401 (fixture)
 
 
@@ -28,7 +28,7 @@ def test_auto_batching_unrolls_long_cpu_groups_only_and_unknown_modes_fail_with_
     assert choose_batching("auto", "cpu", N - 1) == "vmap" and choose_batching("auto", "cpu", N) == "unrolled"
     assert choose_batching("auto", "gpu", 10 * N) == "vmap" and choose_batching("auto", "tpu", 10 * N) == "vmap"
     assert choose_batching("unrolled", "gpu", 1) == "unrolled" and choose_batching("vmap", "cpu", 10 * N) == "vmap"
-    with pytest.raises(VmapGroupError, match="unknown seed batching 'pmap'; choose one of auto, vmap, unrolled"):
+    with pytest.raises(SeedGroupError, match="unknown seed batching 'pmap'; choose one of auto, vmap, unrolled"):
         choose_batching("pmap", "cpu", 1)
 
 

@@ -29,7 +29,7 @@ layers that meet an idle queue are memoised. The command lines are
 
 from cachesim.timed.compare import compare_policies, prepare
 from cachesim.timed.engine import PrefetchConfig, TimedResult, Workload, build_workload, default_capacity, run_timed
-from cachesim.timed.metrics import summarize
+from cachesim.timed.stall_metrics import summarize
 from cachesim.timed.residency import Speculation
 
 __all__ = ["PrefetchConfig", "Speculation", "TimedResult", "Workload", "build_workload", "compare_policies",

@@ -11,7 +11,7 @@ from typing import Any
 
 from cachesim.policies import CacheSpec
 from cachesim.timed.engine import PrefetchConfig, Workload, build_workload, default_capacity, run_timed
-from cachesim.timed.metrics import summarize
+from cachesim.timed.stall_metrics import summarize
 from cachesim.timed.residency import Speculation
 from cachesim.timed.spec import Hardware, ModelShape, StallConfigError
 from cachesim.trace import Trace

@@ -41,11 +41,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from cachesim.headline import ADMISSIONS
 from cachesim.timed.spec import StallConfigError
 
 SOURCES = ("prev_token", "frequency", "lookahead", "oracle")
-ADMISSIONS = ("none", "highest_prob", "prob_per_byte", "earliest_deadline", "esv_per_byte",
-              "oracle")
 
 Candidates = list[tuple[int, float]]  # (expert, probability)
 
@@ -176,7 +175,7 @@ def expected_avoided_s(now: float, backlog_s: float, read_s: float, expected_nee
     The read starts once `backlog_s` of earlier prefetch bytes on its tier have
     moved and takes `read_s`; the target is expected to need it at
     `expected_need_s` (absolute times, like `now`). Shared by the timed model
-    and the measured decode (`moe.offload`), so both rank by the same value.
+    and the measured decode (`moe.decode.offload`), so both rank by the same value.
     """
     ready = now + backlog_s + read_s
     return max(0.0, read_s - max(0.0, ready - expected_need_s))
@@ -202,7 +201,7 @@ def admission_key(policy: str, prob: float, nbytes: float, deadline: int, seq: i
 def plan_admission(policy: str, candidates: Candidates, queued: list, *, resident, already, needed,
                    slots: int, alive: int, score, seq: int) -> tuple[list | None, int]:
     """What one proposal changes in the staging slots: the one admission rule, applied by the
-    timed model (`cachesim.timed.engine`) and the measured decode (`moe.offload.admission`).
+    timed model (`cachesim.timed.engine`) and the measured decode (`moe.decode.offload.admission`).
 
     New candidates (probability > 0, not resident, not `already` prefetched for the target;
     for "oracle" only those `needed`) are ranked with the `queued` prefetches (not started;

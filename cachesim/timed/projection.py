@@ -31,7 +31,7 @@ def needs_projection(model: ModelShape, trace_layers: int) -> bool:
 
 
 def project_row(row: dict[str, Any], factor: float) -> dict[str, Any]:
-    """One `cachesim.timed.metrics.summarize` row with per-layer quantities × factor."""
+    """One `cachesim.timed.stall_metrics.summarize` row with per-layer quantities × factor."""
     out = dict(row)
     for key in _PER_LAYER:
         out[key] = row[key] * factor

@@ -35,6 +35,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from cachesim.cli_util import CLI, progress
+from cachesim.headline import LRU_FRACTION
 from cachesim.policies import ROUNDING_MODES, capacity_from_fraction, parse_capacities
 from moe import baselines, rundir
 
@@ -372,7 +373,8 @@ COMMAND = CLI("python -m moe.cache_aware.frontier", __doc__.split("\n\n")[0], po
               positional_help="trained run directories")
 COMMAND.define("multi_string", "run", [], "deprecated: pass run directories as positional arguments")
 COMMAND.define("string", "tau", "0,0.1,0.3,0.5,0.7", "tolerances τ (comma-separated)")
-COMMAND.define("string", "capacity", "0.25", "cache capacities: fractions of E (0.25) or counts (4), comma-separated")
+COMMAND.define("string", "capacity", LRU_FRACTION,
+               "cache capacities: fractions of E (0.25) or counts (4), comma-separated")
 COMMAND.define("string", "epsilon", "0", "elision thresholds ε (0 = off)")
 COMMAND.define("string", "cache_prior", "0", "Cache-Prior strengths λ (0 = off)")
 COMMAND.deprecated("cache-prior", "cache_prior")

@@ -20,7 +20,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from moe.data.config import DOMAINS, data_config
+from moe.data.recipe import DOMAINS, data_config
 from moe.data.errors import DataError, ManifestError, SourceError, TokenizerError
 
 _LAZY = {

@@ -14,7 +14,6 @@ leaves a partial rank file.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import pathlib
 import subprocess
@@ -26,6 +25,7 @@ from collections.abc import Callable
 from moe.data.errors import TokenizerError
 from moe.data.tokenizer import GPT2_RANKS_SHA256, gpt2_ranks_path, sha256_bytes, tiktoken_cache_candidates
 from cachesim.cli_util import CLI
+from cachesim.files import file_sha256
 
 WHISPER_VERSION = "20250625"
 WHISPER_SDIST_NAME = f"openai_whisper-{WHISPER_VERSION}.tar.gz"
@@ -42,7 +42,7 @@ def extract_ranks(sdist: pathlib.Path, *, sdist_sha256: str | None = None, ranks
     """
     sdist_sha256 = sdist_sha256 or WHISPER_SDIST_SHA256
     ranks_sha256 = ranks_sha256 or GPT2_RANKS_SHA256
-    digest = hashlib.sha256(sdist.read_bytes()).hexdigest()
+    digest = file_sha256(sdist)
     if digest != sdist_sha256:
         raise TokenizerError(f"{sdist} has SHA-256 {digest[:16]}..., expected {sdist_sha256[:16]}... "
                              f"(openai-whisper=={WHISPER_VERSION}); delete it and fetch it again")

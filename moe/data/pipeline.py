@@ -27,10 +27,10 @@ from typing import Any
 
 import numpy as np
 
-from moe.data import config as config_lib
+from moe.data import recipe as config_lib
 from moe.data import prepare as prepare_lib
 from moe.data import store
-from moe.data.config import DOMAINS
+from moe.data.recipe import DOMAINS
 from moe.data.errors import DataError
 from moe.data.tokenizer import vocab_size_of
 

@@ -27,15 +27,14 @@ from collections.abc import Callable, Iterable, Iterator
 import ml_collections
 import numpy as np
 
-from moe.data import config as config_lib
+from moe.data import recipe as config_lib
 from moe.data import embedded, local, paper, store, synthetic
-from moe.data.commands import prepare_command
-from moe.data.config import DOMAINS, FORMAT_VERSION
+from moe.data.recipe import DOMAINS, FORMAT_VERSION
 from moe.data.document import Document
 from moe.data.errors import DataError, ManifestError, SourceError
 from moe.data.fetch_tokenizer import ensure_gpt2_ranks
 from moe.data.tokenizer import Tokenizer, get_tokenizer, tokenizer_record
-from cachesim.cli_util import progress
+from cachesim.cli_util import CLI, progress
 
 Log = Callable[[str], None]
 _ENCODE_BATCH_CHARS = 1 << 20  # characters per tokenizer call: big enough for threads, small enough to stop early
@@ -324,7 +323,21 @@ def summary(directory: pathlib.Path) -> str:
     return "\n".join(lines)
 
 
-COMMAND = prepare_command()
+COMMAND = CLI("python -m moe.data.prepare", "Tokenises a corpus once into a prepared directory (see "
+              "moe.data.store for the layout).")
+COMMAND.define("enum", "corpus", "embedded", "the corpus to prepare", enum_values=list(config_lib.CORPORA))
+COMMAND.define("enum", "tokenizer", "gpt2", "the tokenizer", enum_values=list(config_lib.TOKENIZERS))
+COMMAND.define("string", "out", None, "output directory (default: the cache directory of the recipe)")
+COMMAND.define("bool", "force", False, "rebuild even if --out holds a valid corpus")
+COMMAND.define("integer", "tokens_per_domain", None, "train tokens per domain (0: default)")
+COMMAND.define("integer", "val_tokens_per_domain", None, "validation tokens per domain (0: default)")
+COMMAND.define("integer", "min_doc_chars", None, "documents with at most this many characters are dropped")
+COMMAND.define("integer", "synthetic_seed", None, "corpus=synthetic: the stream's seed")
+COMMAND.define("string", "local_text_field", None, "corpus=local: the JSON field holding a JSONL document")
+for _d in DOMAINS:
+    COMMAND.define("string", f"local_{_d}", None, f"corpus=local: file or directory of {_d} text")
+    COMMAND.define("string", f"paper_{_d}_file", None, f"corpus=paper: local JSONL(.gz) rows for {_d} instead of "
+                   "the hub")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -27,7 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from moe.data.config import DOMAINS
+from cachesim.files import file_sha256
+from moe.data.recipe import DOMAINS
 from moe.data.errors import ManifestError
 from moe import lockfile, rundir
 
@@ -37,7 +38,6 @@ TRAIN_DOMAINS = "train.domains.uint8"
 LOCK = ".prepare.lock"
 TOKEN_DTYPE = np.dtype("<u2")
 DOMAIN_DTYPE = np.dtype("u1")
-_HASH_CHUNK = 1 << 22
 
 
 def val_file(domain: str) -> str:
@@ -92,14 +92,6 @@ write_bytes_atomic = rundir.write_atomic
 
 def write_json_atomic(path: pathlib.Path, obj: Any) -> None:
     rundir.write_json(path, obj)
-
-
-def file_sha256(path: pathlib.Path) -> str:
-    sha = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_HASH_CHUNK):
-            sha.update(chunk)
-    return sha.hexdigest()
 
 
 def read_manifest(directory: pathlib.Path) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sys
 
-from moe.data.config import TOKENIZERS
+from moe.data.recipe import TOKENIZERS
 from moe.data.errors import DataError
 from moe.data.tokenizer import get_tokenizer
 from cachesim.cli_util import CLI

@@ -20,7 +20,7 @@ import tempfile
 from collections.abc import Iterable, Sequence
 from typing import Protocol
 
-from moe.data.config import cache_root
+from moe.data.recipe import cache_root
 from moe.data.errors import TokenizerError
 
 # SHA-256 of GPT-2's rank file in tiktoken format ("<base64 token> <rank>\n", by

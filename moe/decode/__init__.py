@@ -1,30 +1,12 @@
-"""Autoregressive decoding of trained runs (`python -m moe.decode` runs `moe.offload.cli`).
+"""Autoregressive decoding of trained runs, one seam with one entry point (`python -m moe.decode`: `moe.decode.cli`).
 
-The public names below load on first use (as cachesim's): `python -m moe.decode --help`
-imports `moe.offload.cli` through this package and need not wait for jax and flax.
+| module | job |
+|---|---|
+| `loop` | the decode loop over an ExpertProvider: DecodeModel, decode, step_union, InMemoryExperts |
+| `restore` | a trained run restored for decoding: restore_run, RestoredRun, DecodeError |
+| `text` | prompts and generated text through the run's tokenizer |
+| `offload/` | experts on slower tiers, measured against the timed model (its own table) |
+| `cli` | the command line: decode a run offloaded, measured vs modelled stall |
+
+Import from the modules: this package loads nothing, so the command's `--help` need not wait for jax.
 """
-
-from __future__ import annotations
-
-import importlib
-from typing import TYPE_CHECKING
-
-_LAZY = {
-    **dict.fromkeys(("DecodeModel", "DecodeResult", "ExpertProvider", "InMemoryExperts", "Timeline", "decode",
-                     "step_union"), "moe.decode.loop"),
-    **dict.fromkeys(("DecodeError", "RestoredRun", "restore_run"), "moe.decode.restore"),
-}
-
-if TYPE_CHECKING:
-    from moe.decode.loop import (DecodeModel, DecodeResult, ExpertProvider, InMemoryExperts, Timeline, decode,
-                                 step_union)
-    from moe.decode.restore import DecodeError, RestoredRun, restore_run
-
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'moe.decode' has no attribute {name!r}")
-
-
-__all__ = sorted(_LAZY)

@@ -11,7 +11,7 @@ calls the model's own pieces in order (`Block.attend`, `MoELayer.route`, then
 so the router's decision is on the host before the layer's experts are
 needed, and an `ExpertProvider` decides where their bytes come from: the
 model's own parameters (`InMemoryExperts`, the reference) or an offloaded
-store (`moe.offload`). The decode's device state holds no expert weights at
+store (`moe.decode.offload`). The decode's device state holds no expert weights at
 all: they are replaced by empty placeholders, so an offloaded decode cannot
 silently read them.
 

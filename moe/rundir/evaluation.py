@@ -16,16 +16,12 @@ import os
 import pathlib
 import zipfile
 
+from cachesim.files import file_sha256
+
 from moe.rundir.names import (
     DOMAINS, EVAL_MANIFEST, EVAL_STAGING, FINAL_EVAL, METRICS, PathLike, RunDirError, TRACE_PREFIX, now_iso,
     read_json, trace_file, write_json,
 )
-
-
-def _sha256(path: pathlib.Path) -> str:
-    import hashlib
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def staging_dir(workdir: PathLike) -> pathlib.Path:
@@ -40,7 +36,7 @@ def staging_dir(workdir: PathLike) -> pathlib.Path:
 def write_manifest(staging: PathLike, tokens: dict[str, int]) -> None:
     """The staged evaluation's manifest: every staged file's size and SHA-256, and each domain's tokens."""
     staging = pathlib.Path(staging)
-    files = {p.name: {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+    files = {p.name: {"bytes": p.stat().st_size, "sha256": file_sha256(p)}
              for p in sorted(staging.iterdir()) if p.is_file() and p.name != EVAL_MANIFEST}
     write_json(staging / EVAL_MANIFEST, {"version": 1, "written": now_iso(), "tokens": tokens, "files": files})
 
@@ -139,7 +135,7 @@ def check_evaluation(workdir: PathLike, *, hashes: bool = False) -> None:
         path = workdir / name
         if not path.is_file():
             raise RunDirError(f"{path} is missing, but {manifest_path} lists it; {rerun}")
-        if path.stat().st_size != entry.get("bytes") or (hashes and _sha256(path) != entry.get("sha256")):
+        if path.stat().st_size != entry.get("bytes") or (hashes and file_sha256(path) != entry.get("sha256")):
             raise RunDirError(f"{path} differs from the file {manifest_path} lists (another evaluation's, or "
                               f"damaged); {rerun}")
 

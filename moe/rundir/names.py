@@ -47,8 +47,9 @@ import json
 import math
 import os
 import pathlib
-import tempfile
 from typing import Any
+
+from cachesim.files import write_atomic
 
 
 CONFIG = "config.json"
@@ -140,28 +141,6 @@ def run_name(arm: str, lambda_loc: float, mu_dom: float, seed: int) -> str:
 
 
 # ---------------------------------------------------------------- atomic files
-
-
-def write_atomic(path: PathLike, data: str | bytes) -> None:
-    """Writes through a hidden temporary sibling, fsyncs, and renames it over ``path``.
-
-    The one atomic writer of the project's files (cachesim, a leaf library,
-    keeps its own for traces): a reader never sees half a file, and a crash
-    leaves the old file or the new one, never a mix.
-    """
-    path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.fchmod(fd, 0o644)  # mkstemp's 0600 would hide a shared file from other users
-        with os.fdopen(fd, "wb") as f:
-            f.write(data.encode("utf-8") if isinstance(data, str) else data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        pathlib.Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def write_json(path: PathLike, obj: Any, *, indent: int | None = 1) -> None:
