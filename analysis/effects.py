@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from analysis.intervals import CONFIDENCE
+CONFIDENCE = 0.95  # of every interval the analysis prints (analysis.intervals reads it from here)
 
 
 @dataclasses.dataclass(frozen=True)

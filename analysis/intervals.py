@@ -44,9 +44,10 @@ from pathlib import Path
 
 import numpy as np
 
+from analysis import effects
+from analysis.effects import CONFIDENCE
 from analysis.runs import Run
 
-CONFIDENCE = 0.95
 N_RESAMPLES = 9999
 SEED = 0
 # Resamples drawn per step: bounds memory (a (batch, N) weight matrix per domain), and is fixed so that the
@@ -109,13 +110,10 @@ def seed_interval(deltas: Sequence[float], confidence: float = CONFIDENCE) -> In
     spread; the t-interval widens honestly with few seeds (t(0.975, 1) = 12.7).
     It does not add the evaluation windows' noise (the window interval does).
     """
-    from scipy import stats
-
     values = [float(v) for v in deltas if v is not None and math.isfinite(v)]
     if len(values) < 2:
         return Interval(None, None, f"{len(values)} seed: a seed-level interval needs 2 or more")
-    mean, sem = float(np.mean(values)), float(np.std(values, ddof=1)) / math.sqrt(len(values))
-    half = float(stats.t.ppf(0.5 + confidence / 2, len(values) - 1)) * sem
+    mean, half = float(np.mean(values)), effects.t_half_width(effects.own_noise(values), len(values), confidence)
     return Interval(mean - half, mean + half)
 
 
@@ -125,8 +123,6 @@ def seeds_to_resolve(deltas: Sequence[float], gate: float, confidence: float = C
 
     None below 2 seeds, with the mean on the gate, or when more than ``most`` would be needed.
     """
-    from scipy import stats
-
     values = [float(v) for v in deltas if v is not None and math.isfinite(v)]
     if len(values) < 2:
         return None
@@ -134,7 +130,7 @@ def seeds_to_resolve(deltas: Sequence[float], gate: float, confidence: float = C
     if margin == 0.0:
         return None
     for n in range(len(values), most + 1):
-        if float(stats.t.ppf(0.5 + confidence / 2, n - 1)) * spread / math.sqrt(n) < margin:
+        if effects.t_half_width(effects.Noise(spread, n - 1, False), n, confidence) < margin:
             return n
     return None
 

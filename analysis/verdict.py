@@ -754,9 +754,7 @@ def detectable_ppl_cost(sd: float, n: int, confidence: float = intervals.CONFIDE
     differ only in their seed, i.e. with SD √2·sd (sd: arm A's SD across seeds
     of its relative PPL); the same batches per seed can only make pairs tighter.
     """
-    from scipy import stats
-
-    return float(stats.t.ppf(0.5 + confidence / 2, n - 1)) * np.sqrt(2.0) * sd / np.sqrt(n)
+    return effects.t_half_width(effects.Noise(math.sqrt(2.0) * sd, n - 1, False), n, confidence)
 
 
 def testability(runs: Sequence[Run], results: Sequence[CriterionResult]) -> list[str]:

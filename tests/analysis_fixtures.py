@@ -226,3 +226,23 @@ def synthetic_study() -> list:
         windowed_run("b-l0.03-s2", arm="B", lam=0.03, seed=2, miss_level=1.92, ppl_cost=0.003, seed_shift=0.016),
         windowed_run("b-l0.1-s1", arm="B", lam=0.1, seed=1, miss_level=1.16, ppl_cost=-0.004, collapsed=14),
     ]
+
+
+# -- "X vs Y = Z" lines -------------------------------------------------------------------------
+_VS = re.compile(r"(\d+\.\d+) vs (\d+\.\d+) = ([+-]?\d+\.\d+)%( reduction)?")
+
+
+def recomputes(x: str, y: str, z: str, reduction: bool) -> bool:
+    """Z follows from X and Y as printed: some X, Y within their rounding give Z at its printed digits."""
+    dx, dy, dz = (0.5 * 10 ** -len(s.split(".")[1]) for s in (x, y, z))
+    ratios = [(float(x) + a) / (float(y) + b) for a in (-dx, dx) for b in (-dy, dy)]
+    values = [100 * (1 - r) if reduction else 100 * (r - 1) for r in ratios]
+    return min(values) - dz <= float(z) <= max(values) + dz
+
+
+def check_vs_lines(text: str) -> int:
+    """Asserts every "X vs Y = Z" in ``text`` recomputes; returns how many there were."""
+    found = _VS.findall(text)
+    for x, y, z, red in found:
+        assert recomputes(x, y, z, bool(red)), (x, y, z, red)
+    return len(found)

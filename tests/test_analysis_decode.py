@@ -11,9 +11,9 @@ from analysis.runs import AnalysisError
 from launch import sweep
 
 
-def _policy(name, measured, modelled, misses=0.5, recall=None):
+def _policy(name, measured, modelled, misses=0.5, recall=None, tok_s=100.0):
     return {"policy": name, "measured_stall_per_token_s": measured, "modelled_stall_per_token_s": modelled,
-            "ratio": modelled / measured if measured > 0 else None, "measured_tokens_per_s": 100.0,
+            "ratio": modelled / measured if measured > 0 else None, "measured_tokens_per_s": tok_s,
             "modelled_tokens_per_s": 110.0, "misses_per_token": misses,
             "measured_timely_required_byte_recall": recall}
 
@@ -27,7 +27,8 @@ def _report(arm, policies, same_order=True):
 
 
 def test_rows_lines_and_table_follow_the_reports(tmp_path):
-    a = _report("A", [_policy("none", 4e-3, 3e-3, misses=0.8), _policy("highest_prob", 2e-3, 2.4e-3, recall=0.5)])
+    a = _report("A", [_policy("none", 4e-3, 3e-3, misses=0.8), _policy("highest_prob", 2e-3, 2.4e-3, recall=0.5,
+                                                                                     tok_s=95.0)])
     b = _report("B", [_policy("none", 3e-3, 3e-3, misses=0.6), _policy("oracle", 0.0, 0.0)], same_order=False)
     (tmp_path / decode.DECODE_DIR).mkdir(parents=True)
     for run, doc in (("a-s1", a), ("b-lam0.1-s1", b)):
@@ -41,14 +42,17 @@ def test_rows_lines_and_table_follow_the_reports(tmp_path):
                                "tier, disk (O_DIRECT on ext4), and 2 of 8 experts per layer resident (LRU); each "
                                "admission policy at 1.50 MB per step, medians over 3 round(s).")
     # ratios 0.75 (3/4) and 1.20 (2.4/2); B's oracle never stalled, so it has no ratio.
-    assert lines[2] == ("* a-s1 (arm A): demand-only S 4.000 ms per token measured, 3.000 ms modelled, 0.800 misses "
-                        "per token; modelled / measured S from 0.75 to 1.20 over 2 policies; the model orders the "
-                        "policies as measured (ties within 1% aside).")
+    assert lines[2] == ("* a-s1 (arm A): demand-only S 4.000 ms per token measured (100.0 tokens/s), 3.000 ms "
+                        "modelled (110.0 tokens/s), 0.800 misses per token; modelled / measured S from 0.75 to 1.20 "
+                        "over 2 policies; the model orders the policies as measured (ties within 1% aside). "
+                        "Prefetch lowers S but also measured throughput: highest_prob 2.000 ms at 95.0 tokens/s, "
+                        "against demand-only's 4.000 ms at 100.0 tokens/s.")
+    assert "Prefetch lowers S" not in lines[3]  # B's oracle stalls less at the same throughput
     assert lines[3].endswith("from 1.00 to 1.00 over 1 policies; the model reverses highest_prob/oracle.")
     assert lines[4] == ("* Demand-only measured S of b-lam0.1-s1 is 25.0% below a-s1's; its misses per token 0.600 "
                         "against 0.800 (one decode each: no interval).")
     table = decode.decode_table_md(rows)
-    assert "| a-s1 | highest_prob | 2.000 | 2.400 | 1.20 | 100.0 | 110.0 | 0.500 | 50.0% |" in table
+    assert "| a-s1 | highest_prob | 2.000 | 2.400 | 1.20 | 95.0 | 110.0 | 0.500 | 50.0% |" in table
     assert "| b-lam0.1-s1 | oracle | 0.000 | 0.000 | — | 100.0 | 110.0 | 0.500 | — |" in table
     assert decode.decode_lines({}, []) == ["* No decode step ran in this study: the offloaded decode is not "
                                            "measured here."]

@@ -9,7 +9,7 @@ from cachesim.policies import CacheSpec
 from moe.cache_aware.reroute import RerouteError, Setting, exclusive_experts
 from cachesim.simulate import simulate
 from cachesim.trace import make_trace
-from moe.cache_aware.coupled import CoupledEvaluator, domain_stats
+from moe.cache_aware.coupled import CoupledEvaluator, domain_stats, window_stats
 from moe.evaluate import evaluate_windows, make_eval_step
 from moe.model import build_model
 from cache_aware_fixtures import step_by_step_reference, tiny_model_config
@@ -53,6 +53,12 @@ def test_all_off_reproduces_the_plain_evaluation_and_its_cache_misses(tiny, plai
     np.testing.assert_allclose(stats["loss"], plain["ce"].mean(), rtol=1e-6)
     misses = lru_misses(plain["experts"], 8, CAPACITY).sum()
     assert stats["misses_per_token"] == pytest.approx(misses / plain["ce"].size)
+    # Per-window values (frontier.json keeps them for window intervals): equal windows, so their mean is the stream's.
+    windows = window_stats(result, 0)
+    assert len(windows["ce"]) == len(windows["misses"]) == tokens.shape[0]
+    np.testing.assert_allclose(windows["ce"], plain["ce"].mean(axis=1), rtol=1e-6)
+    assert np.mean(windows["misses"]) == pytest.approx(stats["misses_per_token"], rel=1e-12)
+    assert windows["loads"] == windows["misses"]  # no prefetch in the plain setting
 
     # The same stream in two calls, the state handed over, gives the same result.
     first, mid = evaluator(params, tokens[:2], np.zeros_like(tokens[:2]), [Setting()], [CAPACITY], batch_size=2)

@@ -311,3 +311,18 @@ def domain_stats(result: CoupledResult, setting: int, domain_id: int | None = No
         "elided_per_token": total("elided"),
         "loads_skipped_per_token": total("skipped"),
     }
+
+
+def window_stats(result: CoupledResult, setting: int) -> dict[str, list[float]]:
+    """One setting's per-window means over the evaluated windows (N): what a window bootstrap resamples.
+
+    Keys: ce (mean CE), misses (per token, summed over layers), loads (misses
+    plus prefetch loads, per token). Windows have equal length, so each key's
+    mean over windows is the stream's per-token figure.
+    """
+    n, t = result.ce[setting].shape
+    per_window = lambda a: a[setting].reshape(a.shape[1], n, t).sum(axis=(0, 2), dtype=np.int64) / t  # noqa: E731
+    misses = per_window(result.misses)
+    return {"ce": [float(v) for v in result.ce[setting].mean(axis=1, dtype=np.float64)],
+            "misses": [float(v) for v in misses],
+            "loads": [float(v) for v in misses + per_window(result.prefetches)]}

@@ -184,7 +184,7 @@ def evaluate_points(model: tuple, points: Sequence[Point], mixed_points: Sequenc
     the comparisons, the eval description).
     """
     # The model stack loads here, so that bad arguments fail before flax and the model code import.
-    from moe.cache_aware.coupled import CoupledEvaluator, domain_stats
+    from moe.cache_aware.coupled import CoupledEvaluator, domain_stats, window_stats
     from moe.data import DOMAINS, pipeline
 
     graphdef, params, config, step = model
@@ -217,6 +217,7 @@ def evaluate_points(model: tuple, points: Sequence[Point], mixed_points: Sequenc
         advance()
         for s, record in enumerate(records):
             record["domains"][domain] = domain_stats(result, s)
+            record["windows"][domain] = window_stats(result, s)
     mixed_windows, run_length = None, None
     if mixed_points:
         run_length = int(options.mixed_run_length or config.data.mixed_run_length)
@@ -229,6 +230,7 @@ def evaluate_points(model: tuple, points: Sequence[Point], mixed_points: Sequenc
             record = _record("mixed", point, capacity(point), num_experts)
             for domain in options.domains:
                 record["domains"][domain] = domain_stats(result, s, DOMAINS.index(domain))
+            record["windows"]["mixed"] = window_stats(result, s)  # its windows interleave the domains
             records.append(record)
     for record in records:
         _aggregate(record)
@@ -247,7 +249,7 @@ def _record(stream: str, point: Point, capacity: int, num_experts: int) -> dict:
     fraction = point.size if isinstance(point.size, float) else capacity / num_experts
     return {"stream": stream, "label": point.setting.label, "setting": point.setting.as_dict(),
             "plain": point.setting.is_plain, "capacity_fraction": fraction, "capacity": capacity,
-            "domains": {}}
+            "domains": {}, "windows": {}}
 
 
 def _aggregate(record: dict) -> None:
