@@ -49,6 +49,8 @@ from typing import Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from losses import dots
+
 
 class ExpertWeights(NamedTuple):
     w_gate: jax.Array  # (E, d, f)
@@ -273,6 +275,10 @@ def _loop_swiglu_fwd(block_size, xs, block_expert, used_blocks, w_gate, w_up, w_
 
 def _loop_swiglu_bwd(block_size, residuals, d_out):
     xs, block_expert, used_blocks, w_gate, w_up, w_down, pre_gate, pre_up = residuals
+    # Every product is (m, k) @ (k, n) through losses.dots, the weights transposed once for all blocks, so that
+    # in bfloat16 each runs on XLA:CPU's bf16 GEMM (the weight gradients contract the block's rows: their left
+    # operands are the (d, b) and (f, b) transposes of the block's rows).
+    w_gate_t, w_up_t, w_down_t = (dots.transposed(w) for w in (w_gate, w_up, w_down))
 
     def body(j, carry):
         dx, dw_gate, dw_up, dw_down = carry
@@ -281,16 +287,17 @@ def _loop_swiglu_bwd(block_size, residuals, d_out):
         a, u = (_rows(v, j, block_size).astype(jnp.float32) for v in (pre_gate, pre_up))
         sig = jax.nn.sigmoid(a)
         silu = a * sig
-        dh = (dy @ w_down[e].T).astype(jnp.float32)
+        dh = dots.matmul(dy, w_down_t[e], xs.dtype).astype(jnp.float32)
         da = (dh * u * sig * (1 + a * (1 - sig))).astype(xs.dtype)  # d silu(a)/da = σ(a)(1 + a(1−σ(a)))
         du = (dh * silu).astype(xs.dtype)
         h = (silu * u).astype(xs.dtype)
+        xb_t = dots.transposed(xb)
         # Weight gradients accumulate over the blocks of one expert: in float32, so a
         # bfloat16 run does not round once per block.
-        acc = functools.partial(jnp.matmul, preferred_element_type=jnp.float32)
-        return (_put_rows(dx, j, block_size, da @ w_gate[e].T + du @ w_up[e].T),
-                dw_gate.at[e].add(acc(xb.T, da)), dw_up.at[e].add(acc(xb.T, du)),
-                dw_down.at[e].add(acc(h.T, dy)))
+        return (_put_rows(dx, j, block_size, dots.matmul(da, w_gate_t[e], xs.dtype)
+                          + dots.matmul(du, w_up_t[e], xs.dtype)),
+                dw_gate.at[e].add(dots.matmul(xb_t, da)), dw_up.at[e].add(dots.matmul(xb_t, du)),
+                dw_down.at[e].add(dots.matmul(dots.transposed(h), dy)))
 
     init = (jnp.zeros_like(xs),) + tuple(jnp.zeros(w.shape, jnp.float32) for w in (w_gate, w_up, w_down))
     dx, dw_gate, dw_up, dw_down = jax.lax.fori_loop(0, used_blocks, body, init)
