@@ -10,7 +10,8 @@ per-token work (the head, the experts) against per-step work (the optimizer,
 the weights' casts) as in the run, which one sequence would not (at one
 sequence the smoke step's fixed costs hide bfloat16's gain). The two steps
 compile concurrently. The verdict is cached on disk, keyed by CPU model, jax
-version and the shapes, so a machine pays once per size.
+version, the shapes and a hash of the step's code, so a machine pays once per
+size and code.
 ``$CACHEABLE_MOE_AUTO_DTYPE`` resolves ``auto`` without a probe (the test
 suite pins float32 with it).
 
@@ -21,8 +22,10 @@ whatever the compute dtype (moe.model, losses/).
 from __future__ import annotations
 
 import concurrent.futures
+import hashlib
 import json
 import os
+import pathlib
 import platform
 import sys
 import time
@@ -57,13 +60,27 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown CPU"
 
 
+# The modules whose code is the step the probe times: a verdict is for this code (a change to how either dtype
+# computes may turn it), so their hash is part of the cache key.
+STEP_SOURCES = ("moe/model.py", "moe/attention.py", "moe/dispatch.py", "moe/train.py", "losses/lm.py", "losses/dots.py")
+
+
+def step_code_hash() -> str:
+    """A short hash of STEP_SOURCES as they are in this checkout."""
+    root = pathlib.Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for name in STEP_SOURCES:
+        digest.update((root / name).read_bytes())
+    return digest.hexdigest()[:12]
+
+
 def probe_key(config: ml_collections.ConfigDict) -> str:
-    """What a cached verdict is valid for: CPU model, jax version, size and the step's shapes."""
+    """What a cached verdict is valid for: CPU model, jax version, size, the step's shapes and its code."""
     import jax
     m = config.model
     return (f"{cpu_model()} | jax {jax.__version__} | {m.size} {config.train.batch_size}x{m.context} "
             f"d{m.d_model} f{m.d_ff} E{m.num_experts} k{m.top_k} V{m.vocab_size} {m.dispatch}/b{m.block_size} "
-            f"remat={m.remat} attention={m.attention} ce_chunk={config.loss.ce_chunk}")
+            f"remat={m.remat} attention={m.attention} ce_chunk={config.loss.ce_chunk} | step code {step_code_hash()}")
 
 
 def choose(float32_s: float, bfloat16_s: float, margin: float = MARGIN) -> str:

@@ -162,3 +162,17 @@ def test_precision_bench_compares_bf16_ppl_with_the_float32_seed_spread():
     runs[1]["ppl_mean"] = 105.0  # +5% on seed 1: beyond the 3.9% spread of float32's two seeds
     assert bench.compare(runs, "smoke", [1, 2])[2] is False
     assert bench.compare(runs, "smoke", [1])[1:] == (None, None)  # one seed: no spread to compare with
+
+
+def test_the_cache_key_holds_the_step_code_so_a_code_change_probes_again(monkeypatch, tmp_path):
+    config = resolve(arm_b.get_config("tiny"))
+    key = precision.probe_key(config)
+    assert key.endswith(f" | step code {precision.step_code_hash()}") and len(precision.step_code_hash()) == 12
+    root = tmp_path / "checkout"
+    for name in precision.STEP_SOURCES:  # a copy of the step's code, then one edit to it
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes((precision.pathlib.Path(precision.__file__).parents[1] / name).read_bytes())
+    monkeypatch.setattr(precision, "__file__", str(root / "moe" / "precision.py"))
+    assert precision.probe_key(config) == key
+    (root / "losses" / "lm.py").write_text((root / "losses" / "lm.py").read_text() + "\n# changed\n")
+    assert precision.probe_key(config) != key
