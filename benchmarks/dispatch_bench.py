@@ -507,19 +507,23 @@ def main(argv=None) -> int:
     round_peaks: dict[str, list[float]] = {}
     for r in range(args.rounds):
         measure_peak(args.peak_size, round_peaks)  # this round's load, next to its steps
-        for dtype in dtypes:  # every dtype's entries in every round: a load that comes and goes hits all alike
-            for label, step in list(compiled[dtype].items()):
-                try:
-                    state, seconds = timed_steps(step, state, batches, args.steps)
-                except Exception as e:  # noqa: BLE001 — as above; the state it donated is gone: start afresh
-                    results[dtype]["failed"][label] = (f"{type(e).__name__}: "
-                                                       f"{str(e).splitlines()[0] if str(e) else ''}")[:500]
-                    print(f"{label:20s} {dtype} FAILED in round {r + 1}: {results[dtype]['failed'][label]}",
-                          flush=True)
-                    del compiled[dtype][label], per_round[dtype][label]
-                    _, state = init_state(first, tx)
-                    continue
-                per_round[dtype][label].append(args.steps * tokens_per_step / seconds)
+        # Every (entry, dtype) pair in every round, an entry's dtypes back to back: a load that comes and goes
+        # hits the pairs a ratio compares alike.
+        pairs = [(dtype, label) for label in results[dtypes[0]]["entries"] for dtype in dtypes
+                 if label in compiled[dtype]]
+        for dtype, label in pairs:
+            step = compiled[dtype][label]
+            try:
+                state, seconds = timed_steps(step, state, batches, args.steps)
+            except Exception as e:  # noqa: BLE001 — as above; the state it donated is gone: start afresh
+                results[dtype]["failed"][label] = (f"{type(e).__name__}: "
+                                                   f"{str(e).splitlines()[0] if str(e) else ''}")[:500]
+                print(f"{label:20s} {dtype} FAILED in round {r + 1}: {results[dtype]['failed'][label]}",
+                      flush=True)
+                del compiled[dtype][label], per_round[dtype][label]
+                _, state = init_state(first, tx)
+                continue
+            per_round[dtype][label].append(args.steps * tokens_per_step / seconds)
         print(f"round {r + 1}/{args.rounds}: " + ", ".join(f"{k}@{d} {v[-1]:,.0f}" for d in dtypes
                                                           for k, v in per_round[d].items()), flush=True)
         write_partial(args.out, dict(results[dtypes[0]], tokens_per_s_rounds=per_round[dtypes[0]]))
