@@ -114,8 +114,10 @@ def _half_chunk_cross_entropy_bwd(compute_dtype, keep_exponentials, residuals, l
     weights = embedding.astype(compute_dtype)
     cotangent = loss_cotangent.reshape(-1)
     row_scale = (cotangent / exp_sums)[:, None]
-    # An id outside [0, V) has no onehot entry: its row gathers zeros and its scatter is dropped.
+    # An id outside [0, V) has no onehot entry: its row gathers zeros and its scatter is dropped (a negative id
+    # is mapped past the end first: indexing would wrap it).
     target_ids = targets.reshape(-1)
+    target_ids = jnp.where(target_ids >= 0, target_ids, embedding.shape[0])
     target_weights = weights.at[target_ids].get(mode="fill", fill_value=0).astype(jnp.float32)
     hidden_cotangent = dots.matmul(exponentials, weights) * row_scale - cotangent[:, None] * target_weights
     scaled_rows = (rows * row_scale).astype(compute_dtype)

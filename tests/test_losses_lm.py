@@ -112,6 +112,23 @@ def test_out_of_range_targets_are_nan_unless_weighted_zero():
         assert all(np.all(np.isfinite(g)) for g in grads)
 
 
+def test_a_masked_out_of_range_target_costs_the_bfloat16_head_nothing():
+    """Weight 0 on a bad id (past V, or negative): the same loss and gradients as any valid id there."""
+    hidden, embedding, targets = make_batch(3, 1, 6, 4, 9)
+    masked = jnp.ones((1, 6)).at[0, 2].set(0.0)
+
+    def value_and_grads(t):
+        loss = lambda h, e: lm.chunked_cross_entropy(h, e, t, chunk_size=6, weights=masked,  # noqa: E731
+                                                     compute_dtype=jnp.bfloat16)[0]
+        return jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(hidden, embedding)
+
+    want = value_and_grads(targets.at[0, 2].set(0))
+    for bad_id in (9, -1):
+        got = value_and_grads(targets.at[0, 2].set(bad_id))
+        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+            np.testing.assert_array_equal(a, b)
+
+
 def test_per_token_matches_dense_with_ragged_last_chunk():
     hidden, embedding, targets = make_batch(4, 2, 11, 5, 13)
     got = per_token(hidden, embedding, targets, chunk_size=4)
