@@ -4,9 +4,12 @@ Every strategy implements one function
 
     dispatch(x, topk, gates, experts, *, capacity_factor, block_size) -> (y, dropped)
 
-with x (N, d), topk (N, k) int, gates (N, k) (rows sum to 1), ``experts`` the
-SwiGLU weights (w_gate, w_up: (E, d, f); w_down: (E, f, d)) already cast to
-the compute dtype, y (N, d) and ``dropped`` the number of (token, expert)
+with x (N, d) in the compute dtype, topk (N, k) int, gates (N, k) (rows sum to
+1), ``experts`` the SwiGLU weights (w_gate, w_up: (E, d, f); w_down: (E, f, d))
+as the parameters hold them (float32; each strategy computes in x's dtype, and
+``sparse`` casts inside its hand-written VJP, so that its weight gradients
+leave in float32 without a round trip through bfloat16), y (N, d) and
+``dropped`` the number of (token, expert)
 assignments that were not computed (always 0 for the dropless strategies).
 ``capacity_factor`` is used by ``capacity`` only and ``block_size`` by the two
 ``sparse`` strategies; the others ``del`` them.
@@ -62,12 +65,18 @@ def _swiglu(x, w_gate, w_up, w_down, matmul):
     return matmul(jax.nn.silu(matmul(x, w_gate)) * matmul(x, w_up), w_down)
 
 
+def in_dtype(experts: ExpertWeights, dtype) -> ExpertWeights:
+    """The expert weights cast to the compute dtype (a no-op where they already are)."""
+    return ExpertWeights(*(w.astype(dtype) for w in experts))
+
+
 DEFAULT_BLOCK_SIZE = 64  # the sparse strategies' b when called without one (AUTO_DISPATCH picks per backend)
 
 
 def dense_dispatch(x, topk, gates, experts: ExpertWeights, *, capacity_factor: float = 0.0,
                    block_size: int = DEFAULT_BLOCK_SIZE):
     del capacity_factor, block_size
+    experts = in_dtype(experts, x.dtype)
     num_experts = experts.w_gate.shape[0]
     # combine[e, n] = gate of expert e for token n (0 when e is not among its top-k).
     combine = jnp.sum(jax.nn.one_hot(topk, num_experts, dtype=jnp.float32) * gates[..., None], axis=1).T
@@ -99,6 +108,7 @@ def _sorted_assignments(topk):
 
 def _ragged_with(ragged_dot, x, topk, gates, experts: ExpertWeights):
     """Sorted assignments through grouped matmuls ``ragged_dot(lhs (M, d), rhs (E, d, f), group_sizes)``."""
+    experts = in_dtype(experts, x.dtype)
     num_experts = experts.w_gate.shape[0]
     flat_expert, order, token_of = _sorted_assignments(topk)
     group_sizes = jnp.bincount(flat_expert, length=num_experts).astype(jnp.int32)
@@ -140,6 +150,7 @@ def expert_capacity(num_tokens: int, k: int, num_experts: int, capacity_factor: 
 def capacity_dispatch(x, topk, gates, experts: ExpertWeights, *, capacity_factor: float = 1.25,
                       block_size: int = DEFAULT_BLOCK_SIZE):
     del block_size
+    experts = in_dtype(experts, x.dtype)
     num_experts = experts.w_gate.shape[0]
     n, k = topk.shape
     cap = expert_capacity(n, k, num_experts, capacity_factor)
@@ -251,11 +262,15 @@ def _put_rows(buf, block: jax.Array, block_size: int, value):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _loop_swiglu(block_size: int, xs, block_expert, used_blocks, w_gate, w_up, w_down):
-    """SwiGLU of each b-row block of ``xs`` (R, d) with its expert's weights; blocks past ``used_blocks`` -> 0."""
+    """SwiGLU of each b-row block of ``xs`` (R, d) with its expert's weights, cast to xs's dtype; blocks past
+    ``used_blocks`` -> 0."""
     return _loop_swiglu_fwd(block_size, xs, block_expert, used_blocks, w_gate, w_up, w_down)[0]
 
 
-def _loop_swiglu_fwd(block_size, xs, block_expert, used_blocks, w_gate, w_up, w_down):
+def _loop_swiglu_fwd(block_size, xs, block_expert, used_blocks, *weights):
+    # The residuals keep the weights as given (the parameters, alive anyway), not their cast copies.
+    residual_weights = weights
+    w_gate, w_up, w_down = in_dtype(ExpertWeights(*weights), xs.dtype)
     rows, f = xs.shape[0], w_gate.shape[-1]
 
     def body(j, carry):
@@ -270,15 +285,15 @@ def _loop_swiglu_fwd(block_size, xs, block_expert, used_blocks, w_gate, w_up, w_
     # blocks cost nothing (a scan would run them; a cond inside one measured 2x slower).
     init = (jnp.zeros_like(xs), jnp.zeros((rows, f), xs.dtype), jnp.zeros((rows, f), xs.dtype))
     out, pre_gate, pre_up = jax.lax.fori_loop(0, used_blocks, body, init)
-    return out, (xs, block_expert, used_blocks, w_gate, w_up, w_down, pre_gate, pre_up)
+    return out, (xs, block_expert, used_blocks, *residual_weights, pre_gate, pre_up)
 
 
 def _loop_swiglu_bwd(block_size, residuals, d_out):
     xs, block_expert, used_blocks, w_gate, w_up, w_down, pre_gate, pre_up = residuals
-    # Every product is (m, k) @ (k, n) through losses.dots, the weights transposed once for all blocks, so that
-    # in bfloat16 each runs on XLA:CPU's bf16 GEMM (the weight gradients contract the block's rows: their left
-    # operands are the (d, b) and (f, b) transposes of the block's rows).
-    w_gate_t, w_up_t, w_down_t = (dots.transposed(w) for w in (w_gate, w_up, w_down))
+    # Every product is (m, k) @ (k, n) through losses.dots, the weights cast and transposed once for all blocks,
+    # so that in bfloat16 each runs on XLA:CPU's bf16 GEMM (the weight gradients contract the block's rows: their
+    # left operands are the (d, b) and (f, b) transposes of the block's rows).
+    w_gate_t, w_up_t, w_down_t = (dots.transposed(w.astype(xs.dtype)) for w in (w_gate, w_up, w_down))
 
     def body(j, carry):
         dx, dw_gate, dw_up, dw_down = carry
@@ -312,6 +327,7 @@ def _looped_blocks(xs, layout: BlockLayout, experts: ExpertWeights, block_size: 
 
 
 def _batched_blocks(xs, layout: BlockLayout, experts: ExpertWeights, block_size: int):
+    experts = in_dtype(experts, xs.dtype)
     blocks = xs.reshape(-1, block_size, xs.shape[1])
     per_block = (jnp.take(w, layout.block_expert, axis=0) for w in experts)  # (R/b, d, f) each
     return _swiglu(blocks, *per_block, jnp.matmul).reshape(xs.shape)

@@ -255,8 +255,8 @@ class MoELayer(nnx.Module):
         the expert weights elsewhere (an offloaded decode) passes them in.
         """
         lead, d = x.shape[:-1], x.shape[-1]
+        # As the parameters hold them: each dispatcher computes in x's dtype (moe.dispatch).
         weights = self.expert_weights() if weights is None else weights
-        weights = ExpertWeights(*(w.astype(self.dtype) for w in weights))
         with jax.named_scope("experts"):
             y, dropped = self.dispatch(x.reshape(-1, d).astype(self.dtype), topk.reshape(-1, topk.shape[-1]),
                                        gates.reshape(-1, gates.shape[-1]), weights,
