@@ -81,7 +81,7 @@ def _half_forward(hidden, embedding, targets, compute_dtype):
     """Per-token CE (n,) float32 of one chunk's n rows in half precision, its shifted exponentials (n, V) in the
     compute dtype and their float32 row sums (n,)."""
     rows = hidden.reshape(-1, hidden.shape[-1]).astype(compute_dtype)
-    logits = dots.matmul(rows, dots.transposed(embedding.astype(compute_dtype)), compute_dtype)
+    logits = dots.matmul_nt(rows, embedding.astype(compute_dtype), compute_dtype)
     shift = logits.max(axis=-1).astype(jnp.float32)
     exponentials = jnp.exp(logits.astype(jnp.float32) - shift[:, None]).astype(compute_dtype)
     # The sum of the stored (rounded) exponentials, so that the backward's softmax sums to one.

@@ -102,25 +102,24 @@ def blocked_causal_attention(q, k, v, block: int = BLOCK):
     return jnp.swapaxes(out[:, :, :t], 1, 2)
 
 
-def _block_scores(q_block, keys_t, first_row: int, scale: float):
-    """float32 scores (B, H, b, S) of one query block against its transposed key prefix (B, H, D, S), the
-    diagonal block masked."""
-    scores = dots.matmul(q_block, keys_t) * scale
+def _block_scores(q_block, keys, first_row: int, scale: float):
+    """float32 scores (B, H, b, S) of one query block against its key prefix (B, H, S, D), the diagonal block
+    masked."""
+    scores = dots.matmul_nt(q_block, keys) * scale
     rows = first_row + jax.lax.broadcasted_iota(jnp.int32, scores.shape[-2:], 0)
     cols = jax.lax.broadcasted_iota(jnp.int32, scores.shape[-2:], 1)
     return jnp.where(cols <= rows, scores, -jnp.inf)
 
 
-# Every product below is (..., m, k) @ (..., k, n) through losses.dots, the keys and values transposed once
-# per call (not per block), so that in bfloat16 each runs on XLA:CPU's bf16 GEMM rather than upcast to float32.
+# Every product below goes through losses.dots, so that in bfloat16 each runs on XLA:CPU's bf16 GEMM rather
+# than upcast to float32.
 def _forward(q, k, v, block):
     """(output (B, H, T, D) in q's dtype, log-sum-exp (B, H, T) float32)."""
     scale = 1.0 / math.sqrt(q.shape[-1])
-    k_t = dots.transposed(k)
     outs, lses = [], []
     for i in range(q.shape[2] // block):
         end = (i + 1) * block
-        scores = _block_scores(q[:, :, i * block:end], k_t[..., :end], i * block, scale)
+        scores = _block_scores(q[:, :, i * block:end], k[:, :, :end], i * block, scale)
         top = jnp.max(scores, axis=-1, keepdims=True)
         exps = jnp.exp(scores - top)
         sums = jnp.sum(exps, axis=-1, keepdims=True)
@@ -147,18 +146,18 @@ def _attention_bwd(block, residuals, d_out):
     delta = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)
     # dK and dV accumulate transposed, (B, H, D, T): dVᵀ += dOᵀ @ P contracts the block's rows with the (D, b)
     # transpose of dO as the left operand, where dV += Pᵀ @ dO would transpose each (b, S) probability block.
-    k_t, v_t = dots.transposed(k), dots.transposed(v)
     dk_t = jnp.zeros((*k.shape[:2], k.shape[3], k.shape[2]), jnp.float32)
     dv_t = jnp.zeros_like(dk_t)
     dq_blocks = []
     for i in range(q.shape[2] // block):
         start, end = i * block, (i + 1) * block
         q_block, d_block = q[:, :, start:end], d_out[:, :, start:end]
-        probs = jnp.exp(_block_scores(q_block, k_t[..., :end], start, scale) - lse[:, :, start:end, None])
+        keys, values = k[:, :, :end], v[:, :, :end]
+        probs = jnp.exp(_block_scores(q_block, keys, start, scale) - lse[:, :, start:end, None])
         dv_t = dv_t.at[..., :end].add(dots.matmul(dots.transposed(d_block), probs.astype(d_out.dtype)))
-        d_probs = dots.matmul(d_block, v_t[..., :end])
+        d_probs = dots.matmul_nt(d_block, values)
         d_scores = (probs * (d_probs - delta[:, :, start:end, None]) * scale).astype(q.dtype)
-        dq_blocks.append(dots.matmul(d_scores, k[:, :, :end]))
+        dq_blocks.append(dots.matmul(d_scores, keys))
         dk_t = dk_t.at[..., :end].add(dots.matmul(dots.transposed(q_block), d_scores))
     dq = jnp.concatenate(dq_blocks, axis=2)
     return dq.astype(q.dtype), jnp.swapaxes(dk_t, 2, 3).astype(k.dtype), jnp.swapaxes(dv_t, 2, 3).astype(v.dtype)

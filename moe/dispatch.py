@@ -289,34 +289,42 @@ def _loop_swiglu_fwd(block_size, xs, block_expert, used_blocks, *weights):
 
 
 def _loop_swiglu_bwd(block_size, residuals, d_out):
-    xs, block_expert, used_blocks, w_gate, w_up, w_down, pre_gate, pre_up = residuals
-    # Every product is (m, k) @ (k, n) through losses.dots, the weights cast and transposed once for all blocks,
-    # so that in bfloat16 each runs on XLA:CPU's bf16 GEMM (the weight gradients contract the block's rows: their
-    # left operands are the (d, b) and (f, b) transposes of the block's rows).
-    w_gate_t, w_up_t, w_down_t = (dots.transposed(w.astype(xs.dtype)) for w in (w_gate, w_up, w_down))
+    xs, block_expert, used_blocks, *weights, pre_gate, pre_up = residuals
+    # Every product goes through losses.dots, so that in bfloat16 each runs on XLA:CPU's bf16 GEMM: the products
+    # with a weight take it as is (x @ Wᵀ), and the weight gradients, which contract a block's rows, take the
+    # (d, b) column blocks of the rows and their cotangents, transposed once for all blocks, as left operands.
+    # dW_down accumulates transposed, (E, d, f) += dyᵀ h, for the same reason.
+    w_gate, w_up, w_down = in_dtype(ExpertWeights(*weights), xs.dtype)
+    xs_t, d_out_t = dots.transposed(xs), dots.transposed(d_out, xs.dtype)
+
+    def columns(v_t, j):
+        return jax.lax.dynamic_slice_in_dim(v_t, j * block_size, block_size, axis=1)
 
     def body(j, carry):
-        dx, dw_gate, dw_up, dw_down = carry
+        dx, dw_gate, dw_up, dw_down_t = carry
         e = block_expert[j]
-        xb, dy = _rows(xs, j, block_size), _rows(d_out, j, block_size)
+        dy = _rows(d_out, j, block_size)
         a, u = (_rows(v, j, block_size).astype(jnp.float32) for v in (pre_gate, pre_up))
         sig = jax.nn.sigmoid(a)
         silu = a * sig
-        dh = dots.matmul(dy, w_down_t[e], xs.dtype).astype(jnp.float32)
+        dh = dots.matmul_nt(dy, w_down[e], xs.dtype).astype(jnp.float32)
         da = (dh * u * sig * (1 + a * (1 - sig))).astype(xs.dtype)  # d silu(a)/da = σ(a)(1 + a(1−σ(a)))
         du = (dh * silu).astype(xs.dtype)
         h = (silu * u).astype(xs.dtype)
-        xb_t = dots.transposed(xb)
+        xb_t = columns(xs_t, j)
         # Weight gradients accumulate over the blocks of one expert: in float32, so a
         # bfloat16 run does not round once per block.
-        return (_put_rows(dx, j, block_size, dots.matmul(da, w_gate_t[e], xs.dtype)
-                          + dots.matmul(du, w_up_t[e], xs.dtype)),
+        return (_put_rows(dx, j, block_size, dots.matmul_nt(da, w_gate[e], xs.dtype)
+                          + dots.matmul_nt(du, w_up[e], xs.dtype)),
                 dw_gate.at[e].add(dots.matmul(xb_t, da)), dw_up.at[e].add(dots.matmul(xb_t, du)),
-                dw_down.at[e].add(dots.matmul(dots.transposed(h), dy)))
+                dw_down_t.at[e].add(dots.matmul(columns(d_out_t, j), h)))
 
-    init = (jnp.zeros_like(xs),) + tuple(jnp.zeros(w.shape, jnp.float32) for w in (w_gate, w_up, w_down))
-    dx, dw_gate, dw_up, dw_down = jax.lax.fori_loop(0, used_blocks, body, init)
-    return (dx, None, None, dw_gate.astype(w_gate.dtype), dw_up.astype(w_up.dtype), dw_down.astype(w_down.dtype))
+    shapes = (w_gate.shape, w_up.shape, (w_down.shape[0], w_down.shape[2], w_down.shape[1]))
+    init = (jnp.zeros_like(xs), *(jnp.zeros(shape, jnp.float32) for shape in shapes))
+    dx, dw_gate, dw_up, dw_down_t = jax.lax.fori_loop(0, used_blocks, body, init)
+    # In the dtype of the weights as given (the float32 parameters: no rounding through bfloat16).
+    return (dx, None, None, *(g.astype(w.dtype) for g, w in zip(
+        (dw_gate, dw_up, jnp.swapaxes(dw_down_t, 1, 2)), weights)))
 
 
 _loop_swiglu.defvjp(_loop_swiglu_fwd, _loop_swiglu_bwd)

@@ -75,6 +75,11 @@ def test_matmul_is_the_float32_product_and_bf16_within_one_rounding(seed, batch,
     assert rounded.dtype == BF16
     assert np.all(np.abs(np.asarray(rounded, np.float64) - exact) <= BF16_ROUNDING * scale + 1e-30)
     np.testing.assert_array_equal(dots.transposed(a16), jnp.swapaxes(a16, -1, -2))
+    np.testing.assert_array_equal(dots.transposed(a, BF16), a16.swapaxes(-1, -2))  # the cast with the transpose
+    # matmul_nt(a, bᵀ) is matmul(a, b): the same product, b given transposed.
+    b_t = jnp.swapaxes(b16, -1, -2)
+    np.testing.assert_array_equal(dots.matmul_nt(a16, b_t, BF16), rounded)
+    np.testing.assert_array_equal(dots.matmul_nt(a, jnp.swapaxes(b, -1, -2)), dots.matmul(a, b))
 
 
 def test_matmul_refuses_unequal_batch_axes_and_mismatched_widths():
@@ -82,6 +87,8 @@ def test_matmul_refuses_unequal_batch_axes_and_mismatched_widths():
         dots.matmul(jnp.zeros((2, 3, 4)), jnp.zeros((4, 5)))
     with pytest.raises(ValueError, match=r"got \(3, 4\) @ \(5, 6\)"):
         dots.matmul(jnp.zeros((3, 4)), jnp.zeros((5, 6)))
+    with pytest.raises(ValueError, match=r"matmul_nt takes .* got \(3, 4\) @ \(4, 6\)"):
+        dots.matmul_nt(jnp.zeros((3, 4)), jnp.zeros((4, 6)))
 
 
 def _linear_loss(fn, x, kernel, g):
@@ -120,9 +127,11 @@ def test_every_bf16_product_compiles_to_a_bf16_dot_on_the_cpu():
     p = _random(5, 2, 3, 64, 96, dtype=BF16)
     forms = {
         "weight gradient xᵀ dy": (lambda x, dy: dots.matmul(dots.transposed(x), dy), x, dy),
-        "dx = dy Wᵀ": (lambda dy, w: dots.matmul(dy, dots.transposed(w), BF16), dy, w),
+        "dx = dy Wᵀ": (lambda dy, w: dots.matmul_nt(dy, w, BF16), dy, w),
+        "dx through a transposed W": (lambda dy, w: dots.matmul(dy, dots.transposed(w), BF16), dy, w),
         "a transposed result": (lambda x, dy: dots.matmul(dots.transposed(x), dy).T * 2.0, x, dy),
-        "scores q kᵀ": (lambda q, k: dots.matmul(q, dots.transposed(k)), q, k),
+        "scores q kᵀ": (lambda q, k: dots.matmul_nt(q, k), q, k),
+        "dV P v-blocks": (lambda p, k: dots.matmul(p, k), p, k),
         "dVᵀ += dOᵀ P": (lambda q, p: dots.matmul(dots.transposed(q), p), q, p),
         "linear's backward": (jax.grad(lambda x, w: jnp.sum(dots.linear(x, w, BF16).astype(jnp.float32)),
                                        argnums=(0, 1)), x, w.astype(jnp.float32)),
