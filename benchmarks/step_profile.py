@@ -11,8 +11,9 @@ parameters are float32 in every dtype), run once, then timed untraced for
 --rounds rounds of --steps steps with the dtypes interleaved round by round
 (``tokens_per_s``: the best round; ``speedup``: the median over rounds of the
 first dtype's step time ÷ this dtype's; ``fraction_of_peak``: model FLOPs/s
-(dispatch_bench's count) ÷ the GEMM peak of that dtype). Then each dtype runs
---steps steps under ``jax.profiler.trace``. XLA:CPU's runtime records every op
+(dispatch_bench's count) ÷ the GEMM peak of that dtype). Then --steps steps of
+each dtype, alternating, run under one ``jax.profiler.trace`` (each category's
+time per dtype from the same stretch of load). XLA:CPU's runtime records every op
 it executes (a thunk, named by its HLO instruction), with its wall time on the
 thread that ran it; ops inside a loop are recorded once per iteration. Each op
 is put in a category by the name scopes in its HLO metadata (a fusion that
@@ -213,17 +214,20 @@ def dot_census(events, ops, steps: int) -> dict[str, dict]:
     return table
 
 
-def op_events(trace_dir: str, module: str) -> list[tuple[str, float]]:
-    """(HLO instruction, milliseconds) of every op the runtime executed for ``module`` in a trace."""
-    events = []
+def program_events(trace_dir: str, module: str) -> list[list[tuple[str, float]]]:
+    """(HLO instruction, milliseconds) of every op the runtime executed for ``module`` in a trace, one list per
+    executable of that name (two dtypes' steps share it), in the order each first ran."""
+    programs: dict[int, list] = {}
     for path in pathlib.Path(trace_dir).rglob("*.xplane.pb"):
         for plane in ProfileData.from_file(str(path)).planes:
             for line in plane.lines:
                 for event in line.events:
                     stats = dict(event.stats)
                     if stats.get("hlo_module") == module and "hlo_op" in stats:
+                        first, events = programs.setdefault(stats.get("program_id", 0), [float("inf"), []])
+                        programs[stats.get("program_id", 0)][0] = min(first, event.start_ns)
                         events.append((stats["hlo_op"], event.duration_ns / 1e6))
-    return events
+    return [events for _, events in sorted(programs.values(), key=lambda item: item[0])]
 
 
 def breakdown(events: list[tuple[str, float]], ops: dict[str, dict], steps: int, peak_gflops: float) -> dict:
@@ -361,13 +365,23 @@ def main(argv=None) -> None:
         for dtype in configs:
             states[dtype], seconds = bench.timed_steps(steps[dtype], states[dtype], batches, args.steps)
             walls[dtype].append(seconds / args.steps)
+    # Traced in one session, the dtypes' steps alternating (the first dtype first), so that each category's
+    # time per dtype comes from the same stretch of load. Their executables may share a module name: each one's
+    # ops are then told apart by its program, in the order the programs first ran.
+    names = {dtype: re.search(r"HloModule ([\w.\-]+)", step.as_text()).group(1) for dtype, step in steps.items()}
+    with tempfile.TemporaryDirectory() as trace_dir:
+        with jax.profiler.trace(trace_dir):
+            for _ in range(args.steps):
+                for dtype in configs:
+                    states[dtype], _ = bench.timed_steps(steps[dtype], states[dtype], batches, 1)
+        programs = {name: program_events(trace_dir, name) for name in set(names.values())}
     traced = {}
-    for dtype in configs:  # traced one after another: the op times, not the comparison
-        with tempfile.TemporaryDirectory() as trace_dir:
-            with jax.profiler.trace(trace_dir):
-                states[dtype], _ = bench.timed_steps(steps[dtype], states[dtype], batches, args.steps)
-            module = re.search(r"HloModule ([\w.\-]+)", steps[dtype].as_text()).group(1)
-            traced[dtype] = op_events(trace_dir, module)
+    for dtype, name in names.items():
+        sharing = [d for d in configs if names[d] == name]
+        if len(programs[name]) != len(sharing):
+            fail(f"the trace holds {len(programs[name])} programs named {name} for the {len(sharing)} dtypes "
+                 f"{sharing}; profile in a process that compiles nothing else under that name")
+        traced[dtype] = programs[name][sharing.index(dtype)]
     bench.measure_peak(args.peak_size, peaks)  # after as before: the load the steps saw
     peak = {d: max(v) for d, v in peaks.items()}
     tokens = first.train.batch_size * m.context
