@@ -258,16 +258,18 @@ def register_plan(config_file: str, root: pathlib.Path, specs, command: Sequence
 
 
 def finetune_command(root: pathlib.Path, entry: dict, overrides: Mapping[str, Any] | None = None) -> list[str]:
-    """main.py on a study's fine-tuning run: ``entry`` {"name", "config", "base"} names it, its config file
-    and the sweep run it starts from (ROOT/<base>); ``overrides``: the sweep's --config.x=y pairs."""
+    """main.py on a study's fine-tuning run: ``entry`` {"name", "config", "base"[, "overrides"]} names it, its
+    config file, the sweep run it starts from (ROOT/<base>) and its own --config.x=y pairs (e.g. arm M's
+    control, without MELINOE's losses); ``overrides``: the sweep's --config.x=y pairs, which come first."""
     from launch.plan import MAIN_MODULE, override_flags
     return [sys.executable, *MAIN_MODULE, f"--config={entry['config']}", f"--config.init_from={root / entry['base']}",
-            f"--workdir={root / entry['name']}", *override_flags((overrides or {}).items())]
+            f"--workdir={root / entry['name']}", *override_flags((overrides or {}).items()),
+            *override_flags(entry.get("overrides", {}).items())]
 
 
 def run_finetunes(root: pathlib.Path, entries: Sequence[dict] | None, echo=print,
                   overrides: Mapping[str, Any] | None = None) -> int:
-    """The study's fine-tuning runs (arm M), one at a time once their base runs are done.
+    """The study's fine-tuning runs (arm M and its control), one at a time once their base runs are done.
 
     The sweep cannot plan them with its runs (its pre-check needs the base run
     trained). A complete one is kept (and gets its DONE), an unfinished one
