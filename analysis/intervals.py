@@ -25,9 +25,9 @@ drawn), not training noise. A seed-paired comparison (target i against
 baseline i, its own seed) resamples the mean over the pairs of each pair's
 statistic, so the interval is of exactly the number printed beside it.
 
-Training noise is covered by :func:`seed_interval`: a Student-t interval over a
-configuration's seed-paired effects (2 or more seeds); its docstring says why
-not a bootstrap over seeds.
+Training noise is covered by the confidence verdict (``analysis.verdict``): a
+Student-t interval over a configuration's seed-paired effects on the log or
+logit scale; :func:`seeds_to_resolve` plans the seeds such an interval needs.
 
 Several comparisons over runs evaluated on the same windows are computed in
 one bootstrap call: the resampled window indices depend only on the seed and
@@ -99,22 +99,6 @@ def seed_spread(values: Sequence[float]) -> Spread | None:
     if len(values) < 2:
         return None
     return Spread(len(values), float(np.mean(values)), float(np.std(values, ddof=1)), min(values), max(values))
-
-
-def seed_interval(deltas: Sequence[float], confidence: float = CONFIDENCE) -> Interval:
-    """Student-t interval of the mean of per-seed (seed-paired) effects: it covers training noise.
-
-    Why t and not a bootstrap over seeds: with the 2-3 seeds a study affords, a
-    seed bootstrap has at most n^n distinct resamples and its percentile
-    interval cannot be wider than the seeds' range, so it understates the
-    spread; the t-interval widens honestly with few seeds (t(0.975, 1) = 12.7).
-    It does not add the evaluation windows' noise (the window interval does).
-    """
-    values = [float(v) for v in deltas if v is not None and math.isfinite(v)]
-    if len(values) < 2:
-        return Interval(None, None, f"{len(values)} seed: a seed-level interval needs 2 or more")
-    mean, half = float(np.mean(values)), effects.t_half_width(effects.own_noise(values), len(values), confidence)
-    return Interval(mean - half, mean + half)
 
 
 def seeds_to_resolve(deltas: Sequence[float], gate: float, confidence: float = CONFIDENCE,

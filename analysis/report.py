@@ -217,78 +217,82 @@ def code_lines(root_label: str, commits: Mapping[str, Any]) -> list[str]:
 
 
 # -- findings (pure) ------------------------------------------------------------------------------
-def _rq1_b(results: Sequence[verdict.CriterionResult]) -> list[verdict.CriterionResult]:
-    """The verdict's judged arm-B RQ1 configurations of the budget with most λ values, ordered by λ."""
-    judged = [r for r in results if r.criterion == "RQ1" and r.verdict != "NO BASELINE" and r.config.startswith("B ")]
-    budgets: dict[str, list[verdict.CriterionResult]] = {}
-    for r in judged:
-        budgets.setdefault(" ".join(r.config.split(" ")[-2:]), []).append(r)  # "<tokens> <size>"
-    if not budgets:
-        return []
-    chosen = max(budgets.values(), key=len)
-    return sorted(chosen, key=lambda r: float(r.config.split(" ")[1].removeprefix("λ=")))
+def b_grids(found: Sequence[verdict.Verdict]) -> dict[str, list[verdict.Verdict]]:
+    """{series: its counted arm-B RQ1 configurations with a baseline, by λ}: the λ grids the findings judge."""
+    out: dict[str, list[verdict.Verdict]] = {}
+    for v in found:
+        if v.criterion == "RQ1" and v.arm == "B" and v.counted and v.state != "NO BASELINE" and v.lam > 0:
+            out.setdefault(v.series, []).append(v)
+    return {k: sorted(g, key=lambda v: v.lam) for k, g in out.items()}
 
 
-def _lam(r: verdict.CriterionResult) -> str:
-    return r.config.split(" ")[1]
+def _judged(j: verdict.Judged, digits: int, signed: bool) -> str:
+    """'+56.2% (95% CI [+7.1%, +84.0%], own 3 seeds)': a confidence-verdict gate's point and interval."""
+    if j.interval is None:
+        return f"{_pct(j.point, digits, signed)} (no interval: {j.note.split(';')[0]})"
+    where = {"own": "own seeds", "borrowed": "pooled seed-paired SD"}.get(j.noise, j.noise)
+    return f"{_pct(j.point, digits, signed)} ({_ci(*j.interval, digits)}, {where})"
 
 
-def _judged_ci(g: verdict.Gate, digits: int = 1) -> str:
-    """The interval the verdict judged the gate at, labelled (it always contains the point it is printed beside)."""
-    if g.interval is None:
-        return "no interval"
-    kind = "seed-level t" if g.seed_ci is not None else "window bootstrap"
-    return f"95% CI [{_pct(g.interval[0], digits)}, {_pct(g.interval[1], digits)}], {kind}"
+def _step(lo: verdict.Judged, hi: verdict.Judged) -> str:
+    """'up', 'down' or 'open': whether the larger λ's interval lies wholly above (below) the smaller λ's."""
+    if lo.interval is None or hi.interval is None:
+        return "open"
+    if hi.interval[0] > lo.interval[1]:
+        return "up"
+    if hi.interval[1] < lo.interval[0]:
+        return "down"
+    return "open"
 
 
-def dose_response_finding(results: Sequence[verdict.CriterionResult]) -> Finding:
+def dose_response_finding(found: Sequence[verdict.Verdict]) -> Finding:
     claim = "The dose-response is monotone: a larger λ gives fewer misses and a higher PPL."
-    b = _rq1_b(results)
-    if len(b) < 2:
-        return Finding(claim, "not tested", "fewer than two λ values of arm B with an arm-A baseline")
-    miss = [r.metric_gate for r in b]
-    ppl = [r.quality_gate for r in b]
-    misses_up = all(hi.point > lo.point for lo, hi in zip(miss, miss[1:]))
-    ppl_up = all(hi.point > lo.point for lo, hi in zip(ppl, ppl[1:]))
-    steps = " → ".join(f"{_lam(r)} ({len(r.runs)} seed{'s' if len(r.runs) > 1 else ''}, {r.pairing}-paired): "
-                       f"miss red. {_pct(r.metric_gate.point)} ({_judged_ci(r.metric_gate)}), "
-                       f"ΔPPL {_pct(r.quality_gate.point, 2)} ({_judged_ci(r.quality_gate, 2)})" for r in b)
-    # A step is separated when every seed of the larger λ lies above every seed of the smaller one
-    # and the intervals the verdict judges at do not overlap.
-    separated = sum(1 for lo, hi in zip(miss, miss[1:])
-                    if min(hi.per_seed) > max(lo.per_seed) and hi.interval is not None and lo.interval is not None
-                    and hi.interval[0] > lo.interval[1])
-    status = ("replicates" if misses_up and ppl_up else "partly replicates" if misses_up or ppl_up
-              else "does not replicate")
-    words = (f"misses fall monotonically with λ: {'yes' if misses_up else 'no'}; PPL rises monotonically: "
-             f"{'yes' if ppl_up else 'no'}; {separated} of {len(b) - 1} adjacent λ steps in miss reduction are "
-             f"separated at 95% (every seed above every seed of the smaller λ, and the intervals apart). "
-             f"Seed means of the seed-paired effects, each beside the interval it was judged at. {steps}.")
-    return Finding(claim, status, words)
+    criterion = ("Criterion: between adjacent λ of one grid, both the seed-paired miss reduction and ΔPPL rise, "
+                 "a step counting as a rise (or a fall) only when the confidence verdict's two 95% intervals lie "
+                 "apart; overlapping intervals leave the step open.")
+    grids = {k: g for k, g in b_grids(found).items() if len(g) >= 2}
+    if not grids:
+        return Finding(claim, "not tested", f"{criterion} No grid of counted arm-B configurations has two or more "
+                                            "λ values.")
+    steps, parts = [], []
+    for series, grid in grids.items():
+        points = " → ".join(f"λ={v.lam:g} ({len(v.runs)} seed{'s' if len(v.runs) > 1 else ''}): miss red. "
+                            f"{_judged(v.metric, 1, True)}, ΔPPL {_judged(v.quality, 2, True)}" for v in grid)
+        moves = []
+        for lo, hi in zip(grid, grid[1:]):
+            miss, ppl = _step(lo.metric, hi.metric), _step(lo.quality, hi.quality)
+            steps += [miss, ppl]
+            moves.append(f"{lo.lam:g}→{hi.lam:g}: misses {'fall' if miss == 'up' else 'rise' if miss == 'down' else 'open'}, "
+                         f"PPL {'rises' if ppl == 'up' else 'falls' if ppl == 'down' else 'open'}")
+        parts.append(f"{series}: {points}. Steps: {'; '.join(moves)}")
+    status = ("does not replicate" if "down" in steps else "replicates" if set(steps) == {"up"} else "not resolved")
+    return Finding(claim, status, f"{criterion} {steps.count('up')} of {len(steps)} step-wise comparisons rise, "
+                                  f"{steps.count('down')} fall. " + " ".join(p + "." for p in parts))
 
 
-def gates_finding(results: Sequence[verdict.CriterionResult]) -> Finding:
+def gates_finding(conf: Sequence[verdict.Verdict], pre: Sequence[verdict.Verdict]) -> Finding:
     claim = (f"The gates are coupled: no λ meets both the miss gate (≥ {verdict.RQ1_MIN_MISS_REDUCTION:.0%} fewer "
              f"LRU misses @25%) and the quality gate (ΔPPL ≤ +{verdict.RQ1_MAX_PPL_COST:.0%}).")
-    b = _rq1_b(results)
-    if not b:
-        return Finding(claim, "not tested", "no arm-B run with an arm-A baseline")
-    # The verdict's gates (its slack, its intervals): this finding never re-judges them.
-    at_point = [r for r in b if r.metric_gate.met_at_point and r.quality_gate.met_at_point]
-    at_interval = [r for r in b if r.metric_gate.state == r.quality_gate.state == "met"]
-    parts = [f"{_lam(r)}: miss gate {r.metric_gate.state}, quality gate {r.quality_gate.state} "
-             f"({r.quality_gate.interval_label if r.quality_gate.interval is not None else 'at the point'}); "
-             f"verdict {r.verdict} ({r.reason})" for r in b]
-    if not at_point:
-        status, lead = "replicates", "No λ meets both gates at the point estimate."
-    elif not at_interval:
-        status = "not resolved"
-        lead = (f"{', '.join(_lam(r) for r in at_point)} meets both gates at the point but not over the whole "
-                "interval the verdict judges at.")
-    else:
-        status = "does not replicate"
-        lead = f"{', '.join(_lam(r) for r in at_interval)} meets both gates over the whole interval judged at."
-    return Finding(claim, status, f"{lead} " + "; ".join(parts) + ".")
+    criterion = ("Criterion: a λ meets both gates when the confidence verdict PASSes both over their whole 95% "
+                 "intervals, and misses them when either gate FAILs over its whole interval; otherwise it is open.")
+    grids = b_grids(conf)
+    if not grids:
+        return Finding(claim, "not tested", f"{criterion} No counted arm-B configuration has an arm-A baseline.")
+    at_point = {(v.series, v.lam): v for v in pre}
+    states, parts = [], []
+    for series, grid in grids.items():
+        for v in grid:
+            both = v.metric.state == v.quality.state == "PASS"
+            state = ("meets both" if both else "misses" if "FAIL" in (v.metric.state, v.quality.state) else "open")
+            states.append(state)
+            p = at_point.get((series, v.lam))
+            point = (f"; at the points (pre-registered verdict): miss gate {p.metric.state}, ΔPPL gate "
+                     f"{p.quality.state}" if p is not None and p.metric is not None else "")
+            parts.append(f"{series}, λ={v.lam:g}: miss gate {v.metric.state} at {_judged(v.metric, 1, True)}, "
+                         f"ΔPPL gate {v.quality.state} at {_judged(v.quality, 2, True)}: {state}{point}")
+    status = ("does not replicate" if "meets both" in states else
+              "replicates" if set(states) == {"misses"} else "not resolved")
+    return Finding(claim, status, f"{criterion} " + "; ".join(parts) + ".")
 
 
 def _frontier_points(points: Sequence[Mapping[str, Any]], *, epsilon: float = 0.0, prime: bool = False,
@@ -406,14 +410,15 @@ def priming_finding(frontiers: Mapping[str, Sequence[Mapping[str, Any]]], runs: 
                                   + "; ".join(parts) + f"; {_FRONTIER_NO_CI}.")
 
 
-def findings(rows: Sequence[Mapping[str, Any]], results: Sequence[verdict.CriterionResult],
+def findings(rows: Sequence[Mapping[str, Any]], conf: Sequence[verdict.Verdict], pre: Sequence[verdict.Verdict],
              frontiers: Mapping[str, Sequence[Mapping[str, Any]]], frontier_runs: Sequence[str]) -> list[Finding]:
-    """The paper's claims the page checks. ``frontier_runs``: [arm-A run, arm-B run]. Priming is judged on
-    arm C, whose domain slices are its own (arms A and B have none, so "no gain" would be guaranteed there);
+    """The paper's claims the page checks, judged on the confidence verdict (``conf``; the pre-registered
+    verdict's points, ``pre``, beside). ``frontier_runs``: [arm-A run, arm-B run]. Priming is judged on arm C,
+    whose domain slices are its own (arms A and B have none, so "no gain" would be guaranteed there);
     collapse at high λ is no claim of the paper: the verdict's collapse lines report it."""
     a_run, b_run = (list(frontier_runs) + ["", ""])[:2]
     c_runs = [r["run"] for r in rows if r["arm"] == "C"]
-    return [dose_response_finding(results), gates_finding(results), rerouting_finding(frontiers, a_run, b_run),
+    return [dose_response_finding(conf), gates_finding(conf, pre), rerouting_finding(frontiers, a_run, b_run),
             elision_finding(frontiers, a_run, b_run), priming_finding(frontiers, c_runs)]
 
 
@@ -467,14 +472,24 @@ def deviations(runs: Sequence[Run], frontier_runs: Sequence[str]) -> list[tuple[
 
 
 # -- figures --------------------------------------------------------------------------------------
+def deciding(conf: Sequence[verdict.Verdict]) -> verdict.Verdict | None:
+    """The configuration that decides RQ1's gates: on the counted arm-B grid with the most λ (from scratch
+    before branched), the smallest λ whose seed-paired miss reduction reaches the miss gate, else its
+    largest λ."""
+    grids = b_grids(conf)
+    if not grids:
+        return None
+    grid = max(grids.values(), key=len)  # dicts keep order: the first series wins a tie
+    return next((v for v in grid if verdict.passes(v.metric.point, verdict.RQ1_MIN_MISS_REDUCTION, True)), grid[-1])
+
+
 def write_figures(runs: Sequence[Run], out: Path, frontier_runs: Sequence[str],
-                  results: Sequence[verdict.CriterionResult] = ()) -> dict[str, Path]:
+                  conf: Sequence[verdict.Verdict] = ()) -> dict[str, Path]:
     """{caption: PNG path} of the page's figures, drawn into ``out``."""
-    from analysis import plots, study  # here, not at the top: --help need not wait for pandas and matplotlib
+    from analysis import study  # here, not at the top: --help need not wait for pandas and matplotlib
 
     drawn: dict[str, Path] = {}
     complete = [r for r in runs if r.complete]
-    by_name = {r.name: r for r in complete}
 
     def attempt(caption: str, draw) -> None:
         try:
@@ -482,34 +497,33 @@ def write_figures(runs: Sequence[Run], out: Path, frontier_runs: Sequence[str],
         except AnalysisError:
             pass  # the figure's inputs are absent (e.g. no arm-B run); the page lists what it has
 
-    attempt("Dose-response: seed-paired LRU miss reduction @25% and PPL cost vs λ (arm B vs arm A), with the "
-            "intervals the verdict judged at, each seed, arm A's seed range (shaded) and the RQ1 gates (dashed)",
+    attempt("Dose-response: the confidence verdict's seed-paired LRU miss reduction @25% and PPL cost of arm B "
+            "vs arm A at each tested λ (no line joins them). Filled circles with solid bars: the seed mean and "
+            "its 95% t-interval over its own seeds; open squares with dashed bars: one seed, judged at the "
+            "study's pooled seed-paired SD; small dots: each seed. Shaded: the 95% range of one seed pair's "
+            "effect when there is none (the pooled seed-paired SD); dashed: the RQ1 gates",
             lambda: study.write_dose_response(complete, out / "dose_response.png"))
-    attempt("Training curves: training LM loss and validation PPL per domain vs tokens (lines: validation during "
-            "training on the windows the panel titles name; stars: the final evaluation on every window)",
+    attempt("Training curves: training LM loss and validation PPL per domain vs tokens, one colour per run and "
+            "one line style per arm (lines: validation during training on the windows the panel titles name; "
+            "stars: the final evaluation on every window; an arm-M run starts at its base's tokens)",
             lambda: study.write_training_curves(runs, out / "training_curves.png"))
-    for name in frontier_runs:
-        run = by_name.get(name)
-        frontier = figures.read_frontier(run, with_tau=True) if run is not None else None
-        if frontier is not None:
-            series, reference = frontier
-            drawn[f"τ frontier of {name}: PPL cost vs miss reduction (vs {reference})"] = plots.frontier(
-                series, out / f"frontier_{name}.png", title=f"{name}: PPL cost vs miss reduction (vs {reference})",
-                miss_gate=verdict.RQ1_MIN_MISS_REDUCTION, ppl_gate=verdict.RQ1_MAX_PPL_COST)[0]
-    largest = _largest_effect(results)
-    attempt(f"Hit rate vs cache budget: arm B at the λ with the largest miss reduction ({largest or 'none'}) "
-            "over arm A",
-            lambda: study.write_hit_vs_budget_a_vs_b(complete, out / "hit_vs_budget.png", config=largest))
-    attempt("Expert usage per layer (one log colour scale for every run; red: under the "
-            f"{headline.COLLAPSE_PERCENT} collapse threshold)",
-            lambda: study.write_usage_heatmaps(complete, out / "usage.png"))
+    names = [n for n in frontier_runs if n]
+    attempt(f"τ/ε frontier of {' and '.join(names) or 'the frontier runs'} on shared axes: PPL cost vs LRU "
+            "miss reduction on the domains stream, one colour per run, one line style per intervention, "
+            "τ written beside the rerouting points where it fits",
+            lambda: study.write_frontier(complete, out / "frontier.png", names=names))
+    decide = deciding(conf)
+    if decide is not None:
+        attempt(f"Hit rate vs cache budget at the deciding λ ({decide.config}: the smallest λ whose "
+                f"seed-paired miss reduction reaches {verdict.RQ1_MIN_MISS_REDUCTION:.0%}, else the largest "
+                "tested), its seeds' mean over arm A's",
+                lambda: study.write_hit_vs_budget_a_vs_b(complete, out / "hit_vs_budget.png", config=decide.config))
+    counts = ", ".join(f"{r.name}: {summary.pooled_collapsed(r)[0]}" for r in complete)
+    attempt(f"Expert usage per layer, pooled over each run's evaluation tokens of every domain (one log colour "
+            f"scale for every run). x: an expert under {headline.COLLAPSE_PERCENT} of the pooled tokens, the "
+            f"experts the verdicts count as collapsed ({counts})",
+            lambda: study.write_pooled_usage(complete, out / "usage.png"))
     return drawn
-
-
-def _largest_effect(results: Sequence[verdict.CriterionResult]) -> str | None:
-    """The arm-B configuration with the largest seed-paired miss reduction (where A and B differ most)."""
-    b = _rq1_b(results)
-    return max(b, key=lambda r: r.metric_gate.point).config if b else None
 
 
 # -- the page -------------------------------------------------------------------------------------
@@ -682,19 +696,20 @@ def build(root: Path, name: str, out: Path, *, command: str, frontier_runs: Sequ
     if not complete:
         raise AnalysisError(f"no complete runs under {root}; run the sweep first")
     rows = tables.main_rows(runs)
-    results = verdict.evaluate(runs)
+    conf, pre = verdict.confidence(runs), verdict.preregistered(runs)
     frontiers = complementarity.load_frontiers(complete)
-    found = findings(rows, results, frontiers, frontier_runs)
+    found = findings(rows, conf, pre, frontiers, frontier_runs)
     built = tables.build_tables(runs, ["main", "per_domain", "complementarity"] if frontiers else
                                 ["main", "per_domain"], frontiers, {})
     figure_dir = out / name
-    drawn = write_figures(runs, figure_dir, frontier_runs, results)
+    drawn = write_figures(runs, figure_dir, frontier_runs, conf)
     figure_paths = {c: f"{name}/{p.name}" for c, p in drawn.items()}
     commits = code_commits(complete)
     page = render_page(name=name, root_label=root.name, command=command, rows=rows, found=found,
-                       testability=verdict.testability(runs, results),
+                       testability=verdict.testability(runs),
                        deviation_rows=deviations(runs, frontier_runs),
-                       table_md=[_table_md(t) for t in built], verdict_txt=verdict.verdict_text(runs, results),
+                       table_md=[_table_md(t) for t in built],
+                       verdict_txt=verdict.verdict_text(runs, verdict.registered_target(root)),
                        figure_paths=figure_paths, manifests=data_manifests(complete), commits=commits,
                        machine_line=machine(), training=_training_lines(complete, rows),
                        timings=run_timings(complete), wall_s=sweep_wall_s(root), steps_s=study_steps_s(root),

@@ -75,10 +75,12 @@ def _baseline_note(runs: Sequence[Run]) -> str:
     lines = []
     seen = set()
     for r in sorted(runs, key=summary.sort_key):
-        if r.complete and r.finetuned:  # compared with its own base run, not with arm A at its budget
+        if r.complete and r.finetuned:  # compared with its control or base run, not with arm A at its budget
             base = summary.baseline_for(r, runs)
+            kind = ("its control (the same base, seed and tokens without MELINOE's losses)"
+                    if summary.melinoe_control(r, runs) is not None else "its base run")
             lines.append(f"{r.name} (arm M): " + (summary.no_baseline_reason(r, runs) if base is None else
-                         f"baseline = its base run {base.runs[0]}, mean PPL {base.ppl:.3f}, "
+                         f"baseline = {kind} {base.runs[0]}, mean PPL {base.ppl:.3f}, "
                          f"LRU miss/tok@25% {base.values['lru_miss_25']:.3f}"))
             continue
         if not r.complete or (r.tokens, r.size) in seen:
