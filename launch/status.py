@@ -12,7 +12,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import pathlib
+import platform
 import statistics
 import sys
 import time
@@ -156,6 +158,20 @@ def first_started(root: pathlib.Path) -> float | None:
     except (OSError, ValueError):
         return None
     return status.get("first_started", status.get("started"))
+
+
+def machine_line() -> str:
+    """CPU model and core count of this machine, and the Python/platform: where a sweep ran (status.json's
+    ``machine``, which a study page states)."""
+    model = platform.processor() or "unknown CPU"
+    try:
+        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{model}, {os.cpu_count()} cores, {platform.system()} {platform.machine()}, Python {platform.python_version()}"
 
 
 def write_status(root: pathlib.Path, status: dict[str, Any]) -> None:

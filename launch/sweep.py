@@ -264,7 +264,7 @@ def finetune_command(root: pathlib.Path, entry: dict, overrides: Mapping[str, An
     from launch.plan import MAIN_MODULE, override_flags
     return [sys.executable, *MAIN_MODULE, f"--config={entry['config']}", f"--config.init_from={root / entry['base']}",
             f"--workdir={root / entry['name']}", *override_flags((overrides or {}).items()),
-            *override_flags(entry.get("overrides", {}).items())]
+            *override_flags(entry.get("overrides", {}).items()), f"--config.run_name={entry['name']}"]
 
 
 def run_finetunes(root: pathlib.Path, entries: Sequence[dict] | None, echo=print,
@@ -514,7 +514,7 @@ def sweep(argv_command: Sequence[str]) -> int:
             for job in jobs:
                 print(f"  {job.name}: {shlex.join(job.command())}", flush=True)
         meta = {"config": config_file, "root": str(root), "executor": _EXECUTOR.value, "parallel": _PARALLEL.value,
-                "command": shlex.join(argv_command), "started": t0,
+                "command": shlex.join(argv_command), "started": t0, "machine": status.machine_line(),
                 "first_started": status.first_started(root) or t0}
         workers = 1 if _EXECUTOR.value == "inline" else max(1, _PARALLEL.value)
         writer = status.StatusWriter(root, list(states.values()), parallel=workers, meta=meta,

@@ -65,7 +65,7 @@ def test_the_finetune_step_runs_main_from_its_base_then_skips_the_complete_run(t
     assert sweep.run_finetunes(tmp_path, [entry], echo=lines.append, overrides={"eval.windows": 1}) == 0
     assert calls == [[sys.executable, "-m", "moe.main", "--config=configs/arm_m.py:tiny",
                       f"--config.init_from={tmp_path / 'a-s1'}", f"--workdir={tmp_path / 'm-s1'}",
-                      "--config.eval.windows=1"]]
+                      "--config.eval.windows=1", "--config.run_name=m-s1"]]
     done = rundir.read_done(tmp_path / "m-s1")
     assert done["attempts"] == 1 and done["command"] == " ".join(calls[0])
     assert "training" in (tmp_path / "m-s1" / rundir.LAUNCH_LOG).read_text()
@@ -75,7 +75,8 @@ def test_the_finetune_step_runs_main_from_its_base_then_skips_the_complete_run(t
     # Arm M's control: the same config and base, its own overrides after the sweep's.
     control = {**entry, "name": "m-control-s1", "overrides": {"loss.lambda_cs": 0.0, "loss.lambda_rm": 0.0}}
     assert sweep.run_finetunes(tmp_path, [control], echo=lines.append, overrides={"eval.windows": 1}) == 0
-    assert calls[-1][-3:] == ["--config.eval.windows=1", "--config.loss.lambda_cs=0.0", "--config.loss.lambda_rm=0.0"]
+    assert calls[-1][-4:] == ["--config.eval.windows=1", "--config.loss.lambda_cs=0.0", "--config.loss.lambda_rm=0.0",
+                              "--config.run_name=m-control-s1"]  # its own name: two runs never share one
 
 
 def test_the_finetune_step_reports_a_failure_in_one_line(tmp_path, monkeypatch):
