@@ -433,13 +433,15 @@ def frontier_runs(by_run: Mapping[str, Mapping[str, tuple[Sequence[float], ...]]
     per method.
 
     ``by_run``: {run: {method: (miss reductions, PPL costs[, τ of each point or None])}}. The τ of each
-    point of a series that has them is written beside it, where it overlaps no other label; a label that
-    fits nowhere is left out (the caption's τ list still holds it).
+    point of the rerouting series (else the first) is written beside it, where it overlaps no other label;
+    a label that fits nowhere is left out.
     """
     fig, ax = plt.subplots(figsize=(9, 5.2), layout="constrained")
     colors = plt.get_cmap("tab10")
     methods = list(dict.fromkeys(m for series in by_run.values() for m in series))
     several = len(by_run) > 1
+    # One method's points carry the τ labels (rerouting alone where there is one): fewer labels to place.
+    labelled_method = next((m for m in methods if m.startswith("reroute τ") and "+" not in m), methods[0])
     labelled: list[tuple[float, float, str, tuple]] = []
     for i, (run, series) in enumerate(by_run.items()):
         for j, (method, (miss_reduction, ppl_cost, *taus)) in enumerate(series.items()):
@@ -449,7 +451,7 @@ def frontier_runs(by_run: Mapping[str, Mapping[str, tuple[Sequence[float], ...]]
             xs, ys = 100 * np.asarray(miss_reduction)[order], 100 * np.asarray(ppl_cost)[order]
             ax.plot(xs, ys, linestyle=style, marker=_RUN_MARKERS[i % len(_RUN_MARKERS)], ms=4, color=color,
                     label=f"{run}: {method}" if run else method)
-            if taus and (not several or method == methods[0]):
+            if taus and method == labelled_method:
                 for x, y, tau in zip(xs, ys, np.asarray(taus[0], dtype=object)[order]):
                     if tau is not None:
                         labelled.append((x, y, f"τ={tau:g}", color))

@@ -25,8 +25,6 @@ import dataclasses
 import hashlib
 import json
 import math
-import os
-import platform
 import re
 import subprocess
 from collections.abc import Mapping, Sequence
@@ -106,17 +104,31 @@ def data_manifests(runs: Sequence[Run]) -> list[dict[str, Any]]:
     return list(found.values())
 
 
-def machine() -> str:
-    """CPU model and core count of this machine, and the Python/platform (the page states where it ran)."""
-    model = platform.processor() or "unknown CPU"
+def sweep_machine(root: Path) -> str:
+    """The machine the sweep ran on, as its status.json records it (launch.status.machine_line)."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{model}, {os.cpu_count()} cores, {platform.system()} {platform.machine()}, Python {platform.python_version()}"
+        status = json.loads((root / "status.json").read_text())
+    except (OSError, ValueError):
+        status = {}
+    machine = status.get("machine")
+    return machine if isinstance(machine, str) and machine else "not recorded (the sweep's status.json has no machine)"
+
+
+DATA_RECORD = Path("analysis") / "data_manifests.json"  # under a sweep root: the corpora's hashes, kept
+
+
+def recorded_manifests(root: Path, runs: Sequence[Run]) -> list[dict[str, Any]]:
+    """The data lines' manifests: those ROOT/analysis/data_manifests.json keeps, else this machine's
+    (``data_manifests``), which are kept there when every corpus was found, so a page regenerated from the
+    committed evidence on another machine names the same bytes."""
+    path = root / DATA_RECORD
+    if path.is_file():
+        return rundir.read_json(path)["manifests"]
+    found = data_manifests(runs)
+    if found and not any(m["missing"] for m in found):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        rundir.write_json(path, {"manifests": found})
+    return found
 
 
 def run_timings(runs: Sequence[Run]) -> pd.DataFrame:
@@ -307,9 +319,6 @@ def _frontier_points(points: Sequence[Mapping[str, Any]], *, epsilon: float = 0.
     return out
 
 
-_FRONTIER_NO_CI = "no CI: this finding reads the frontier's means over its evaluation windows"
-
-
 def rerouting_finding(frontiers: Mapping[str, Sequence[Mapping[str, Any]]], a_run: str, b_run: str) -> Finding:
     claim = "τ-rerouting costs less PPL on B than on A (the trained locality and the inference-time steering stack)."
     if a_run not in frontiers or b_run not in frontiers:
@@ -388,7 +397,10 @@ def elision_finding(frontiers: Mapping[str, Sequence[Mapping[str, Any]]], a_run:
 
 def priming_finding(frontiers: Mapping[str, Sequence[Mapping[str, Any]]], runs: Sequence[str]) -> Finding:
     claim = "Domain priming (prefetching a domain's experts at a domain switch) gives no gain in total loads."
-    parts, gains = [], []
+    criterion = (f"Criterion: priming saves at most {NO_GAIN:.0%} of the mixed stream's loads (misses + prefetches "
+                 "per token) against the same run unprimed, over the whole window-bootstrap 95% CI of the saving; "
+                 "more than that over the whole interval is a gain.")
+    parts, judged = [], []
     for name in runs:
         if name not in frontiers:
             continue
@@ -398,16 +410,26 @@ def priming_finding(frontiers: Mapping[str, Sequence[Mapping[str, Any]]], runs: 
             continue
         loads = {k: p["misses_per_token"] + p["prefetch_loads_per_token"] for k, p in (("plain", plain), ("primed", primed))}
         gain = 1 - loads["primed"] / loads["plain"] if loads["plain"] > 0 else float("nan")
-        gains.append(gain)
+        series = [_window_series(p, "loads") for p in (plain, primed)]
+        where = "no per-window values in frontier.json, so no interval"
+        state = "open"
+        if all(x is not None for x in series):
+            per_part = {d: np.array([x[d] for x in series]) for d in series[0]}
+            low, high = intervals.paired_bootstrap(
+                per_part, lambda means: 1 - np.mean([m[1] for m in means.values()], axis=0)
+                / np.mean([m[0] for m in means.values()], axis=0))
+            where = f"window-bootstrap 95% CI [{_pct(low)}, {_pct(high)}]"
+            state = "no gain" if high <= NO_GAIN else "gain" if low > NO_GAIN else "open"
+        judged.append(state)
         parts.append(f"{name}: loads/token (misses + prefetches) {loads['plain']:.3f} unprimed vs "
-                     f"{loads['primed']:.3f} primed ({_pct(gain)} saved; demand misses "
+                     f"{loads['primed']:.3f} primed ({_pct(gain)} saved, {where}; demand misses "
                      f"{plain['misses_per_token']:.3f} → {primed['misses_per_token']:.3f})")
-    if not gains:
-        return Finding(claim, "not tested", "no arm-C run with primed and unprimed mixed-stream frontier points "
-                                            "(priming is judged on arm C against its unprimed self)")
-    status = "replicates" if all(g <= NO_GAIN for g in gains) else "does not replicate"
-    return Finding(claim, status, f"a gain counts if it saves more than {NO_GAIN:.0%} of loads; "
-                                  + "; ".join(parts) + f"; {_FRONTIER_NO_CI}.")
+    if not judged:
+        return Finding(claim, "not tested", f"{criterion} No arm-C run with primed and unprimed mixed-stream "
+                                            "frontier points (priming is judged on arm C against its unprimed self).")
+    status = ("replicates" if set(judged) == {"no gain"} else "does not replicate" if "gain" in judged
+              else "not resolved")
+    return Finding(claim, status, f"{criterion} " + "; ".join(parts) + ".")
 
 
 def findings(rows: Sequence[Mapping[str, Any]], conf: Sequence[verdict.Verdict], pre: Sequence[verdict.Verdict],
@@ -576,7 +598,7 @@ def render_page(*, name: str, root_label: str, command: str, rows, found: Sequen
         out += [f"![{caption}]({path})", ""]
     out += ["## How this page was made", "", "```", command, "```", "",
             *code_lines(root_label, commits),
-            f"* Machine: {machine_line}."]
+            f"* Machine (where the sweep ran): {machine_line}."]
     for m in manifests:
         if m["missing"]:
             out.append(f"* Data ({m['corpus']}): the prepared corpus is not on this machine; no hashes.")
@@ -594,7 +616,7 @@ def render_page(*, name: str, root_label: str, command: str, rows, found: Sequen
     out += [f"| {aspect} | {paper} | {here} |" for aspect, paper, here in deviation_rows]
     out += ["", "## ΔPPL and miss reduction vs arm A, per run", "",
             "Seed-paired first: each run against the arm-A run of its own seed (same batches), an arm-M run against "
-            "its base; the pooled columns compare with arm A's mean over its seeds. Every interval is a 95% "
+            "its control (else its base); the pooled columns compare with arm A's mean over its seeds (none for arm M). Every interval is a 95% "
             "window-bootstrap CI of the number beside it: it covers the choice of evaluation windows, not training "
             "noise (the verdict below gives seed-level intervals where a configuration has 2 or more seeds).", "",
             "| run | λ | μ | seed | paired with | ΔPPL (paired) | 95% CI (windows) | miss red. @25% (paired) | "
@@ -614,7 +636,7 @@ def render_page(*, name: str, root_label: str, command: str, rows, found: Sequen
         out.append(f"| {r['run']} | {r['lam']:g} | {r['mu']:g} | {r['seed']} | {paired} | {first} | "
                    f"{cell('delta_ppl_pooled', 2)} | {cell('miss_reduction_25_pooled', 1)} |")
     if melinoe:
-        out += ["", "## MELINOE (arm M): expert transfers", "", *melinoe]
+        out += ["", "## MELINOE (arm M): its own question, against its control", "", *melinoe]
     if stall_md:
         out += ["", "## Stall (timed tier)", "", *stall_md]
     if decode_md:
@@ -710,8 +732,8 @@ def build(root: Path, name: str, out: Path, *, command: str, frontier_runs: Sequ
                        deviation_rows=deviations(runs, frontier_runs),
                        table_md=[_table_md(t) for t in built],
                        verdict_txt=verdict.verdict_text(runs, verdict.registered_target(root)),
-                       figure_paths=figure_paths, manifests=data_manifests(complete), commits=commits,
-                       machine_line=machine(), training=_training_lines(complete, rows),
+                       figure_paths=figure_paths, manifests=recorded_manifests(root, complete), commits=commits,
+                       machine_line=sweep_machine(root), training=_training_lines(complete, rows),
                        timings=run_timings(complete), wall_s=sweep_wall_s(root), steps_s=study_steps_s(root),
                        melinoe=_melinoe(complete),
                        stall_md=_stall(root), decode_md=_decode(root), plan_md=preregistration_lines(root))

@@ -314,15 +314,16 @@ def run_row(run: Run, runs: Sequence[Run]) -> dict[str, Any]:
     and ``miss_reduction_25`` (relative change of mean PPL, and 1 − LRU
     miss/token@25% / the baseline's, against the paired baseline, else the
     pooled one), ``baseline`` (the pooled arm-A runs, or None) with
-    ``delta_ppl_pooled`` and ``miss_reduction_25_pooled`` against their mean.
+    ``delta_ppl_pooled`` and ``miss_reduction_25_pooled`` against their mean (None for an arm-M run: it is
+    compared with its control or base, never with arm A's mean, so no "vs pooled A" number is printed for it).
     Values are never rounded here.
     """
     if not run.complete:
         raise ValueError(f"{run.name} is incomplete ({'; '.join(run.problems)})")
-    base = baseline_for(run, runs)  # arm M: the base run it was fine-tuned from
+    base = baseline_for(run, runs)  # arm M: its control, else the base run it was fine-tuned from
     paired = paired_baseline_run(run, runs)
     vals = run_values(run)
-    pooled = effects(vals, {"ppl": base.ppl, **base.values}) if base else (None, None)
+    pooled = effects(vals, {"ppl": base.ppl, **base.values}) if base and not run.finetuned else (None, None)
     first = effects(vals, run_values(paired)) if paired is not None else pooled
     row: dict[str, Any] = {
         "run": run.name, "arm": run.arm, "lam": run.lam, "mu": run.mu, "seed": run.seed,
@@ -345,7 +346,8 @@ def run_row(run: Run, runs: Sequence[Run]) -> dict[str, Any]:
             # One domain's token-weighted PPL is exp of its own mean CE.
             "ppl": ev.val_ppl, "ppl_token_weighted": math.exp(ev.val_loss), "eval_tokens": ev.tokens, **dv,
             "delta_ppl": relative_change(ev.val_ppl, first_ppl) if first_ppl is not None else None,
-            "delta_ppl_pooled": relative_change(ev.val_ppl, pooled_ppl) if pooled_ppl is not None else None,
+            "delta_ppl_pooled": (relative_change(ev.val_ppl, pooled_ppl) if pooled_ppl is not None and not run.finetuned
+                                 else None),
         }
     row["domains"] = domains
     return row

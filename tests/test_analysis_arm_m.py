@@ -175,6 +175,10 @@ def test_arm_m_is_judged_against_its_control_with_its_base_beside(controlled):
     (c,) = verdict.confidence(controlled)
     assert "m-s1 vs its control (m-control-s1):" in c.line and c.quality.point == pytest.approx(1.1 / 0.98 - 1)
     assert not c.counted and "arm-M control" in verdict.deviations_used(controlled)
+    row = summary.run_row(m1, controlled)
+    assert row["paired_baseline"] == "m-control-s1" and row["delta_ppl"] == pytest.approx(1.1 / 0.98 - 1)
+    # Arm M is never compared with arm A's mean: no "vs pooled A" number repeats its paired one.
+    assert row["delta_ppl_pooled"] is None and row["miss_reduction_25_pooled"] is None
     note = tables.per_domain_table(controlled).notes[0]
     assert "m-s1 (arm M): baseline = its control (the same base, seed and tokens without MELINOE's losses) " \
            "m-control-s1, mean PPL 29.400" in note

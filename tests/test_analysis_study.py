@@ -187,6 +187,31 @@ def test_dose_response_draws_the_verdict_s_intervals_with_a_glyph_per_noise_and_
     assert ticks == ["0.05", "0.2"]  # only the tested λ, as plain numbers
 
 
+def test_the_paired_noise_band_is_one_seed_pair_s_range_at_the_pooled_sd(runs):
+    from scipy import stats
+
+    from analysis import figures, verdict
+
+    bands = figures.paired_noise_bands(runs)
+    noise = verdict.study_noise(runs)[("tiny", 1e6, "log_ppl")]  # b-s1, b-s2: the one 2-seed configuration
+    h = stats.t.ppf(0.975, noise.df) * noise.sd
+    (band,) = bands.values()
+    assert band["ppl_cost"] == pytest.approx((math.expm1(-h), math.expm1(h)))
+    assert f"df {noise.df}" in band["label"] and "with no effect" in band["label"]
+
+
+def test_hit_vs_budget_is_drawn_at_the_deciding_lambda():
+    from analysis import report, verdict
+
+    def v(lam, reduction):
+        miss = verdict.Judged("miss reduction", reduction, 0.3, True, None, "PASS")
+        return verdict.Verdict(verdict.CONFIDENCE_VERDICT, "RQ1", f"B λ={lam:g}", ("r",), True, "", miss, miss, 0,
+                               "FAIL", "", "", arm="B", lam=lam, series="1M tokens, tiny")
+    grid = [v(0.01, 0.05), v(0.1, 0.35), v(0.3, 0.9)]
+    assert report.deciding(grid).lam == 0.1  # the first λ whose miss reduction reaches the gate, not the largest
+    assert report.deciding([v(0.01, 0.05), v(0.03, 0.1)]).lam == 0.03  # none reaches it: the largest tested
+
+
 def test_training_curves_tell_runs_apart_and_start_arm_m_at_its_base_tokens(runs, tmp_path, monkeypatch):
     import dataclasses
 

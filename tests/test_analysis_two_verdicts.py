@@ -92,7 +92,7 @@ def test_only_the_preregistered_budget_counts_and_a_triage_pass_never_carries_an
     assert not [line for line in text.splitlines() if " overall" in line and ("PASS" in line or "SUPPORTED" in line)]
 
 
-def test_arm_m_is_judged_against_its_base_and_never_carries_rq1():
+def test_arm_m_without_a_control_is_judged_against_its_base_and_never_carries_rq1():
     # B fails the miss gate; arm M (a fine-tune of a1) cuts misses 75% against its base at no PPL cost.
     m = with_record(_run("m1", arm="M", lam=0.0, tokens=2e5, ppl=10.0, miss=0.5), lambda_cs=0.1,
                     base_run="a1-1e+06", base_tokens=1e6, base_arm="A")
@@ -100,7 +100,7 @@ def test_arm_m_is_judged_against_its_base_and_never_carries_rq1():
     for found in (verdict.preregistered(runs), verdict.confidence(runs)):
         arm_m = _one(found, "RQ1", "M")
         assert not arm_m.counted and "arm M answers MELINOE's question" in arm_m.not_counted
-        assert "arm-M baseline" in arm_m.deviations
+        assert "arm-M without control" in arm_m.deviations  # no control run: listed as confounded
         assert verdict.overall_word(found, "RQ1")[0] != "SUPPORTED"
     pre = _one(verdict.preregistered(runs), "RQ1", "M")
     assert pre.state == "PASS" and "vs base averaged over a1-1e+06" in pre.line
@@ -208,7 +208,8 @@ def test_a_deviation_used_but_not_listed_fails(monkeypatch):
     runs = synthetic_study()
     used = verdict.deviations_used(runs)
     assert {"seed pairing", "interval rule", "log scale", "borrowed variance", "collapse reading"} <= set(used)
-    monkeypatch.delitem(verdict.DEVIATIONS, "seed pairing")
+    # A copy without the entry (delitem would re-insert it last, reordering the list for later tests).
+    monkeypatch.setattr(verdict, "DEVIATIONS", {k: v for k, v in verdict.DEVIATIONS.items() if k != "seed pairing"})
     with pytest.raises(KeyError, match="'seed pairing' is used but not listed"):
         verdict.deviations_used(runs)
 

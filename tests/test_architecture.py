@@ -197,24 +197,27 @@ def test_analysis_and_launch_read_run_directories_through_rundir():
     """analysis/ and launch/ parse no run-directory file themselves: config.json, final_eval.json,
     metrics.json, the logs, frontier.json and transfers.json are read by moe.rundir. What they do
     read is outside run directories: the prepared data's manifest, /proc/cpuinfo, a sweep's
-    status.json and job ids, the study steps' documents under ROOT/analysis/, and the user cache of
-    trace facts."""
+    status.json and job ids, the study steps' documents under ROOT/analysis/, the user cache of
+    trace facts, and the bytes of a study's evidence (compressed to size it, never parsed)."""
     reads = sorted(f"{path.relative_to(REPO).as_posix()} {read}" for package in ("analysis", "launch")
                    for path in (REPO / package).rglob("*.py") for read in _reads(path))
     assert reads == [
         "analysis/cache.py _read_json_or_none: load",
         "analysis/cache.py _read_json_or_none: open",
+        "analysis/evidence.py compressed_size: read_bytes",
         "analysis/report.py _sweep_command: loads",
         "analysis/report.py _sweep_command: read_text",
         "analysis/report.py data_manifests: loads",
         "analysis/report.py data_manifests: read_bytes",
-        "analysis/report.py machine: read_text",
+        "analysis/report.py sweep_machine: loads",
+        "analysis/report.py sweep_machine: read_text",
         "analysis/report.py sweep_wall_s: loads",
         "analysis/report.py sweep_wall_s: read_text",
         "analysis/runs.py read_step_documents: loads",
         "analysis/runs.py read_step_documents: read_text",
         "launch/slurm.py SlurmExecutor._load_ids: loads",
         "launch/slurm.py SlurmExecutor._load_ids: read_text",
+        "launch/status.py machine_line: read_text",
         "launch/status.py read_status: loads",
         "launch/status.py read_status: read_text",
     ], reads
