@@ -673,11 +673,11 @@ def _decode(root: Path) -> list[str]:
 
 
 def build(root: Path, name: str, out: Path, *, command: str, frontier_runs: Sequence[str],
-          cache_dir: str | None = None, jobs: int | None = None) -> Path:
+          cache_dir: str | None = None, jobs: int | None = None, skip_broken: bool = False) -> Path:
     """Writes out/<name>.md and out/<name>/*.png; returns the page's path."""
     from analysis import study  # here, not at the top: --help need not wait for pandas and matplotlib
 
-    runs = study.load_study(root, cache_dir=cache_dir, jobs=jobs)
+    runs = study.load_study(root, cache_dir=cache_dir, jobs=jobs, skip_broken=skip_broken)
     complete = [r for r in runs if r.complete]
     if not complete:
         raise AnalysisError(f"no complete runs under {root}; run the sweep first")
@@ -743,7 +743,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     root, out = Path(args.paths[0]), Path(args.out)
     frontier_runs = [n for n in args.frontier_runs.split(",") if n] or _default_frontier_runs(root)
     path = build(root, args.name, out, command=args.command or _sweep_command(root, args.name, out),
-                 frontier_runs=frontier_runs, cache_dir=args.cache_dir, jobs=args.jobs)
+                 frontier_runs=frontier_runs, cache_dir=args.cache_dir, jobs=args.jobs, skip_broken=args.skip_broken)
     print(path)
     return 0
 
