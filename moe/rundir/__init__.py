@@ -2,7 +2,9 @@
 
 ``names`` (file names, atomic writes), ``records`` (what a run records), ``evaluation``
 (published as one unit), ``identity`` (what a resume must keep) and ``lock`` (one writer).
-Everything public is re-exported here: ``from moe import rundir; rundir.X``.
+Everything public of those is re-exported here: ``from moe import rundir; rundir.X``. A folder of
+runs that sweeps write has its own modules: ``sweep_root`` (its files, status.json) and
+``preregistration`` (its plan).
 """
 
 from moe.rundir.names import (  # noqa: F401
