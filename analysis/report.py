@@ -38,7 +38,8 @@ import numpy as np
 from analysis import (arm_m, run_args, complementarity, decode, figures, formatting, intervals, stall_section, summary,
                       tables, verdict)
 from analysis.runs import AnalysisError, Run
-from cachesim import headline
+from cachesim import cli_util, headline
+from cachesim.files import write_together
 from moe import rundir
 
 if TYPE_CHECKING:
@@ -674,7 +675,8 @@ def _decode(root: Path) -> list[str]:
 
 def build(root: Path, name: str, out: Path, *, command: str, frontier_runs: Sequence[str],
           cache_dir: str | None = None, jobs: int | None = None) -> Path:
-    """Writes out/<name>.md and out/<name>/*.png; returns the page's path."""
+    """Writes out/<name>.md and out/<name>/*.png together (a failure keeps the old ones whole); returns the
+    page's path."""
     from analysis import study  # here, not at the top: --help need not wait for pandas and matplotlib
 
     runs = study.load_study(root, cache_dir=cache_dir, jobs=jobs)
@@ -688,7 +690,9 @@ def build(root: Path, name: str, out: Path, *, command: str, frontier_runs: Sequ
     built = tables.build_tables(runs, ["main", "per_domain", "complementarity"] if frontiers else
                                 ["main", "per_domain"], frontiers, {})
     figure_dir = out / name
-    drawn = write_figures(runs, figure_dir, frontier_runs, results)
+    from analysis import plots
+    with plots.held() as figure_files:  # published with the page below, all or none
+        drawn = write_figures(runs, figure_dir, frontier_runs, results)
     figure_paths = {c: f"{name}/{p.name}" for c, p in drawn.items()}
     commits = code_commits(complete)
     page = render_page(name=name, root_label=root.name, command=command, rows=rows, found=found,
@@ -701,7 +705,7 @@ def build(root: Path, name: str, out: Path, *, command: str, frontier_runs: Sequ
                        melinoe=_melinoe(complete),
                        stall_md=_stall(root), decode_md=_decode(root), plan_md=preregistration_lines(root))
     path = out / f"{name}.md"
-    rundir.write_atomic(path, page)
+    write_together({**figure_files, path: page})  # the page last: it never names a figure not yet in place
     return path
 
 
@@ -740,6 +744,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise ValueError("--name and --out are required: the page is written to OUT/<name>.md")
     if len(args.paths) != 1 or not Path(args.paths[0]).is_dir():
         raise ValueError(f"give one sweep root directory (got {' '.join(args.paths)})")
+    cli_util.check_writable(args.out, folder=True)
     root, out = Path(args.paths[0]), Path(args.out)
     frontier_runs = [n for n in args.frontier_runs.split(",") if n] or _default_frontier_runs(root)
     path = build(root, args.name, out, command=args.command or _sweep_command(root, args.name, out),
