@@ -342,7 +342,8 @@ def _frontier(runs: list[rundir.RunRecord], points: Sequence[Point], *, prime: b
             plain = [p for p in points if p.setting.is_plain]
             baseline = results(arm_a, plain, [p for p in mixed_points if p.setting.is_plain])[0]
         compare(records, baseline)
-        record = rundir.frontier_record(run, records, description, arm_a, note)
+        record = rundir.frontier_record(run, records, description, arm_a, note,
+                                        rundir.source_record(run.path, description["checkpoint_step"]))
         rundir.write_frontier(run.path, record)
         log(f"frontier: wrote {run.path / rundir.FRONTIER} ({len(records)} points; arm-A baseline: {note})")
         out[run.path] = record
