@@ -742,9 +742,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = run_args.parse_runs(COMMAND, argv)
     if not args.name or not args.out:
         raise ValueError("--name and --out are required: the page is written to OUT/<name>.md")
+    cli_util.check_writable(args.out, folder=True)
     if len(args.paths) != 1 or not Path(args.paths[0]).is_dir():
         raise ValueError(f"give one sweep root directory (got {' '.join(args.paths)})")
-    cli_util.check_writable(args.out, folder=True)
     root, out = Path(args.paths[0]), Path(args.out)
     frontier_runs = [n for n in args.frontier_runs.split(",") if n] or _default_frontier_runs(root)
     path = build(root, args.name, out, command=args.command or _sweep_command(root, args.name, out),
