@@ -248,21 +248,21 @@ def check_writable(out: str | None, *, folder: bool = False, flag: str = "--out"
     """
     if not out:
         return
-    problem = _folder_problem(pathlib.Path(out)) if folder else _file_problem(pathlib.Path(out))
+    problem = _folder_problem(pathlib.Path(out)) if folder else _file_problem(pathlib.Path(out), flag)
     if problem:
         fail(f"{flag}={out} {problem}")
 
 
-def _file_problem(path: pathlib.Path) -> str | None:
+def _file_problem(path: pathlib.Path, flag: str) -> str | None:
     folder = path.parent
     if path.is_dir():
         return "is a directory; give a file path"
     if not folder.is_dir():
-        return f"folder {str(folder)!r} does not exist; create it or choose another --out"
+        return f"folder {str(folder)!r} does not exist; create it or choose another {flag}"
     if path.exists() and not os.access(path, os.W_OK):
-        return "is read-only; make it writable or choose another --out"
+        return f"is read-only; make it writable or choose another {flag}"
     if not os.access(folder, os.W_OK | os.X_OK):
-        return f"folder {str(folder)!r} is read-only; choose another --out"
+        return f"folder {str(folder)!r} is read-only; choose another {flag}"
     return None
 
 

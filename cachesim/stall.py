@@ -32,7 +32,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from cachesim.cli_util import CLI, check_writable, progress, stop_on_interrupt, write_output
+from cachesim.cli_util import CLI, check_writable, os_error_text, progress, stop_on_interrupt, write_output
 from cachesim.headline import ADMISSIONS
 from cachesim.policies import parse_capacities
 from cachesim.trace_names import TRACE_HELP, evaluation_traces
@@ -196,10 +196,11 @@ def _runs(args, admissions, speculation, hardware, base_model, bar) -> list[dict
 def main(argv: Sequence[str] | None = None) -> int:
     args = COMMAND.parse(argv)
     check_writable(args.out)
+    check_writable(args.jsonl, flag="--jsonl")
     try:
         runs = _run_cli(args)
     except (ValueError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {os_error_text(exc) if isinstance(exc, OSError) else exc}", file=sys.stderr)
         return 2
     if args.format == "json":
         from cachesim.timed.stall_metrics import json_safe
