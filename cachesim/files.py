@@ -57,7 +57,7 @@ def write_together(files: Mapping[PathLike, Payload], *, mode: int | None = SHAR
     except BaseException as e:
         for _, tmp in staged:
             pathlib.Path(tmp).unlink(missing_ok=True)
-        if isinstance(e, OSError) and e.filename is None and staged:
+        if isinstance(e, OSError) and e.errno is not None and e.filename is None and staged:
             e.filename = str(staged[-1][0])
         raise
 
@@ -79,8 +79,8 @@ def _write_temporary(path: pathlib.Path, data: Payload, mode: int | None) -> str
             os.fsync(f.fileno())
     except BaseException as e:
         pathlib.Path(tmp).unlink(missing_ok=True)
-        if isinstance(e, OSError) and e.filename is None:
-            e.filename = str(path)
+        if isinstance(e, OSError) and e.errno is not None and e.filename is None:
+            e.filename = str(path)  # a system error (errno set) names the file; str() shows it then
         raise
     return tmp
 
