@@ -5,8 +5,9 @@ checkpoint), ``transfers.json`` (published inside the run's evaluation) and the
 study steps' stall and decode reports (under ROOT/analysis/). Each records its
 ``source``: the run's checkpoint step and the SHA-256 of the run's
 ``eval_manifest.json`` it was computed from. It is current while the run still
-has that newest checkpoint and that evaluation; otherwise it is stale: analysis
-refuses it (:func:`stale_line`) and the sweep's study steps recompute it.
+has that newest checkpoint and that evaluation (a frontier, also while its arm-A
+baseline does); otherwise it is stale: analysis refuses it (:func:`stale_line`)
+and the sweep's study steps recompute it.
 """
 
 from __future__ import annotations
@@ -66,7 +67,8 @@ def stale_line(path: PathLike, doc: Any, workdir: PathLike, recompute: str) -> s
     one line naming the file, its step and the run's, and ``recompute`` (the command that recomputes it).
 
     Compared is what both sides record: a file that records neither a step nor an evaluation is stale (it
-    cannot be checked), a run without checkpoints (a released run) is not compared by step. A file published
+    cannot be checked), a run without checkpoints (a released run) is not compared by step, and a file made
+    before the run's first evaluation stays current at its step (the same weights). A file published
     inside the evaluation (``transfers.json``) is current while the evaluation's manifest lists its bytes
     (a run from before manifests is not cross-checked, as :func:`moe.rundir.check_evaluation` does).
     """
@@ -88,6 +90,24 @@ def stale_line(path: PathLike, doc: Any, workdir: PathLike, recompute: str) -> s
     if (step is not None and now_step is not None and step != now_step) or (sha is not None and sha != now_sha):
         return (f"{path} was made from checkpoint step {step} ({_short(sha)}), but {workdir} is now at step "
                 f"{now_step} ({_short(now_sha)}): stale; {fix}")
+    return _baseline_stale_line(path, doc, workdir, fix)
+
+
+def _baseline_stale_line(path: pathlib.Path, doc: Any, workdir: pathlib.Path, fix: str) -> str | None:
+    """A frontier's comparisons with another arm-A run are stale once that run moved on (checked where the
+    file records the baseline's source and the baseline is still there)."""
+    baseline = doc.get("arm_a") if isinstance(doc, dict) else None
+    if not isinstance(baseline, dict) or not isinstance(baseline.get(SOURCE), dict) or not baseline.get("run_dir"):
+        return None
+    a_dir = pathlib.Path(baseline["run_dir"])
+    if not a_dir.is_dir() or a_dir.resolve() == workdir.resolve():
+        return None
+    recorded = baseline[SOURCE]
+    step, sha = recorded.get("checkpoint_step"), recorded.get("eval_manifest_sha256")
+    now_step, now_sha = newest_step(a_dir), manifest_sha256(a_dir)
+    if (step is not None and now_step is not None and step != now_step) or (sha is not None and sha != now_sha):
+        return (f"{path} compares with arm A {a_dir} at checkpoint step {step} ({_short(sha)}), but that run is now "
+                f"at step {now_step} ({_short(now_sha)}): stale; {fix}")
     return None
 
 

@@ -431,7 +431,7 @@ _FRONTIER_EVAL_KEYS = ("windows_per_domain", "seq", "domains", "policy", "carry"
 #   "eval": {"windows_per_domain": int, "seq": int, "domains": [str], "policy": str, "carry": "persist"|"reset",
 #            "capacity_rounding": str, "mixed_run_length": int|null, "mixed_windows": int|null,
 #            "corpus": str, "num_experts": int, "k": int, "num_layers": int},
-#   "arm_a": {"run": str, "run_dir": str} | null,
+#   "arm_a": {"run": str, "run_dir": str, "source": {...} as above} | null,  # the baseline's source too
 #   "arm_a_note": str,                    # how the baseline was found, or why there is none
 #   "elapsed_s": float, "tokens_per_s": float,  # evaluated tokens x settings per second, compiles included
 #   "points": [{
@@ -459,9 +459,10 @@ _FRONTIER_EVAL_KEYS = ("windows_per_domain", "seq", "domains", "policy", "carry"
 
 
 def frontier_record(run: RunRecord, points: list[dict], description: dict, arm_a: RunRecord | None,
-                    note: str, source: dict[str, Any]) -> dict[str, Any]:
+                    note: str, source: dict[str, Any], arm_a_source: dict[str, Any] | None = None) -> dict[str, Any]:
     """frontier.json of ``run`` (moe.cache_aware.frontier): its evaluated points, how they were evaluated, and
-    ``source`` (moe.rundir.provenance: the checkpoint step and evaluation they were computed from)."""
+    ``source`` (moe.rundir.provenance: the checkpoint step and evaluation they were computed from; the arm-A
+    baseline's in ``arm_a_source``)."""
     r = run.record
     return {
         "schema": FRONTIER_SCHEMA,
@@ -469,7 +470,8 @@ def frontier_record(run: RunRecord, points: list[dict], description: dict, arm_a
         "tokens": r.get("tokens"), "lambda_loc": r.get("lambda_loc"), "mu_dom": r.get("mu_dom"),
         "checkpoint_step": description["checkpoint_step"], "source": source,
         "eval": {key: description[key] for key in _FRONTIER_EVAL_KEYS},
-        "arm_a": None if arm_a is None else {"run": arm_a.name, "run_dir": str(arm_a.path.resolve())},
+        "arm_a": None if arm_a is None else {"run": arm_a.name, "run_dir": str(arm_a.path.resolve()),
+                                             "source": arm_a_source},
         "arm_a_note": note,
         "elapsed_s": description["elapsed_s"], "tokens_per_s": description["tokens_per_s"],
         "points": points,
