@@ -270,8 +270,9 @@ def run_finetunes(root: pathlib.Path, entries: Sequence[dict] | None, echo=print
     """The study's fine-tuning runs (arm M), one at a time once their base runs are done.
 
     The sweep cannot plan them with its runs (its pre-check needs the base run
-    trained). A complete one is kept (and gets its DONE) unless its transfers.json
-    is stale (then main.py re-evaluates it), an unfinished one resumes (main.py resumes from its newest checkpoint); the first failure
+    trained). A complete one is kept (and gets its DONE) unless its
+    transfers.json is stale (then main.py re-evaluates it), an unfinished one
+    resumes (main.py resumes from its newest checkpoint); the first failure
     stops the step with one line and exit 3, as the frontier's does.
     """
     from moe import rundir
