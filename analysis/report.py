@@ -315,8 +315,9 @@ def rerouting_finding(frontiers: Mapping[str, Sequence[Mapping[str, Any]]], a_ru
         ca, cb = a[t]["ppl_cost_vs_tau0"], b[t]["ppl_cost_vs_tau0"]
         ma, mb = a[t]["miss_reduction_vs_tau0"], b[t]["miss_reduction_vs_tau0"]
         series = [_window_series(p, "ce") for p in (a[0.0], a[t], b[0.0], b[t])] if 0.0 in a and 0.0 in b else [None]
-        where = "no per-window values in frontier.json, so no interval"
-        if all(x is not None for x in series):
+        few = _too_few_windows(series) if all(x is not None for x in series) else None
+        where = few or "no per-window values in frontier.json, so no interval"
+        if all(x is not None for x in series) and not few:
             per_domain = {d: np.array([x[d] for x in series]) for d in series[0]}
 
             def difference(means: Mapping[str, np.ndarray]) -> np.ndarray:
@@ -345,6 +346,11 @@ def _window_series(p: Mapping[str, Any], key: str) -> dict[str, list[float]] | N
     return {d: w[key] for d, w in windows.items()} if windows and all(key in w for w in windows.values()) else None
 
 
+def _too_few_windows(series: Sequence[Mapping[str, Sequence[float]]]) -> str | None:
+    """Why these frontier points' per-window values allow no window interval (intervals.too_few_windows)."""
+    return intervals.too_few_windows({d: len(v) for d, v in series[0].items()})
+
+
 def elision_finding(frontiers: Mapping[str, Sequence[Mapping[str, Any]]], a_run: str, b_run: str) -> Finding:
     claim = (f"ε-elision (ε = {ELISION_EPSILON:g}) drops more expert loads on B than on A. Criterion: B's miss "
              "reduction from elision (against its own ε = 0) exceeds A's at the same ε over the whole "
@@ -365,6 +371,8 @@ def elision_finding(frontiers: Mapping[str, Sequence[Mapping[str, Any]]], a_run:
     if any(s is None for s in series):
         return Finding(claim, "not resolved", f"{words}; no per-window values in frontier.json, so the "
                                               "difference has no interval")
+    if _too_few_windows(series):
+        return Finding(claim, "not resolved", f"{words}; {_too_few_windows(series)}")
     per_domain = {d: np.array([s[d] for s in series]) for d in series[0]}
 
     def difference(means: Mapping[str, np.ndarray]) -> np.ndarray:

@@ -149,7 +149,7 @@ def _interval_notes(found: Sequence[intervals.ComparisonIntervals]) -> str:
     for label, pick in (("ΔPPL", lambda c: c.delta_ppl), ("miss-reduction", lambda c: c.miss_reduction)):
         missing = [pair for c in found for pair in pick(c).missing]
         if missing:
-            text += f" No {label} CI (—) where a run lacks per-window data: {intervals.missing_note(missing)}."
+            text += f" No {label} CI (—) where a run lacks the per-window data for one: {intervals.missing_note(missing)}."
     return text
 
 
