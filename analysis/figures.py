@@ -360,12 +360,13 @@ def draw_dose_response(points: Sequence[Mapping[str, Any]], stem: Path,
 
 
 # -- the CLI ----------------------------------------------------------------------------------
-def make_figures(paths: Sequence[str], out: Path, *, store: MetricsStore, budget_runs: str = "") -> list[Path]:
+def make_figures(paths: Sequence[str], out: Path, *, store: MetricsStore, budget_runs: str = "",
+                 skip_broken: bool = False) -> list[Path]:
     """Draws every figure the inputs support, with progress on a terminal; returns the written files."""
     run_dirs, trace_dirs = discover(paths)
     if not run_dirs and not trace_dirs:
         raise AnalysisError(f"no run directories or trace folders under {', '.join(map(str, paths))}")
-    runs = sorted(load_runs(run_dirs, store=store) if run_dirs else [], key=summary.sort_key)
+    runs = sorted(load_runs(paths, store=store, skip_broken=skip_broken) if run_dirs else [], key=summary.sort_key)
     complete = [r for r in runs if r.complete]
     dense = {r.name for r in complete} if budget_runs == "all" else {n for n in budget_runs.split(",") if n}
     unknown = dense - {r.name for r in complete}
@@ -467,7 +468,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = run_args.parse_runs(COMMAND, argv)
     if not args.out:
         raise ValueError("--out is required: the folder for the figures")
-    for path in make_figures(args.paths, Path(args.out), store=run_args.make_store(args), budget_runs=args.budget_runs):
+    for path in make_figures(args.paths, Path(args.out), store=run_args.make_store(args), budget_runs=args.budget_runs,
+                             skip_broken=args.skip_broken):
         print(path)
     return 0
 

@@ -235,7 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     candidates = _candidates(args.seeds)
     from analysis.runs import load_runs
 
-    runs = load_runs(args.paths, store=run_args.make_store(args))
+    runs = load_runs(args.paths, store=run_args.make_store(args), skip_broken=args.skip_broken)
     if args.format == "json":
         text = json.dumps(report_json(runs, args.target, candidates), indent=1) + "\n"
     else:

@@ -33,6 +33,8 @@ def run_command(prog: str, description: str) -> CLI:
                    "run directories are never written")
     command.deprecated("cache-dir", "cache_dir")
     command.define("integer", "jobs", default_jobs(), "worker processes for computing missing metrics")
+    command.define("bool", "skip_broken", False, "leave out run directories that cannot be read (no or a broken "
+                   "config.json, ...), naming each on stderr; without it they are an error")
     return command
 
 

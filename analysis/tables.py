@@ -392,7 +392,7 @@ def _json_main(args, runs: Sequence[Run], frontiers: Mapping[str, Any],
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse_args(argv)
-    runs = load_runs(args.paths, store=run_args.make_store(args))
+    runs = load_runs(args.paths, store=run_args.make_store(args), skip_broken=args.skip_broken)
     names = list(args.table_names)
     frontiers = complementarity.load_frontiers(runs) if "complementarity" in names else {}
     studies = arm_m.load_transfers(runs) if {"transfers", "ablation"} & set(names) else {}

@@ -986,7 +986,7 @@ COMMAND.define("string", "out", None, "write the verdict to this file instead of
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = run_args.parse_runs(COMMAND, argv)
-    runs = load_runs(args.paths, store=run_args.make_store(args))
+    runs = load_runs(args.paths, store=run_args.make_store(args), skip_broken=args.skip_broken)
     text = json.dumps(verdict_json(runs), indent=1) + "\n" if args.format == "json" else verdict_text(runs)
     run_args.write_or_print(text, Path(args.out).parent if args.out else None, Path(args.out).name if args.out else "")
     return 0

@@ -174,7 +174,9 @@ def test_the_page_states_every_finding_and_is_regenerated_byte_for_byte(tmp_path
                   "Domain priming"):
         assert claim in page
     assert "| Expert collapse" not in page
-    assert "python -m launch.sweep --config=configs/study_cpu.py --root=study --parallel=2" in page
+    # How the page was made: the sweep's command and this one, exactly as run.
+    assert f"```\npython -m launch.sweep --config=configs/study_cpu.py --root={root} --parallel=2\n" \
+           f"python -m analysis.report {' '.join(args)}\n```" in page
     assert {"dose_response.png", "training_curves.png", "frontier_a-s1.png", "frontier_b-lam0.1-s1.png",
             "usage.png"} <= set(figures)
     assert all(b.startswith(b"\x89PNG") for b in figures.values())

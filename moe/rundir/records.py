@@ -15,8 +15,8 @@ from typing import Any
 
 from moe.rundir.evaluation import evaluation_problem
 from moe.rundir.names import (
-    ATTEMPTS, CHECKPOINTS, CONFIG, DOMAINS, DONE, EVAL_WINDOWS, FINAL_EVAL, FRONTIER, LOG, METRICS, PROGRESS,
-    PathLike, RunDirError, now_iso, read_json, write_atomic, write_json,
+    ATTEMPTS, CHECKPOINTS, CONFIG, DOMAINS, DONE, EVAL_MANIFEST, EVAL_WINDOWS, FINAL_EVAL, FRONTIER, LOG, METRICS,
+    PROGRESS, PathLike, RunDirError, now_iso, read_json, write_atomic, write_json,
 )
 
 
@@ -67,6 +67,17 @@ def read_run(workdir: PathLike) -> RunRecord:
 
 def is_run_dir(path: PathLike) -> bool:
     return (pathlib.Path(path) / CONFIG).is_file()
+
+
+# What only training writes into a run directory: a folder holding any of them is a run, even without its
+# config.json (then a broken one), never a folder of traces.
+RUN_RESULTS = (LOG, FINAL_EVAL, EVAL_MANIFEST, METRICS, DONE, CHECKPOINTS)
+
+
+def holds_run(path: PathLike) -> bool:
+    """A run directory, or a folder holding a run's results without its config.json (a broken run)."""
+    path = pathlib.Path(path)
+    return is_run_dir(path) or any((path / name).exists() for name in RUN_RESULTS)
 
 
 def read_config(workdir: PathLike) -> dict[str, Any]:
