@@ -216,39 +216,25 @@ def answer_lines(switch: Arm, other: Arm) -> list[str]:
 
     # (a) misses
     between = ratio_between(other, switch, "lru_miss_25")
-    ratio_o = _gmean([other.values(s)[1]["lru_miss_25"] / other.values(s)[0]["lru_miss_25"] for s in seeds])
-    ratio_w = _gmean([switch.values(s)[1]["lru_miss_25"] / switch.values(s)[0]["lru_miss_25"] for s in seeds])
     lines += [f"**(a) Does locality training cut LRU misses as much under {name} as under the Switch loss? "
               f"{between.word}.** Criterion: arm B's miss ratio to arm A (LRU miss/token@25%) under {name} is at "
               f"most the Switch loss's, over the whole interval of their seed-paired ratio.", ""]
-    for arm in (switch, other):
-        j = miss_reduction(arm)
-        s_ = list(arm.pairs)
-        lines.append(f"* Under {balancing_name(arm.balancing)}: LRU miss/token@25% "
-                     f"{_gm(arm, 1, 'lru_miss_25', s_):.3f} vs {_gm(arm, 0, 'lru_miss_25', s_):.3f} = "
-                     f"{_pct(j.point)} reduction ({_ci(j)}); locality cuts misses (the whole interval above 0%): "
-                     f"{j.word}.")
-    lines.append(f"* {name} against the Switch loss, seed by seed ({n} seed{'s' if n != 1 else ''}): B/A miss ratio "
-                 f"{ratio_o:.3f} vs {ratio_w:.3f} = {_pct(between.point)} ({_ci(between)}): "
-                 + _direction(between, "misses left by locality", name) + ".")
+    lines += [_within_line(arm, "lru_miss_25", miss_reduction(arm), "LRU miss/token@25%", 1, " reduction",
+                           "locality cuts misses (the whole interval above 0%)") for arm in (switch, other)]
+    how = f"seed by seed ({n} seed{'s' if n != 1 else ''})"
+    lines.append(_between_line(other, switch, "lru_miss_25", between, how, "B/A miss ratio", 3, 1,
+                               "misses left by locality"))
 
     # (b) PPL
     cost = ratio_between(other, switch, "ppl")
-    ppl_o = _gmean([other.values(s)[1]["ppl"] / other.values(s)[0]["ppl"] for s in seeds])
-    ppl_w = _gmean([switch.values(s)[1]["ppl"] / switch.values(s)[0]["ppl"] for s in seeds])
     gate = _pct(verdict.RQ1_MAX_PPL_COST, 0)
     lines += ["", f"**(b) At what PPL cost? {cost.word}.** Criterion: arm B's PPL ratio to arm A under {name} is at "
                   f"most the Switch loss's, over the whole interval of their seed-paired ratio; each balancing's "
                   f"own cost is judged against RQ1's quality gate (ΔPPL ≤ {gate}).", ""]
-    for arm in (switch, other):
-        j = ppl_cost(arm)
-        s_ = list(arm.pairs)
-        lines.append(f"* Under {balancing_name(arm.balancing)}: mean PPL {_gm(arm, 1, 'ppl', s_):.3f} vs "
-                     f"{_gm(arm, 0, 'ppl', s_):.3f} = {_pct(j.point, 2)} ({_ci(j, 2)}); within the quality gate "
-                     f"(the whole interval at or below {gate}): {j.word}.")
-    lines.append(f"* {name} against the Switch loss, seed by seed: B/A PPL ratio {ppl_o:.4f} vs {ppl_w:.4f} = "
-                 f"{_pct(cost.point, 2)} ({_ci(cost, 2)}): "
-                 + _direction(cost, "PPL cost of locality", name) + ".")
+    within = f"within the quality gate (the whole interval at or below {gate})"
+    lines += [_within_line(arm, "ppl", ppl_cost(arm), "mean PPL", 2, "", within) for arm in (switch, other)]
+    lines.append(_between_line(other, switch, "ppl", cost, "seed by seed", "B/A PPL ratio", 4, 2,
+                               "PPL cost of locality"))
     a_cost = a_ppl_between(other, switch)
     lines.append(f"* Arm A alone, {name} against the Switch loss: mean PPL {_gm(other, 0, 'ppl', seeds):.3f} vs "
                  f"{_gm(switch, 0, 'ppl', seeds):.3f} = {_pct(a_cost.point, 2)} ({_ci(a_cost, 2)}); {name} "
@@ -280,6 +266,24 @@ def answer_lines(switch: Arm, other: Arm) -> list[str]:
         lines.append(f"* Collapse, arm B under {balancing_name(arm.balancing)}: collapsed experts per seed "
                      f"{', '.join(map(str, counts))}: {word}.")
     return lines
+
+
+def _within_line(arm: Arm, key: str, j: Judged, what: str, digits: int, suffix: str, criterion: str) -> str:
+    """'* Under <balancing>: <what> B vs A = <effect> (<interval>); <criterion>: <word>.' (geometric means)."""
+    seeds = list(arm.pairs)
+    return (f"* Under {balancing_name(arm.balancing)}: {what} {_gm(arm, 1, key, seeds):.3f} vs "
+            f"{_gm(arm, 0, key, seeds):.3f} = {_pct(j.point, digits)}{suffix} ({_ci(j, digits)}); {criterion}: "
+            f"{j.word}.")
+
+
+def _between_line(other: Arm, switch: Arm, key: str, j: Judged, how: str, what: str, decimals: int, digits: int,
+                  quantity: str) -> str:
+    """'* <other> against the Switch loss: <what> X vs Y = Z (<interval>): <the sentence its word stands for>.'"""
+    seeds = common_seeds(other, switch)
+    mine, theirs = (_gmean([arm.values(s)[1][key] / arm.values(s)[0][key] for s in seeds]) for arm in (other, switch))
+    name = balancing_name(other.balancing)
+    return (f"* {name} against the Switch loss, {how}: {what} {mine:.{decimals}f} vs {theirs:.{decimals}f} = "
+            f"{_pct(j.point, digits)} ({_ci(j, digits)}): {_direction(j, quantity, name)}.")
 
 
 def _direction(j: Judged, quantity: str, name: str) -> str:

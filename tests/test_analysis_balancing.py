@@ -166,7 +166,8 @@ def test_maxvio_and_collapse_words():
             "the Switch loss.**") in text
     assert "Collapse, arm B under balance=bias γ=0.001: collapsed experts per seed 2, 2, 2: FAIL." in text
     worse = study((0.75, 0.8, 0.7), bias_tops=(40, 44, 36), switch_tops=(24, 30, 20))
-    assert "**(c) With what MaxVio and collapse? MaxVio FAIL; collapse PASS" in "\n".join(balancing.section_lines(worse))
+    text = "\n".join(balancing.section_lines(worse))
+    assert "**(c) With what MaxVio and collapse? MaxVio FAIL; collapse PASS" in text
 
 
 def test_every_printed_number_follows():

@@ -259,7 +259,8 @@ def test_eval_jsonl_records_the_bias_range_it_validated_with():
     assert router["bias_min"] == pytest.approx([-0.5, -1.0]) and router["bias_max"] == pytest.approx([1.5, 3.0])
     assert len(router["max_vio"]) == 2
     flat = scalars({"domains": {}, "router": router})
-    assert flat["router/bias_max/layer1"] == pytest.approx(3.0) and flat["router/max_vio/layer0"] == router["max_vio"][0]
+    assert flat["router/bias_max/layer1"] == pytest.approx(3.0)
+    assert flat["router/max_vio/layer0"] == router["max_vio"][0]
     plain = tiny("switch")
     plain.train.eval_windows = 1
     graphdef, params = nnx.split(build_model(plain.model, plain.seed), nnx.Param)
