@@ -6,7 +6,7 @@ and are cached per trace, see analysis.cache):
 * ``python -m analysis.tables RUN_DIR ... --format markdown|latex|csv|json [--out DIR]``
 * ``python -m analysis.verdict RUN_DIR ...``
 * ``python -m analysis.figures RUN_DIR|TRACE_DIR ... --out DIR``
-* ``python -m analysis.profile TRACE_DIR``
+* ``python -m analysis.profile RUN_DIR|TRACE_DIR|TRACE...``
 
 In a notebook, ``analysis.load_runs(paths)`` returns the runs as a pandas
 DataFrame (one row per run × domain; columns in :mod:`analysis.frame`).

@@ -21,7 +21,7 @@ DEMAND_ONLY = "none"
 
 def load_decode(root: Path) -> dict[str, dict[str, Any]]:
     """``{run: its decode report}`` from ROOT/analysis/decode/*.json; {} when the study ran no decode step."""
-    return read_step_documents(Path(root) / sweep_root.DECODE_DIR, "measure")
+    return read_step_documents(Path(root), sweep_root.DECODE_DIR, "measure")
 
 
 def decode_rows(docs: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:

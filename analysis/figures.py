@@ -40,6 +40,7 @@ from analysis import run_args, summary, verdict
 from analysis.cache import MetricsStore
 from analysis.profile import load_traces
 from analysis.runs import AnalysisError, Run, discover, load_runs, read_run_file
+from cachesim import cli_util
 from cachesim.cli_util import progress
 from moe import rundir
 
@@ -468,9 +469,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = run_args.parse_runs(COMMAND, argv)
     if not args.out:
         raise ValueError("--out is required: the folder for the figures")
-    for path in make_figures(args.paths, Path(args.out), store=run_args.make_store(args), budget_runs=args.budget_runs,
-                             skip_broken=args.skip_broken):
-        print(path)
+    cli_util.check_writable(args.out, folder=True)
+    from analysis import plots  # here, not at the top: matplotlib; --help need not wait for it
+    with plots.held() as drawn:  # written together below: a failure keeps the old figures whole
+        make_figures(args.paths, Path(args.out), store=run_args.make_store(args), budget_runs=args.budget_runs,
+                     skip_broken=args.skip_broken)
+    cli_util.write_files(drawn, args.out)
     return 0
 
 

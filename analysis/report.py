@@ -39,7 +39,8 @@ import numpy as np
 from analysis import (arm_m, balancing, run_args, complementarity, decode, figures, formatting, intervals,
                       stall_section, summary, tables, verdict)
 from analysis.runs import AnalysisError, Run
-from cachesim import headline
+from cachesim import cli_util, headline
+from cachesim.files import write_together
 from moe import rundir
 from moe.rundir import sweep_root
 
@@ -677,7 +678,8 @@ def _decode(root: Path) -> list[str]:
 
 def build(root: Path, name: str, out: Path, *, command: str, frontier_runs: Sequence[str],
           cache_dir: str | None = None, jobs: int | None = None, skip_broken: bool = False) -> Path:
-    """Writes out/<name>.md and out/<name>/*.png; returns the page's path."""
+    """Writes out/<name>.md and out/<name>/*.png together (a failure keeps the old ones whole); returns the
+    page's path."""
     from analysis import study  # here, not at the top: --help need not wait for pandas and matplotlib
 
     runs = study.load_study(root, cache_dir=cache_dir, jobs=jobs, skip_broken=skip_broken)
@@ -691,7 +693,9 @@ def build(root: Path, name: str, out: Path, *, command: str, frontier_runs: Sequ
     built = tables.build_tables(runs, ["main", "per_domain", "complementarity"] if frontiers else
                                 ["main", "per_domain"], frontiers, {})
     figure_dir = out / name
-    drawn = write_figures(runs, figure_dir, frontier_runs, results)
+    from analysis import plots
+    with plots.held() as figure_files:  # published with the page below, all or none
+        drawn = write_figures(runs, figure_dir, frontier_runs, results)
     figure_paths = {c: f"{name}/{p.name}" for c, p in drawn.items()}
     commits = code_commits(complete)
     page = render_page(name=name, root_label=root.name, command=command, rows=rows, found=found,
@@ -705,7 +709,7 @@ def build(root: Path, name: str, out: Path, *, command: str, frontier_runs: Sequ
                        stall_md=_stall(root), decode_md=_decode(root), plan_md=preregistration_lines(root),
                        balance_md=balancing.section_lines(complete))
     path = out / f"{name}.md"
-    rundir.write_atomic(path, page)
+    write_together({**figure_files, path: page})  # the page last: it never names a figure not yet in place
     return path
 
 
@@ -747,6 +751,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = run_args.parse_runs(COMMAND, argv)
     if not args.name or not args.out:
         raise ValueError("--name and --out are required: the page is written to OUT/<name>.md")
+    cli_util.check_writable(args.out, folder=True)
     if len(args.paths) != 1 or not Path(args.paths[0]).is_dir():
         raise ValueError(f"give one sweep root directory (got {' '.join(args.paths)})")
     root, out = Path(args.paths[0]), Path(args.out)

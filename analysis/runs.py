@@ -175,24 +175,42 @@ def discover_run_dirs(paths: Iterable[str | os.PathLike]) -> list[Path]:
     return runs
 
 
-def read_step_documents(directory: Path, measure: str) -> dict[str, Any]:
-    """``{name: document}`` from a study step's ``directory/*.json`` ({} when the step did not run); a broken
-    file is one error naming it and how to ``measure`` it again."""
+def read_step_documents(root: Path, step_dir: os.PathLike, measure: str) -> dict[str, Any]:
+    """``{name: document}`` from a study step's ``ROOT/step_dir/*.json`` ({} when the step did not run), each
+    the report of the run ROOT/<name>; a broken file, one without its run, or one made before its run moved
+    on (stale: moe.rundir.provenance) is one error naming it and how to ``measure`` it again."""
+    root = Path(root)
+    directory = root / step_dir
+    again = f"rerun the sweep on {root} (python -m launch.sweep ... --root={root}): its study step will {measure} it"
     out = {}
-    for path in sorted(Path(directory).glob("*.json")):
+    for path in sorted(directory.glob("*.json")):
         try:
-            out[path.stem] = json.loads(path.read_text())
+            doc = json.loads(path.read_text())
         except ValueError as e:
             raise AnalysisError(f"{path}: not JSON ({e}); delete it and rerun the sweep to {measure} it again") from None
+        run = root / path.stem
+        if not run.is_dir():
+            raise AnalysisError(f"{path}: its run {run} is not there; delete it, or {again}")
+        stale = rundir.stale_line(path, doc, run, again)
+        if stale:
+            raise AnalysisError(stale)
+        out[path.stem] = doc
     return out
 
 
 def read_run_file(run_dir: Path, name: str) -> Any:
-    """A JSON file of a run directory, read by moe.rundir (None when absent); a broken one is an AnalysisError."""
+    """A JSON file of a run directory, read by moe.rundir (None when absent); a broken one is an AnalysisError,
+    and so is a derived file (frontier.json, transfers.json) made before the run moved on (stale)."""
     try:
-        return rundir.read_run_file(run_dir, name, "regenerate it or remove the run directory")
+        doc = rundir.read_run_file(run_dir, name, "regenerate it or remove the run directory")
     except rundir.RunDirError as e:
         raise AnalysisError(str(e)) from None
+    if doc is not None and name in rundir.RECOMPUTE_DERIVED:
+        stale = rundir.stale_line(Path(run_dir) / name, doc, run_dir,
+                                  rundir.RECOMPUTE_DERIVED[name].format(run=run_dir))
+        if stale:
+            raise AnalysisError(stale)
+    return doc
 
 
 def _number(config: dict, key: str, path: Path, default: float | None = None) -> float:

@@ -25,7 +25,7 @@ ORACLE = "oracle"  # admission that knows the future: a bound, reported beside t
 
 def load_stall(root: Path) -> dict[str, dict[str, Any]]:
     """``{run: its stall document}`` from ROOT/analysis/stall/*.json; {} when the study ran no stall step."""
-    return read_step_documents(Path(root) / sweep_root.STALL_DIR, "replay")
+    return read_step_documents(Path(root), sweep_root.STALL_DIR, "replay")
 
 
 def stall_rows(docs: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:

@@ -272,7 +272,8 @@ def run_finetunes(root: pathlib.Path, entries: Sequence[dict] | None, echo=print
     """The study's fine-tuning runs (arm M), one at a time once their base runs are done.
 
     The sweep cannot plan them with its runs (its pre-check needs the base run
-    trained). A complete one is kept (and gets its DONE), an unfinished one
+    trained). A complete one is kept (and gets its DONE) unless its
+    transfers.json is stale (then main.py re-evaluates it), an unfinished one
     resumes (main.py resumes from its newest checkpoint); the first failure
     stops the step with one line and exit 3, as the frontier's does.
     """
@@ -280,7 +281,10 @@ def run_finetunes(root: pathlib.Path, entries: Sequence[dict] | None, echo=print
     for entry in entries or ():
         name, workdir, base = entry["name"], root / entry["name"], root / entry["base"]
         command = finetune_command(root, entry, overrides)
-        if rundir.is_done(workdir) or rundir.is_complete(workdir):
+        transfers = workdir / rundir.TRANSFERS
+        if transfers.is_file() and not rundir.is_current(transfers, workdir):
+            echo(f"finetune: {transfers} is stale (not of the run's current evaluation); re-evaluating {name}")
+        elif rundir.is_done(workdir) or rundir.is_complete(workdir):
             if not rundir.is_done(workdir):
                 rundir.mark_done(workdir, command)
             echo(f"finetune: {name} is complete")
@@ -308,7 +312,8 @@ def run_finetunes(root: pathlib.Path, entries: Sequence[dict] | None, echo=print
 
 
 def run_frontier(root: pathlib.Path, spec: dict | Sequence[dict] | None, echo=print) -> int:
-    """The study's cache-coupled frontier on its named runs (once: runs that have a frontier.json keep it).
+    """The study's cache-coupled frontier on its named runs (once: kept while every run's frontier.json is
+    current, recomputed when one is missing or stale).
 
     ``spec``: {"runs", "flags"}, or a list of them (one frontier command each, in order).
     """
@@ -322,9 +327,13 @@ def run_frontier(root: pathlib.Path, spec: dict | Sequence[dict] | None, echo=pr
         return 0
     from moe import rundir
     runs = [root / name for name in spec["runs"]]
-    if all(rundir.has_frontier(run) for run in runs):
-        echo(f"frontier: every study run has its {rundir.FRONTIER}")
+    stale = [run.name for run in runs
+             if rundir.has_frontier(run) and not rundir.is_current(run / rundir.FRONTIER, run)]
+    if not stale and all(rundir.has_frontier(run) for run in runs):
+        echo(f"frontier: every study run has its current {rundir.FRONTIER}")
         return 0
+    if stale:
+        echo(f"frontier: the {rundir.FRONTIER} of {', '.join(stale)} is stale (the run moved on since); recomputing")
     command = [sys.executable, "-m", "moe.cache_aware.frontier", *map(str, runs), *spec.get("flags", [])]
     return 0 if _study_command(command, "the frontier", echo) else 3
 
@@ -342,17 +351,24 @@ def _study_command(command: list[str], what: str, echo) -> bool:
 def _json_per_run(root: pathlib.Path, subdir: pathlib.PurePath, runs: Sequence[pathlib.Path], command_for,
                   what: str, echo) -> int:
     """One JSON per run under ROOT/<subdir>/ (sweep_root.STALL_DIR, DECODE_DIR), written by
-    ``command_for(run, out)`` to a temporary name first (so a kill leaves none) and kept once written."""
+    ``command_for(run, out)`` to a temporary name first (so a kill leaves none), with the run's source record
+    added (the stall's command reads traces, not the run), kept while current for its run and recomputed once
+    stale (moe.rundir.provenance)."""
+    from moe import rundir
     out = root / subdir
     out.mkdir(parents=True, exist_ok=True)
     for run in runs:
         target = out / f"{run.name}.json"
         if target.is_file():
-            continue
+            if rundir.is_current(target, run):
+                continue
+            echo(f"{what}: {target} is stale (its run moved on since); recomputing it")
+        source = rundir.source_record(run)  # taken first: a run that moves on meanwhile reads as stale
         partial = target.with_name(f".{target.name}.tmp")
         if not _study_command(command_for(run, partial), f"{what} of {run.name}", echo):
             return 3
-        os.replace(partial, target)
+        rundir.write_json(target, {**rundir.read_json(partial), rundir.SOURCE: source})
+        partial.unlink()
     return 0
 
 

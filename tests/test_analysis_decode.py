@@ -8,6 +8,7 @@ import pytest
 
 from analysis import decode
 from analysis.runs import AnalysisError
+from analysis_fixtures import made_from
 from moe.rundir import sweep_root
 
 
@@ -32,7 +33,7 @@ def test_rows_lines_and_table_follow_the_reports(tmp_path):
     b = _report("B", [_policy("none", 3e-3, 3e-3, misses=0.6), _policy("oracle", 0.0, 0.0)], same_order=False)
     (tmp_path / sweep_root.DECODE_DIR).mkdir(parents=True)
     for run, doc in (("a-s1", a), ("b-lam0.1-s1", b)):
-        (tmp_path / sweep_root.DECODE_DIR / f"{run}.json").write_text(json.dumps(doc))
+        (tmp_path / sweep_root.DECODE_DIR / f"{run}.json").write_text(json.dumps(made_from(tmp_path / run, doc)))
     docs = decode.load_decode(tmp_path)
     rows = decode.decode_rows(docs)
     assert [(r["run"], r["policy"]) for r in rows] == [("a-s1", "none"), ("a-s1", "highest_prob"),

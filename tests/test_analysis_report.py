@@ -156,7 +156,8 @@ def synthetic_study(root):
         rundir.write_json(run / rundir.DONE, {"run": name, "steps": 20, "wall_s": 12.5,
                                               "completed_at": "2026-12-01T10:00:00+00:00"})
     for name, points in (("a-s1", FRONTIERS["a-s1"]), ("b-lam0.1-s1", FRONTIERS["b-s1"])):
-        rundir.write_json(root / name / rundir.FRONTIER, {"schema": 1, "run": name, "points": points})
+        rundir.write_json(root / name / rundir.FRONTIER, {"schema": 1, "run": name, "checkpoint_step": 20,
+                                                          "points": points})
     rundir.write_json(root / "status.json", {"command": f"python -m launch.sweep --config=configs/study_cpu.py "
                                                         f"--root={root} --parallel=2", "started": 0.0})
     return root

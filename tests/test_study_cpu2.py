@@ -117,6 +117,7 @@ def writes_out(calls):
 def test_the_stall_step_replays_each_complete_runs_held_out_traces_once(tmp_path, monkeypatch):
     for name in ("a-s1", "b-lam0.1-s1"):
         write_complete_run(tmp_path / name, steps=4)
+        (tmp_path / name / rundir.CHECKPOINTS / "4").mkdir(parents=True)
         for domain in ("prose", "code"):
             (tmp_path / name / rundir.trace_file(domain)).write_bytes(b"")
             (tmp_path / name / rundir.train_trace_file(domain)).write_bytes(b"")
@@ -131,6 +132,12 @@ def test_the_stall_step_replays_each_complete_runs_held_out_traces_once(tmp_path
                         f"--out={out / '.a-s1.json.tmp'}"]  # held-out traces only, the paper's domains first
     assert sorted(p.name for p in out.iterdir()) == ["a-s1.json", "b-lam0.1-s1.json"]  # renamed when complete
     assert sweep.run_stall(tmp_path, {"flags": flags}, echo=lines.append) == 0 and len(calls) == 2  # kept
+    assert rundir.read_json(out / "a-s1.json")[rundir.SOURCE] == {"checkpoint_step": 4, "eval_manifest_sha256": None}
+    (tmp_path / "a-s1" / rundir.CHECKPOINTS / "8").mkdir()  # a-s1 trained on: its report is stale, b's is not
+    assert sweep.run_stall(tmp_path, {"flags": flags}, echo=lines.append) == 0 and len(calls) == 3
+    assert calls[-1][3] == str(tmp_path / "a-s1" / "trace_prose.npz")
+    assert lines[-2] == f"the stall: {out / 'a-s1.json'} is stale (its run moved on since); recomputing it"
+    assert rundir.read_json(out / "a-s1.json")[rundir.SOURCE]["checkpoint_step"] == 8
 
     (out / "a-s1.json").unlink()
     monkeypatch.setattr(sweep.subprocess, "run", lambda command, capture_output, text: subprocess.CompletedProcess(
@@ -149,6 +156,8 @@ def test_the_decode_step_measures_the_named_runs_once_and_needs_them_complete(tm
     assert sweep.run_decode(tmp_path, spec, echo=lines.append) == 3 and not calls
     assert lines[-1] == "error: the decode step needs complete runs; not complete: b-lam0.1-s1"
     write_complete_run(tmp_path / "b-lam0.1-s1", steps=4)
+    for name in spec["runs"]:
+        (tmp_path / name / rundir.CHECKPOINTS / "4").mkdir(parents=True)
     assert sweep.run_decode(tmp_path, spec, echo=lines.append) == 0
     out = tmp_path / sweep_root.DECODE_DIR
     assert calls[0] == [sys.executable, "-m", "moe.decode", f"--run={tmp_path / 'a-s1'}", *spec["flags"],
