@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from analysis import cache
-from moe import rundir
+from moe import baselines, rundir
 
 # Order in which the paper lists its domains; other domains follow sorted.
 DOMAIN_ORDER = rundir.DOMAINS
@@ -98,6 +98,11 @@ class Run:
     def config(self) -> dict[str, Any]:
         """config.json's record (its resolved config, when it has one, is ``record.resolved_config``)."""
         return self.record.record
+
+    @property
+    def balancing(self) -> str:
+        """How the run balanced its experts (moe.baselines.balancing): '' for the Switch loss, the default."""
+        return baselines.balancing(self.config)
 
     @property
     def finetuned(self) -> bool:
