@@ -25,12 +25,14 @@ from pathlib import Path
 
 from analysis import run_args
 from moe import rundir
+from moe.rundir import sweep_root
 
 MAX_COMPRESSED = 25 * 2**20
 # Left out of the evidence (shutil.ignore_patterns globs): training state, replaced runs, locks (a run's and a
 # sweep's), half-written files.
-LEFT_OUT = (rundir.CHECKPOINTS, rundir.QUARANTINE, rundir.EVAL_STAGING, rundir.SUPERSEDED, ".*.lock", "*.tmp")
-PAGE_DIR = Path("analysis") / "results"  # the sweep's copy of the page: regenerated beside the evidence
+LEFT_OUT = (rundir.CHECKPOINTS, rundir.QUARANTINE, rundir.EVAL_STAGING, rundir.SUPERSEDED, rundir.LOCK,
+            sweep_root.LOCK, "*.tmp")
+PAGE_DIR = sweep_root.RESULTS_DIR  # the sweep's copy of the page: regenerated beside the evidence
 
 
 def compressed_size(folder: Path) -> int:
@@ -41,7 +43,7 @@ def compressed_size(folder: Path) -> int:
 def keep(root: Path, out: Path, limit: int = MAX_COMPRESSED) -> int:
     """Copies the evidence of the sweep root ``root`` into ``out`` (which must not exist); its compressed size."""
     root, out = Path(root), Path(out)
-    if not (root / "status.json").is_file():
+    if not (root / sweep_root.STATUS).is_file():
         raise ValueError(f"{root}: no status.json; give a sweep root (python -m launch.sweep --root=ROOT)")
     if out.exists():
         raise ValueError(f"--out={out} exists; remove it or give a new folder (evidence is never merged)")
