@@ -504,12 +504,12 @@ def deviations(runs: Sequence[Run], frontier_runs: Sequence[str]) -> list[tuple[
 # -- figures --------------------------------------------------------------------------------------
 def deciding(conf: Sequence[verdict.Verdict]) -> verdict.Verdict | None:
     """The configuration that decides RQ1's gates: on the counted arm-B grid with the most λ (from scratch
-    before branched), the smallest λ whose seed-paired miss reduction reaches the miss gate, else its
-    largest λ."""
+    before branched, the Switch loss before another balancing), the smallest λ whose seed-paired miss
+    reduction reaches the miss gate, else its largest λ."""
     grids = b_grids(conf)
     if not grids:
         return None
-    grid = max(grids.values(), key=len)  # dicts keep order: the first series wins a tie
+    grid = max(grids.values(), key=lambda g: (len(g), not g[0].fork_step, not g[0].balancing))
     return next((v for v in grid if verdict.passes(v.metric.point, verdict.RQ1_MIN_MISS_REDUCTION, True)), grid[-1])
 
 

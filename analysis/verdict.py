@@ -205,6 +205,8 @@ class Verdict:
     arm: str = ""
     lam: float = 0.0
     series: str = ""  # its size and budget (and fork step): configurations of one series form a λ grid
+    fork_step: int = 0
+    balancing: str = ""  # moe.baselines.balancing ('' for the Switch loss)
 
 
 def counted_reason(group: Sequence[Run], runs: Sequence[Run]) -> str:
@@ -238,7 +240,7 @@ def _identity(group: Sequence[Run], pooled: Sequence[Run]) -> dict[str, Any]:
     """The Verdict fields that name a configuration and its baseline."""
     head = group[0]
     return {"baseline": tuple(r.name for r in pooled), "arm": head.arm, "lam": float(head.lam),
-            "series": series_label(head)}
+            "series": series_label(head), "fork_step": head.fork_step, "balancing": head.balancing}
 
 
 def _collapsed(group: Sequence[Run]) -> int:
