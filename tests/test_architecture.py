@@ -472,3 +472,16 @@ def test_module_names_say_what_they_hold():
             by_name.setdefault(path.name, []).append(path.relative_to(REPO).as_posix())
     repeated = {name: sorted(paths) for name, paths in by_name.items() if len(paths) > 1}
     assert sorted(repeated) == sorted(SHARED_NAMES), repeated
+
+
+def lazy_shims(sources: dict[str, str]) -> list[str]:
+    """Modules with a module-level ``__getattr__``: an import hidden from readers (and from this file's graph)."""
+    return sorted(path for path, source in sources.items()
+                  if any(isinstance(n, ast.FunctionDef) and n.name == "__getattr__" for n in ast.parse(source).body))
+
+
+def test_no_lazy_import_shims():
+    """Callers import a name from the module that defines it; a package re-exports nothing on first use."""
+    assert lazy_shims({"moe/x/__init__.py": "def __getattr__(name):\n    return name\n",
+                       "moe/y.py": "class A:\n    def __getattr__(self, name):\n        return name\n"}) == ["moe/x/__init__.py"]
+    assert lazy_shims(_sources()) == []
