@@ -184,9 +184,14 @@ class CLI:
             self.flags[old].present for old, new in self._deprecated.items() if new == name)
 
 
-def fail(message: str) -> NoReturn:
+def error(message: object) -> int:
+    """Prints ``error: message`` on stderr and returns exit code 2: a command's ``return error(e)``."""
     print(f"error: {message}", file=sys.stderr)
-    sys.exit(2)
+    return 2
+
+
+def fail(message: str) -> NoReturn:
+    sys.exit(error(message))
 
 
 def flags_only(remaining: Sequence[str], prog: str) -> list[str]:
@@ -207,8 +212,7 @@ def run(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None 
         try:
             return main(argv)
         except errors as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
+            return error(e)
     return stop_on_interrupt(body, argv)
 
 

@@ -32,7 +32,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from cachesim.cli_util import CLI, check_writable, progress, stop_on_interrupt, write_output
+from cachesim.cli_util import CLI, check_writable, error, progress, stop_on_interrupt, write_output
 from cachesim.headline import ADMISSIONS
 from cachesim.policies import parse_capacities
 
@@ -198,8 +198,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         runs = _run_cli(args)
     except (ValueError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return error(exc)
     if args.format == "json":
         from cachesim.timed.stall_metrics import json_safe
 

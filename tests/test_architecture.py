@@ -485,3 +485,33 @@ def test_no_lazy_import_shims():
     assert lazy_shims({"moe/x/__init__.py": "def __getattr__(name):\n    return name\n",
                        "moe/y.py": "class A:\n    def __getattr__(self, name):\n        return name\n"}) == ["moe/x/__init__.py"]
     assert lazy_shims(_sources()) == []
+
+
+# The CLI convention's parts (cachesim.cli_util): its help page, the error line and exit 2, Ctrl-C's 130, the bar.
+CLI_CONVENTION = {"CLI", "UsageError", "Progress", "fail", "error", "stop_on_interrupt", "parse_app_flags", "app_help",
+                  "HELP_ARGS", "INTERRUPTED"}
+
+
+def cli_convention_offenders(sources: dict[str, str]) -> list[str]:
+    """Definitions of a part of the CLI convention outside cachesim.cli_util, and class names defined twice."""
+    found, classes = [], {}
+    for path, source in sources.items():
+        for node in ast.parse(source).body:
+            names = ([node.name] if isinstance(node, (ast.ClassDef, ast.FunctionDef)) else
+                     [t.id for t in node.targets if isinstance(t, ast.Name)] if isinstance(node, ast.Assign) else [])
+            found += [f"{path}: defines {name} (cachesim.cli_util's)" for name in names
+                      if name in CLI_CONVENTION and path != "cachesim/cli_util.py"]
+            if isinstance(node, ast.ClassDef):
+                classes.setdefault(node.name, []).append(path)
+    found += [f"class {name} is defined in {', '.join(paths)}" for name, paths in classes.items() if len(paths) > 1]
+    return sorted(found)
+
+
+def test_the_cli_convention_has_one_home_and_a_class_name_one_meaning():
+    """Every command's help, error line, exit codes and progress bar come from cachesim.cli_util."""
+    planted = {"moe/a.py": "def fail(message):\n    raise SystemExit(2)\nclass Progress:\n    pass\n",
+               "moe/b.py": "class Progress:\n    pass\n", "cachesim/cli_util.py": "def fail(m):\n    pass\n"}
+    assert cli_convention_offenders(planted) == [
+        "class Progress is defined in moe/a.py, moe/b.py", "moe/a.py: defines Progress (cachesim.cli_util's)",
+        "moe/a.py: defines fail (cachesim.cli_util's)", "moe/b.py: defines Progress (cachesim.cli_util's)"]
+    assert cli_convention_offenders(_sources()) == []

@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 from moe.data.errors import TokenizerError
 from moe.data.tokenizer import GPT2_RANKS_SHA256, gpt2_ranks_path, sha256_bytes, tiktoken_cache_candidates
-from cachesim.cli_util import CLI, stop_on_interrupt
+from cachesim.cli_util import CLI, error, stop_on_interrupt
 from cachesim.files import file_sha256
 
 WHISPER_VERSION = "20250625"
@@ -120,8 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         path = ensure_gpt2_ranks(sdist=args.sdist, log=lambda msg: print(f"fetch_tokenizer: {msg}", file=sys.stderr))
     except (TokenizerError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return error(e)
     print(f"GPT-2 BPE ranks ready: {path} (sha256 {GPT2_RANKS_SHA256})")
     return 0
 

@@ -34,7 +34,7 @@ from moe.data.document import Document
 from moe.data.errors import DataError, ManifestError, SourceError
 from moe.data.fetch_tokenizer import ensure_gpt2_ranks
 from moe.data.tokenizer import Tokenizer, get_tokenizer, tokenizer_record
-from cachesim.cli_util import CLI, progress, stop_on_interrupt
+from cachesim.cli_util import CLI, error, progress, stop_on_interrupt
 
 Log = Callable[[str], None]
 _ENCODE_BATCH_CHARS = 1 << 20  # characters per tokenizer call: big enough for threads, small enough to stop early
@@ -349,8 +349,7 @@ def main(argv: list[str] | None = None) -> int:
             directory = prepare(_config_from_args(args), args.out, force=args.force, advance=bar.advance)
         print(summary(directory))
     except (DataError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return error(e)
     return 0
 
 
