@@ -459,7 +459,6 @@ SHARED_NAMES = {
     "arm_m.py": "arm M: its config (configs) and its tables (analysis)",
     "errors.py": "a package's error types (losses, moe.data)",
     "engine.py": "the engine of its subpackage (cachesim.lcs, cachesim.timed)",
-    "local.py": "local: the local executor (launch) and the corpus named local (moe.data, one module per corpus)",
     "cli.py": "launch/cli.py is launch.console's old name, kept one release",
 }
 

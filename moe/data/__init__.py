@@ -3,7 +3,7 @@
 Corpora (``config.data.corpus``; see each module for its exact sources):
   embedded   default; real text shipped with Python itself (moe.data.embedded) + a math generator
   paper      WikiText-103 / codeparrot-clean / OpenWebMath from the HF hub (moe.data.paper)
-  local      your own text/JSONL files per domain (moe.data.local)
+  local      your own text/JSONL files per domain (moe.data.local_files)
   synthetic  generated token streams for fast tests; explicit, never a fallback (moe.data.synthetic)
 
 ``python -m moe.data.prepare`` tokenises a corpus once (moe.data.prepare);

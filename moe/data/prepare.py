@@ -28,7 +28,7 @@ import ml_collections
 import numpy as np
 
 from moe.data import recipe as config_lib
-from moe.data import embedded, local, paper, store, synthetic
+from moe.data import embedded, local_files, paper, store, synthetic
 from moe.data.recipe import DOMAINS, FORMAT_VERSION
 from moe.data.document import Document
 from moe.data.errors import DataError, ManifestError, SourceError
@@ -121,7 +121,7 @@ def text_documents(data_cfg, domain: str) -> tuple[Iterator[Document], dict]:
         return embedded.documents(domain)
     if data_cfg.corpus == "paper":
         return paper.documents(domain, data_cfg.paper[domain], data_cfg.paper_files[domain])
-    return local.documents(domain, data_cfg.local_paths[domain], data_cfg.local_text_field)
+    return local_files.documents(domain, data_cfg.local_paths[domain], data_cfg.local_text_field)
 
 
 def load_tokenizer(name: str, log: Log) -> Tokenizer:
