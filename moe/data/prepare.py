@@ -28,6 +28,7 @@ import ml_collections
 import numpy as np
 
 from moe.data import recipe as config_lib
+from moe import rundir
 from moe.data import embedded, local_files, paper, store, synthetic
 from moe.data.recipe import DOMAINS, FORMAT_VERSION
 from moe.data.document import Document
@@ -290,7 +291,7 @@ def prepare(data_cfg, out: str | pathlib.Path | None = None, *, force: bool = Fa
         start = time.perf_counter()
         log(f"preparing the {data_cfg.corpus} corpus ({data_cfg.tokenizer} tokens) in {directory}")
         manifest = _build(data_cfg, directory, rec, log, advance)
-        store.write_json_atomic(manifest_path, manifest)
+        rundir.write_json(manifest_path, manifest)
         _VERIFIED[str(directory.resolve())] = (_stat_key(directory), manifest)
         log(f"done in {time.perf_counter() - start:.1f}s: {directory}")
     return directory
