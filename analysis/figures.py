@@ -40,6 +40,7 @@ from analysis import run_args, summary, verdict
 from analysis.cache import MetricsStore
 from analysis.profile import load_traces
 from analysis.runs import AnalysisError, Run, discover, load_runs, read_run_file
+from cachesim import cli_util
 from cachesim.cli_util import progress
 from moe import rundir
 
@@ -355,12 +356,13 @@ def draw_dose_response(points: Sequence[Mapping[str, Any]], stem: Path,
 
 
 # -- the CLI ----------------------------------------------------------------------------------
-def make_figures(paths: Sequence[str], out: Path, *, store: MetricsStore, budget_runs: str = "") -> list[Path]:
+def make_figures(paths: Sequence[str], out: Path, *, store: MetricsStore, budget_runs: str = "",
+                 skip_broken: bool = False) -> list[Path]:
     """Draws every figure the inputs support, with progress on a terminal; returns the written files."""
     run_dirs, trace_dirs = discover(paths)
     if not run_dirs and not trace_dirs:
         raise AnalysisError(f"no run directories or trace folders under {', '.join(map(str, paths))}")
-    runs = sorted(load_runs(run_dirs, store=store) if run_dirs else [], key=summary.sort_key)
+    runs = sorted(load_runs(paths, store=store, skip_broken=skip_broken) if run_dirs else [], key=summary.sort_key)
     complete = [r for r in runs if r.complete]
     dense = {r.name for r in complete} if budget_runs == "all" else {n for n in budget_runs.split(",") if n}
     unknown = dense - {r.name for r in complete}
@@ -462,8 +464,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = run_args.parse_runs(COMMAND, argv)
     if not args.out:
         raise ValueError("--out is required: the folder for the figures")
-    for path in make_figures(args.paths, Path(args.out), store=run_args.make_store(args), budget_runs=args.budget_runs):
-        print(path)
+    cli_util.check_writable(args.out, folder=True)
+    from analysis import plots  # here, not at the top: matplotlib; --help need not wait for it
+    with plots.held() as drawn:  # written together below: a failure keeps the old figures whole
+        make_figures(args.paths, Path(args.out), store=run_args.make_store(args), budget_runs=args.budget_runs,
+                     skip_broken=args.skip_broken)
+    cli_util.write_files(drawn, args.out)
     return 0
 
 

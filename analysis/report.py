@@ -27,8 +27,9 @@ import json
 import math
 import os
 import platform
-import re
+import shlex
 import subprocess
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -38,8 +39,10 @@ import numpy as np
 from analysis import (arm_m, run_args, complementarity, decode, figures, formatting, intervals, stall_section, summary,
                       tables, verdict)
 from analysis.runs import AnalysisError, Run
-from cachesim import headline
+from cachesim import cli_util, headline
+from cachesim.files import write_together
 from moe import rundir
+from moe.rundir import sweep_root
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -139,14 +142,10 @@ def sweep_wall_s(root: Path) -> float | None:
     runs a study step trained (fine-tunes, counted with the steps) aside."""
     import pandas as pd  # here, not at the top: --help need not wait for pandas and matplotlib
 
-    try:
-        status = json.loads((root / "status.json").read_text())
-    except (OSError, ValueError):
-        return None
-    started = status.get("first_started", status.get("started"))
+    started = sweep_root.first_started(root)
     ends = []
-    for path in root.iterdir():
-        if not path.is_dir() or any(a.get("executor") == "study" for a in rundir.read_attempts(path)):
+    for path in sweep_root.run_dirs(root):
+        if any(a.get("executor") == "study" for a in rundir.read_attempts(path)):
             continue
         done = rundir.read_done(path)
         if done and done.get("completed_at"):
@@ -154,12 +153,9 @@ def sweep_wall_s(root: Path) -> float | None:
     return max(ends) - started if started is not None and ends else None
 
 
-STEP_TIMES = Path("analysis") / "study_steps.json"  # under a sweep root (launch.sweep.STEP_TIMES_FILE)
-
-
 def study_steps_s(root: Path) -> dict[str, float]:
     """Wall seconds of each study step after the runs (fine-tune, frontier, stall, decode); {} if none ran."""
-    path = root / STEP_TIMES
+    path = root / sweep_root.STEP_TIMES
     return rundir.read_json(path) if path.is_file() else {}
 
 
@@ -673,11 +669,12 @@ def _decode(root: Path) -> list[str]:
 
 
 def build(root: Path, name: str, out: Path, *, command: str, frontier_runs: Sequence[str],
-          cache_dir: str | None = None, jobs: int | None = None) -> Path:
-    """Writes out/<name>.md and out/<name>/*.png; returns the page's path."""
+          cache_dir: str | None = None, jobs: int | None = None, skip_broken: bool = False) -> Path:
+    """Writes out/<name>.md and out/<name>/*.png together (a failure keeps the old ones whole); returns the
+    page's path."""
     from analysis import study  # here, not at the top: --help need not wait for pandas and matplotlib
 
-    runs = study.load_study(root, cache_dir=cache_dir, jobs=jobs)
+    runs = study.load_study(root, cache_dir=cache_dir, jobs=jobs, skip_broken=skip_broken)
     complete = [r for r in runs if r.complete]
     if not complete:
         raise AnalysisError(f"no complete runs under {root}; run the sweep first")
@@ -688,7 +685,9 @@ def build(root: Path, name: str, out: Path, *, command: str, frontier_runs: Sequ
     built = tables.build_tables(runs, ["main", "per_domain", "complementarity"] if frontiers else
                                 ["main", "per_domain"], frontiers, {})
     figure_dir = out / name
-    drawn = write_figures(runs, figure_dir, frontier_runs, results)
+    from analysis import plots
+    with plots.held() as figure_files:  # published with the page below, all or none
+        drawn = write_figures(runs, figure_dir, frontier_runs, results)
     figure_paths = {c: f"{name}/{p.name}" for c, p in drawn.items()}
     commits = code_commits(complete)
     page = render_page(name=name, root_label=root.name, command=command, rows=rows, found=found,
@@ -701,7 +700,7 @@ def build(root: Path, name: str, out: Path, *, command: str, frontier_runs: Sequ
                        melinoe=_melinoe(complete),
                        stall_md=_stall(root), decode_md=_decode(root), plan_md=preregistration_lines(root))
     path = out / f"{name}.md"
-    rundir.write_atomic(path, page)
+    write_together({**figure_files, path: page})  # the page last: it never names a figure not yet in place
     return path
 
 
@@ -712,8 +711,8 @@ COMMAND.define("string", "out", None, "the folder of the page (e.g. docs/results
 COMMAND.define("string", "frontier_runs", "",
                "comma-separated [arm-A run, arm-B run] whose frontier.json the findings compare "
                "(default: the first arm-A and the first arm-B run under ROOT that hold a frontier.json)")
-COMMAND.define("string", "command", "", "the command line the page states (default: the sweep's, from "
-               "status.json)")
+COMMAND.define("string", "command", "", "the command lines the page states (default: every sweep command that "
+               "wrote ROOT, from its status.json, then this one, each exactly as run)")
 
 
 def _default_frontier_runs(root: Path) -> list[str]:
@@ -724,26 +723,32 @@ def _default_frontier_runs(root: Path) -> list[str]:
     return (a[:1] + b[:1]) if a or b else found[:2]
 
 
-def _sweep_command(root: Path, name: str, out: Path) -> str:
+def provenance(root: Path, report_argv: Sequence[str]) -> str:
+    """The commands that made the page, exactly as run: each sweep command that wrote ``root``, in the order
+    they first ran (run from another folder than this report: ``(cd FOLDER && ...)``), then this report's."""
     try:
-        status = json.loads((root / "status.json").read_text())
-    except (OSError, ValueError):
-        status = {}
-    sweep = status.get("command") or f"python -m launch.sweep --root={root.name}"
-    sweep = re.sub(r"--root=\S+", f"--root={root.name}", sweep)
-    return f"{sweep}\npython -m analysis.report {root.name} --name={name} --out={out.name}"
+        sweeps = sweep_root.read_status(root, table=False)["sweeps"]
+    except FileNotFoundError:
+        sweeps = []
+    lines = [s["command"] if s.get("cwd") in (None, os.getcwd()) else f"(cd {shlex.quote(s['cwd'])} && {s['command']})"
+             for s in sweeps]
+    if not lines:
+        lines = [f"# no sweep command recorded: {root / sweep_root.STATUS} is missing"]
+    return "\n".join([*lines, shlex.join(["python", "-m", "analysis.report", *report_argv])])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = run_args.parse_runs(COMMAND, argv)
     if not args.name or not args.out:
         raise ValueError("--name and --out are required: the page is written to OUT/<name>.md")
+    cli_util.check_writable(args.out, folder=True)
     if len(args.paths) != 1 or not Path(args.paths[0]).is_dir():
         raise ValueError(f"give one sweep root directory (got {' '.join(args.paths)})")
     root, out = Path(args.paths[0]), Path(args.out)
     frontier_runs = [n for n in args.frontier_runs.split(",") if n] or _default_frontier_runs(root)
-    path = build(root, args.name, out, command=args.command or _sweep_command(root, args.name, out),
-                 frontier_runs=frontier_runs, cache_dir=args.cache_dir, jobs=args.jobs)
+    path = build(root, args.name, out, command=args.command or provenance(root, argv),
+                 frontier_runs=frontier_runs, cache_dir=args.cache_dir, jobs=args.jobs, skip_broken=args.skip_broken)
     print(path)
     return 0
 

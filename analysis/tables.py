@@ -41,6 +41,7 @@ from analysis import arm_m, run_args, complementarity, formatting, intervals, su
 from analysis.formatting import (Column, Table, fixed, general, percent, percent_interval, percent_spread,
                                  signed_percent)
 from analysis.runs import Run, load_runs
+from cachesim import cli_util
 from cachesim.headline import COLLAPSE_PERCENT
 from moe import rundir
 
@@ -336,6 +337,7 @@ COMMAND.define("string", "tables", None, f"comma-separated subset of {', '.join(
 
 def _parse_args(argv: Sequence[str] | None):
     args = run_args.parse_runs(COMMAND, argv)
+    cli_util.check_writable(args.out, folder=True)
     args.out = Path(args.out) if args.out else None
     args.explicit_tables = args.tables is not None
     args.table_names = [t.strip() for t in (args.tables or ",".join(TABLE_NAMES)).split(",") if t.strip()]
@@ -377,14 +379,18 @@ def _json_main(args, runs: Sequence[Run], frontiers: Mapping[str, Any],
                          "transfers or ablation, or --out DIR to write them all")
     for note in _skip_notes(args, available):
         print(note, file=sys.stderr)  # stdout stays parseable JSON
-    for filename, rows in payloads:
-        run_args.write_or_print(json.dumps(rows, indent=1) + "\n", args.out, filename)
+    if args.out is None:
+        for _, rows in payloads:
+            run_args.write_or_print(json.dumps(rows, indent=1) + "\n", None, "")
+    else:
+        run_args.write_all({args.out / filename: json.dumps(rows, indent=1) + "\n" for filename, rows in payloads},
+                           args.out)
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse_args(argv)
-    runs = load_runs(args.paths, store=run_args.make_store(args))
+    runs = load_runs(args.paths, store=run_args.make_store(args), skip_broken=args.skip_broken)
     names = list(args.table_names)
     frontiers = complementarity.load_frontiers(runs) if "complementarity" in names else {}
     studies = arm_m.load_transfers(runs) if {"transfers", "ablation"} & set(names) else {}
@@ -401,8 +407,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if tables:
             run_args.write_or_print(formatting.render_all(tables, args.format), None, "")
     else:
-        for t in tables:
-            run_args.write_or_print(formatting.render(t, args.format), args.out, f"{t.name}.{ext}")
+        run_args.write_all({args.out / f"{t.name}.{ext}": formatting.render(t, args.format) for t in tables}, args.out)
     for note in notes:
         print(note)
     return 0

@@ -53,6 +53,7 @@ import numpy as np
 
 from analysis import run_args, effects, intervals, matched, summary
 from analysis.runs import Run, load_runs
+from cachesim import cli_util
 from cachesim.headline import COLLAPSE_PERCENT
 from moe import rundir
 
@@ -982,7 +983,8 @@ COMMAND.define("string", "out", None, "write the verdict to this file instead of
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = run_args.parse_runs(COMMAND, argv)
-    runs = load_runs(args.paths, store=run_args.make_store(args))
+    cli_util.check_writable(args.out)
+    runs = load_runs(args.paths, store=run_args.make_store(args), skip_broken=args.skip_broken)
     text = json.dumps(verdict_json(runs), indent=1) + "\n" if args.format == "json" else verdict_text(runs)
     run_args.write_or_print(text, Path(args.out).parent if args.out else None, Path(args.out).name if args.out else "")
     return 0

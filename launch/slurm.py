@@ -18,7 +18,6 @@ cluster (``scripts/slurm_cluster.sh``, tests/test_launch_slurm_cluster.py).
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import pathlib
 import shutil
@@ -34,7 +33,7 @@ from moe import rundir
 from launch.execute import (attempt_record, error_from_log, mark_run_done, prepare_jax_env, run_in_process,
                             run_logs)
 from launch.plan import Job
-from launch.slurm_states import JOBS_FILE
+from moe.rundir import sweep_root
 from launch.status import RunState
 
 
@@ -209,7 +208,7 @@ def sbatch_script(options: SlurmOptions, name: str, folder: pathlib.Path) -> str
 def sbatch_options(options: SlurmOptions) -> list[str]:
     """The resource lines of :func:`sbatch_script` as sbatch options (``--gpus-per-node=1`` ...)."""
     skip = ("job-name", "output", "error", "open-mode", "signal", "wckey")
-    lines = sbatch_script(options, "sweep", pathlib.Path("submitit")).splitlines()
+    lines = sbatch_script(options, "sweep", pathlib.Path(sweep_root.SUBMITIT_DIR)).splitlines()
     flags = [line[len("#SBATCH "):] for line in lines if line.startswith("#SBATCH ")]
     return [f for f in flags if f[2:].partition("=")[0] not in skip]
 
@@ -224,20 +223,16 @@ class SlurmExecutor:
     def __init__(self, root: pathlib.Path, options: SlurmOptions, *, retries: int,
                  echo: Callable[[str], None] = print, poll_s: float = 5.0):
         self.root, self.options, self.retries, self.echo, self.poll_s = root, options, retries, echo, poll_s
-        self.folder = root / "submitit"
+        self.folder = root / sweep_root.SUBMITIT_DIR
         self.executor = make_executor(self.folder, options, name=f"sweep-{root.name}")
 
     # ------------------------------------------------------------ job ids (re-attach after a restart)
 
     def _load_ids(self) -> dict[str, str]:
-        try:
-            return json.loads((self.folder / JOBS_FILE).read_text())
-        except (OSError, ValueError):
-            return {}
+        return sweep_root.read_jobs(self.root)
 
     def _save_ids(self, ids: Mapping[str, str]) -> None:
-        self.folder.mkdir(parents=True, exist_ok=True)
-        rundir.write_json(self.folder / JOBS_FILE, dict(ids))
+        sweep_root.write_jobs(self.root, ids)
 
     def _reattach(self, job: Job, ids: Mapping[str, str]):
         """The cluster job already running this launcher job (SLURM only), else None."""

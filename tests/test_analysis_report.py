@@ -156,7 +156,8 @@ def synthetic_study(root):
         rundir.write_json(run / rundir.DONE, {"run": name, "steps": 20, "wall_s": 12.5,
                                               "completed_at": "2026-12-01T10:00:00+00:00"})
     for name, points in (("a-s1", FRONTIERS["a-s1"]), ("b-lam0.1-s1", FRONTIERS["b-s1"])):
-        rundir.write_json(root / name / rundir.FRONTIER, {"schema": 1, "run": name, "points": points})
+        rundir.write_json(root / name / rundir.FRONTIER, {"schema": 1, "run": name, "checkpoint_step": 20,
+                                                          "points": points})
     rundir.write_json(root / "status.json", {"command": f"python -m launch.sweep --config=configs/study_cpu.py "
                                                         f"--root={root} --parallel=2", "started": 0.0})
     return root
@@ -174,7 +175,9 @@ def test_the_page_states_every_finding_and_is_regenerated_byte_for_byte(tmp_path
                   "Domain priming"):
         assert claim in page
     assert "| Expert collapse" not in page
-    assert "python -m launch.sweep --config=configs/study_cpu.py --root=study --parallel=2" in page
+    # How the page was made: the sweep's command and this one, exactly as run.
+    assert f"```\npython -m launch.sweep --config=configs/study_cpu.py --root={root} --parallel=2\n" \
+           f"python -m analysis.report {' '.join(args)}\n```" in page
     assert {"dose_response.png", "training_curves.png", "frontier_a-s1.png", "frontier_b-lam0.1-s1.png",
             "usage.png"} <= set(figures)
     assert all(b.startswith(b"\x89PNG") for b in figures.values())

@@ -335,14 +335,17 @@ def _frontier(runs: list[rundir.RunRecord], points: Sequence[Point], *, prime: b
         records, description = results(run, points, mixed_points)
         arm_a, note = find_arm_a(run, runs, explicit)
         if arm_a is None:
-            baseline = None
-        elif arm_a.path.resolve() == run.path.resolve() or arm_a.path.resolve() in {r.path.resolve() for r in runs}:
-            baseline = results(arm_a, points, mixed_points)[0]
-        else:  # only its plain points are needed
-            plain = [p for p in points if p.setting.is_plain]
-            baseline = results(arm_a, plain, [p for p in mixed_points if p.setting.is_plain])[0]
+            baseline, a_source = None, None
+        else:
+            if arm_a.path.resolve() == run.path.resolve() or arm_a.path.resolve() in {r.path.resolve() for r in runs}:
+                baseline, a_description = results(arm_a, points, mixed_points)
+            else:  # only its plain points are needed
+                plain = [p for p in points if p.setting.is_plain]
+                baseline, a_description = results(arm_a, plain, [p for p in mixed_points if p.setting.is_plain])
+            a_source = rundir.source_record(arm_a.path, a_description["checkpoint_step"])
         compare(records, baseline)
-        record = rundir.frontier_record(run, records, description, arm_a, note)
+        record = rundir.frontier_record(run, records, description, arm_a, note,
+                                        rundir.source_record(run.path, description["checkpoint_step"]), a_source)
         rundir.write_frontier(run.path, record)
         log(f"frontier: wrote {run.path / rundir.FRONTIER} ({len(records)} points; arm-A baseline: {note})")
         out[run.path] = record
