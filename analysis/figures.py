@@ -61,7 +61,7 @@ def dose_response_points(runs: Sequence[Run]) -> list[dict[str, Any]]:
         m, q = r.metric_gate, r.quality_gate
         kind = "seed-level t" if m.seed_ci is not None else "window bootstrap" if m.interval is not None else ""
         points.append({"config": r.config, "runs": list(r.runs), "lam": head.lam,
-                       "series": f"{rundir.format_tokens(head.tokens)} tokens, {head.size}",
+                       "series": _series(head),
                        "miss_reduction": m.point, "ppl_cost": q.point, "miss_seeds": list(m.per_seed),
                        "ppl_seeds": list(q.per_seed), "miss_interval": m.interval, "ppl_interval": q.interval,
                        "interval": kind})
@@ -76,6 +76,11 @@ def _rq1_b(runs: Sequence[Run]) -> list[tuple[Any, Run]]:
             and by_name[r.runs[0]].lam > 0]
 
 
+def _series(run: Run) -> str:
+    """A dose-response series: runs of one budget, size and balancing (each compared within its own)."""
+    return f"{rundir.format_tokens(run.tokens)} tokens, {run.size}" + (f", {run.balancing}" if run.balancing else "")
+
+
 def a_seed_bands(runs: Sequence[Run]) -> dict[str, dict[str, tuple[float, float]]]:
     """{series: {"miss_reduction"|"ppl_cost": (low, high)}}: arm A's seeds against their own mean (2+ seeds)."""
     bands = {}
@@ -87,7 +92,7 @@ def a_seed_bands(runs: Sequence[Run]) -> dict[str, dict[str, tuple[float, float]
         miss = np.mean([v["lru_miss_25"] for v in vals])
         costs = [v["ppl"] / ppl - 1 for v in vals]
         reductions = [1 - v["lru_miss_25"] / miss for v in vals]
-        bands[f"{rundir.format_tokens(group[0].tokens)} tokens, {group[0].size}"] = {
+        bands[_series(group[0])] = {
             "ppl_cost": (min(costs), max(costs)), "miss_reduction": (min(reductions), max(reductions))}
     return bands
 

@@ -157,7 +157,8 @@ def _estimand_lines(p: EstimandPlan, target_points: float) -> list[str]:
     g = p.grid
     head = (f"  RQ1 estimand, ΔPPL at {verdict.RQ1_MIN_MISS_REDUCTION:.0%} miss reduction "
             f"(λ grid {', '.join(f'{x:g}' for x in g.lams)}; seeds {', '.join(map(str, g.seeds))}"
-            + (f"; branches of arm-A trunks at step {g.fork_step}" if g.fork_step else "") + ")")
+            + (f"; branches of arm-A trunks at step {g.fork_step}" if g.fork_step else "")
+            + (f"; {g.balancing}" if g.balancing else "") + ")")
     if p.estimate is None:
         return [head + ": the grid never reaches the miss gate at the seed means; no estimate"]
     if p.noise is None:

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from analysis import cache
-from moe import rundir
+from moe import baselines, rundir
 
 # Reference final_eval.json lacks per-domain token counts: 488 windows of 1024.
 REFERENCE_EVAL_TOKENS = 499_712
@@ -93,6 +93,11 @@ class Run:
     def config(self) -> dict[str, Any]:
         """config.json's record (its resolved config, when it has one, is ``record.resolved_config``)."""
         return self.record.record
+
+    @property
+    def balancing(self) -> str:
+        """How the run balanced its experts (moe.baselines.balancing): '' for the Switch loss, the default."""
+        return baselines.balancing(self.config)
 
     @property
     def finetuned(self) -> bool:

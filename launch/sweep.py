@@ -63,6 +63,9 @@ _RERUN_CHANGED = flags.DEFINE_bool("rerun_changed", False, "Runs whose directory
 _ONLY = flags.DEFINE_list("only", [], "Only the runs whose names match these shell patterns, e.g. 'b-lam0.05-*'.")
 _REPLAN = flags.DEFINE_bool("replan", False, "Accept a study plan() that differs from ROOT/preregistration.json "
                             "after runs started, recording the change as a deviation (default: refused).")
+_TIME_FROM = flags.DEFINE_list("time_from", [], "With --dry_run: folders of finished runs (a pilot's sweep root or "
+                                "a study's evidence folder) whose recorded wall times estimate this sweep's, run by "
+                                "run (launch.timing); the root's own finished runs always count.")
 _ANALYSIS = flags.DEFINE_bool("analysis", True, "Write analysis tables and the verdict when the sweep is done.")
 _VERBOSE = flags.DEFINE_bool("verbose", False, "Echo every worker's output (prefixed with its run name).")
 _STATUS_EVERY = flags.DEFINE_float("status_every", 60.0, "Seconds between printed status tables (0: only at "
@@ -500,7 +503,7 @@ def sweep(argv_command: Sequence[str]) -> int:
             check_controller(options)  # no controller: one line, before anything is written
 
     if _DRY_RUN.value:
-        return dry_run(specs, config_file)
+        return dry_run(specs, config_file, root)
 
     with root_lock(root):
         command, cwd = shlex.join(argv_command), os.getcwd()
@@ -558,27 +561,34 @@ def sweep(argv_command: Sequence[str]) -> int:
     return code
 
 
-def dry_run(specs, config_file: str | None = None) -> int:
-    """Prints each job's command and compiled train-step memory, and a plan's expected half-widths; refuses
-    what exceeds the device."""
-    from launch import memory
+def dry_run(specs, config_file: str | None = None, root: pathlib.Path | None = None) -> int:
+    """Prints each job's command, compiled train-step memory and time (from the recorded walls of finished
+    runs of the same cost: the root's and --time_from's), and a plan's expected half-widths; refuses what
+    exceeds the device."""
+    from launch import memory, timing
     from moe import rundir
     from launch.execute import prepare_jax_env
 
     prepare_jax_env()
     validate_runs(specs)
+    folders = ([root] if root is not None and root.is_dir() else []) + [pathlib.Path(p) for p in _TIME_FROM.value]
+    basis = timing.recorded_runs(folders)  # a bad --time_from fails here, before anything compiles
     jobs = plan_jobs(specs, _VMAP_SEEDS.value, _SEED_BATCHING.value)
     estimator = memory.MemoryEstimator()
-    estimates = []
+    estimates, finished_jobs = [], []
     changed = changed_runs(specs)
     for job in jobs:  # read-only: a dry run writes nothing, not even a missing DONE
         finished = all(rundir.is_done(s.workdir) or rundir.is_complete(s.workdir) for s in job.runs)
+        if finished and not any(s.name in changed for s in job.runs):
+            finished_jobs.append(job.name)
         mark = ("[changed] " if any(s.name in changed for s in job.runs) else "[done] " if finished else "")
         print(mark + shlex.join(job.command()))
         e = estimator.estimate(job.runs[0], seeds=len(job.runs))
         estimates.append(dataclasses.replace(e, run=job.name) if job.vmapped else e)
     print(memory.format_estimates(estimates), end="")
     print(f"{len(specs)} runs in {len(jobs)} job(s), {estimator.compiles} distinct train-step shape(s) compiled")
+    slots = 1 if _EXECUTOR.value == "inline" else _PARALLEL.value
+    print("\n".join(timing.time_lines(timing.job_times(jobs, basis), finished_jobs, slots, folders)))
     planned = study_plan(config_file) if config_file else None
     if planned is not None:
         from analysis.power import plan_lines

@@ -119,6 +119,17 @@ def test_frontier_findings_from_hand_built_points():
     assert report.rerouting_finding({}, "a-s1", "b-s1").status == "not tested"
 
 
+def test_frontier_findings_with_one_window_say_there_is_no_interval():
+    one = {"a-s1": [{**point(), "windows": {"prose": {"ce": [2.0], "misses": [2.0]}}},
+                    {**point(tau=0.5, ppl_cost=0.04), "windows": {"prose": {"ce": [2.04], "misses": [1.9]}}},
+                    {**point(eps=0.02, misses=1.9), "windows": {"prose": {"ce": [2.0], "misses": [1.9]}}}]}
+    one["b-s1"] = one["a-s1"]
+    f = report.rerouting_finding(one, "a-s1", "b-s1")
+    assert f.status == "not resolved" and "too few evaluation windows for a window interval (prose: 1;" in f.evidence
+    e = report.elision_finding(one, "a-s1", "b-s1")
+    assert e.status == "not resolved" and "too few evaluation windows for a window interval (prose: 1;" in e.evidence
+
+
 def test_findings_hold_only_the_papers_claims_and_judge_priming_on_arm_c():
     rows = [{"run": "a-s1", "arm": "A", "lam": 0.0, "seed": 1, "collapsed": 0},
             {"run": "b-s1", "arm": "B", "lam": 0.1, "seed": 1, "collapsed": 9},

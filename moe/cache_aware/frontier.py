@@ -121,13 +121,16 @@ def find_arm_a(run: rundir.RunRecord, given: Sequence[rundir.RunRecord],
     """The arm-A run to compare `run` against, and a note saying how it was found (or why not)."""
     def matches(other: rundir.RunRecord) -> bool:
         return baselines.is_arm_a_match(other.arm, other.size, other.record.get("tokens"), of_size=run.size,
-                                        of_tokens=run.record.get("tokens"))
+                                        of_tokens=run.record.get("tokens"), balance=baselines.balancing(other.record),
+                                        of_balance=baselines.balancing(run.record))
 
     if explicit is not None:
         note = "given with --arm-a"
         if not matches(explicit):
+            balanced = lambda r: baselines.balancing(r.record) or "the Switch loss"  # noqa: E731
             note += (f" (note: it is arm {explicit.arm}, size {explicit.size}, {explicit.record.get('tokens')} "
-                     f"tokens; this run is size {run.size}, {run.record.get('tokens')} tokens)")
+                     f"tokens, balanced by {balanced(explicit)}; this run is size {run.size}, "
+                     f"{run.record.get('tokens')} tokens, balanced by {balanced(run)})")
         return explicit, note
     if run.arm == "A":
         return run, "this run is arm A"
