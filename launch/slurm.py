@@ -305,6 +305,8 @@ class SlurmExecutor:
         self.root, self.options, self.retries, self.echo, self.poll_s = root, options, retries, echo, poll_s
         self.folder = root / "submitit"
         self.executor = make_executor(self.folder, options, name=f"sweep-{root.name}")
+        self.submissions: dict[str, int] = {}  # per run, by this invocation: what --retries counts
+        self.followed: set[str] = set()         # the SLURM jobs of this invocation, submitted or re-attached
 
     # ------------------------------------------------------------ job ids (re-attach after a restart)
 
@@ -335,8 +337,6 @@ class SlurmExecutor:
 
     def run(self, jobs: Sequence[Job], states: Mapping[str, RunState], writer) -> None:
         ids = self._load_ids()
-        self.submissions: dict[str, int] = {}  # per run, by this invocation: what --retries counts
-        self.followed: set[str] = set()         # the SLURM jobs of this invocation, submitted or re-attached
         active: list[tuple[Job, Any]] = []
         fresh = []
         for job in jobs:

@@ -146,7 +146,7 @@ def test_a_job_slurm_ended_is_one_line_with_the_fix_and_resubmitted_only_where_t
 
     spec, = expand(f"{ARM_B}:tiny", root, only=["b-lam0.05-s1"])
     states = {spec.name: RunState(spec, attempts=1)}
-    executor.submissions = {spec.name: 1}
+    executor.submissions[spec.name] = 1
     again = executor._settle(Job((spec,)), states, *executor._outcome(remote))
     assert (again is not None, states[spec.name].state) == (retried, "pending" if retried else "failed")
     assert echoes == [f"{'retrying' if retried else 'failed'} {spec.name}: SLURM job 7_1 {note}"]
@@ -193,3 +193,23 @@ def test_the_time_limit_warning_asks_training_to_checkpoint_and_stop():
             signal.signal(sig, handler)
     # The warning's lead: submitit's 90 s, less for limits under 9 minutes (SLURM warns up to 30 s early).
     assert [warning_s(m) for m in (1, 3, 9, 1440)] == [10, 30, 90, 90]
+
+
+def test_a_job_slurm_starts_again_after_its_runs_finished_leaves_them_alone(tmp_path):
+    """A requeue during the final evaluation brings a job back whose runs are DONE: it returns their DONE."""
+    from launch.plan import Job, expand
+    from launch.slurm import RunJob
+    from launch_fixtures import write_complete_run
+    from moe import rundir
+
+    spec, = expand(f"{ARM_B}:tiny", tmp_path / "sweep", only=["b-lam0.05-s1"])
+    write_complete_run(spec.workdir, steps=4)
+    done = rundir.mark_done(spec.workdir, "main.py")
+    before = sorted(p.name for p in spec.workdir.iterdir())
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR2)}
+    try:
+        assert RunJob(Job((spec,)))() == {spec.name: done}
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+    assert sorted(p.name for p in spec.workdir.iterdir()) == before  # no attempt, log or file written
