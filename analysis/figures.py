@@ -40,6 +40,7 @@ from analysis import run_args, summary, verdict
 from analysis.cache import MetricsStore
 from analysis.profile import load_traces
 from analysis.runs import AnalysisError, Run, discover, load_runs, read_run_file
+from cachesim import cli_util
 from cachesim.cli_util import progress
 from moe import rundir
 
@@ -60,7 +61,7 @@ def dose_response_points(runs: Sequence[Run]) -> list[dict[str, Any]]:
         m, q = r.metric_gate, r.quality_gate
         kind = "seed-level t" if m.seed_ci is not None else "window bootstrap" if m.interval is not None else ""
         points.append({"config": r.config, "runs": list(r.runs), "lam": head.lam,
-                       "series": f"{rundir.format_tokens(head.tokens)} tokens, {head.size}",
+                       "series": _series(head),
                        "miss_reduction": m.point, "ppl_cost": q.point, "miss_seeds": list(m.per_seed),
                        "ppl_seeds": list(q.per_seed), "miss_interval": m.interval, "ppl_interval": q.interval,
                        "interval": kind})
@@ -75,6 +76,11 @@ def _rq1_b(runs: Sequence[Run]) -> list[tuple[Any, Run]]:
             and by_name[r.runs[0]].lam > 0]
 
 
+def _series(run: Run) -> str:
+    """A dose-response series: runs of one budget, size and balancing (each compared within its own)."""
+    return f"{rundir.format_tokens(run.tokens)} tokens, {run.size}" + (f", {run.balancing}" if run.balancing else "")
+
+
 def a_seed_bands(runs: Sequence[Run]) -> dict[str, dict[str, tuple[float, float]]]:
     """{series: {"miss_reduction"|"ppl_cost": (low, high)}}: arm A's seeds against their own mean (2+ seeds)."""
     bands = {}
@@ -86,7 +92,7 @@ def a_seed_bands(runs: Sequence[Run]) -> dict[str, dict[str, tuple[float, float]
         miss = np.mean([v["lru_miss_25"] for v in vals])
         costs = [v["ppl"] / ppl - 1 for v in vals]
         reductions = [1 - v["lru_miss_25"] / miss for v in vals]
-        bands[f"{rundir.format_tokens(group[0].tokens)} tokens, {group[0].size}"] = {
+        bands[_series(group[0])] = {
             "ppl_cost": (min(costs), max(costs)), "miss_reduction": (min(reductions), max(reductions))}
     return bands
 
@@ -355,12 +361,13 @@ def draw_dose_response(points: Sequence[Mapping[str, Any]], stem: Path,
 
 
 # -- the CLI ----------------------------------------------------------------------------------
-def make_figures(paths: Sequence[str], out: Path, *, store: MetricsStore, budget_runs: str = "") -> list[Path]:
+def make_figures(paths: Sequence[str], out: Path, *, store: MetricsStore, budget_runs: str = "",
+                 skip_broken: bool = False) -> list[Path]:
     """Draws every figure the inputs support, with progress on a terminal; returns the written files."""
     run_dirs, trace_dirs = discover(paths)
     if not run_dirs and not trace_dirs:
         raise AnalysisError(f"no run directories or trace folders under {', '.join(map(str, paths))}")
-    runs = sorted(load_runs(run_dirs, store=store) if run_dirs else [], key=summary.sort_key)
+    runs = sorted(load_runs(paths, store=store, skip_broken=skip_broken) if run_dirs else [], key=summary.sort_key)
     complete = [r for r in runs if r.complete]
     dense = {r.name for r in complete} if budget_runs == "all" else {n for n in budget_runs.split(",") if n}
     unknown = dense - {r.name for r in complete}
@@ -462,8 +469,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = run_args.parse_runs(COMMAND, argv)
     if not args.out:
         raise ValueError("--out is required: the folder for the figures")
-    for path in make_figures(args.paths, Path(args.out), store=run_args.make_store(args), budget_runs=args.budget_runs):
-        print(path)
+    cli_util.check_writable(args.out, folder=True)
+    from analysis import plots  # here, not at the top: matplotlib; --help need not wait for it
+    with plots.held() as drawn:  # written together below: a failure keeps the old figures whole
+        make_figures(args.paths, Path(args.out), store=run_args.make_store(args), budget_runs=args.budget_runs,
+                     skip_broken=args.skip_broken)
+    cli_util.write_files(drawn, args.out)
     return 0
 
 

@@ -3,13 +3,15 @@
 Every function takes already-computed numbers, draws one figure and saves it
 as ``<stem>.png`` and ``<stem>.pdf`` (or as the one ``.png``/``.pdf`` file a
 stem with that suffix names; Agg backend, written via temp files so an
-interrupted run never leaves a truncated figure). They return the paths.
+interrupted run never leaves a truncated figure, or held in memory for the
+caller to publish with its page: :func:`held`). They return the paths.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import matplotlib
@@ -29,18 +31,37 @@ _POLICY_STYLE = {"lru": ("LRU", "-", "o"), "lru_token": ("LRU (token)", "-.", "o
                  "belady": ("Belady (bound)", "-", "D")}
 
 
+# The figure batches open in this process (innermost last): save_figure keeps bytes there instead of writing.
+_HELD: list[dict[Path, bytes]] = []
+
+
+@contextlib.contextmanager
+def held() -> Iterator[dict[Path, bytes]]:
+    """Figures saved inside are kept in memory, ``{path: bytes}``, not written: the caller publishes them
+    with its other files in one ``cachesim.files.write_together`` (a page and its figures, all or none)."""
+    batch: dict[Path, bytes] = {}
+    _HELD.append(batch)
+    try:
+        yield batch
+    finally:
+        _HELD.pop()
+
+
 def save_figure(fig: plt.Figure, stem: Path) -> list[Path]:
     """Saves ``fig`` atomically and closes it: as ``<stem>.png`` and ``<stem>.pdf``, or, when ``stem`` ends
-    in ``.png`` or ``.pdf``, as that one file (analysis.study's ``write_*`` functions)."""
+    in ``.png`` or ``.pdf``, as that one file (analysis.study's ``write_*`` functions); inside
+    :func:`held`, into the batch instead."""
     stem = Path(stem)
-    stem.parent.mkdir(parents=True, exist_ok=True)
     fmt = stem.suffix.lstrip(".").lower()
     targets = [(stem, fmt)] if fmt in FORMATS else [(stem.with_name(f"{stem.name}.{f}"), f) for f in FORMATS]
     paths = []
     for path, fmt in targets:
         buffer = io.BytesIO()
         fig.savefig(buffer, format=fmt, dpi=150, metadata=_metadata(fmt))
-        rundir.write_atomic(path, buffer.getvalue())
+        if _HELD:
+            _HELD[-1][path] = buffer.getvalue()
+        else:
+            rundir.write_atomic(path, buffer.getvalue())
         paths.append(path)
     plt.close(fig)
     return paths

@@ -31,6 +31,7 @@ from typing import Any
 from typing import TYPE_CHECKING
 
 from analysis import run_args
+from cachesim import cli_util
 from moe import rundir
 
 if TYPE_CHECKING:  # the numeric modules load in the functions that use them: `power --help` stays fast
@@ -156,7 +157,8 @@ def _estimand_lines(p: EstimandPlan, target_points: float) -> list[str]:
     g = p.grid
     head = (f"  RQ1 estimand, ΔPPL at {verdict.RQ1_MIN_MISS_REDUCTION:.0%} miss reduction "
             f"(λ grid {', '.join(f'{x:g}' for x in g.lams)}; seeds {', '.join(map(str, g.seeds))}"
-            + (f"; branches of arm-A trunks at step {g.fork_step}" if g.fork_step else "") + ")")
+            + (f"; branches of arm-A trunks at step {g.fork_step}" if g.fork_step else "")
+            + (f"; {g.balancing}" if g.balancing else "") + ")")
     if p.estimate is None:
         return [head + ": the grid never reaches the miss gate at the seed means; no estimate"]
     if p.noise is None:
@@ -229,12 +231,13 @@ def _candidates(text: str) -> list[int]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = run_args.parse_runs(COMMAND, argv)
+    cli_util.check_writable(args.out)
     if not args.target > 0:
         raise ValueError(f"--target must be a positive number of percentage points, got {args.target}")
     candidates = _candidates(args.seeds)
     from analysis.runs import load_runs
 
-    runs = load_runs(args.paths, store=run_args.make_store(args))
+    runs = load_runs(args.paths, store=run_args.make_store(args), skip_broken=args.skip_broken)
     if args.format == "json":
         text = json.dumps(report_json(runs, args.target, candidates), indent=1) + "\n"
     else:

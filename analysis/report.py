@@ -27,19 +27,22 @@ import json
 import math
 import os
 import platform
-import re
+import shlex
 import subprocess
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from analysis import (arm_m, run_args, complementarity, decode, figures, formatting, intervals, stall_section, summary,
-                      tables, verdict)
+from analysis import (arm_m, balancing, run_args, complementarity, decode, figures, formatting, intervals,
+                      stall_section, summary, tables, verdict)
 from analysis.runs import AnalysisError, Run
-from cachesim import headline
+from cachesim import cli_util, headline
+from cachesim.files import write_together
 from moe import rundir
+from moe.rundir import sweep_root
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -139,14 +142,10 @@ def sweep_wall_s(root: Path) -> float | None:
     runs a study step trained (fine-tunes, counted with the steps) aside."""
     import pandas as pd  # here, not at the top: --help need not wait for pandas and matplotlib
 
-    try:
-        status = json.loads((root / "status.json").read_text())
-    except (OSError, ValueError):
-        return None
-    started = status.get("first_started", status.get("started"))
+    started = sweep_root.first_started(root)
     ends = []
-    for path in root.iterdir():
-        if not path.is_dir() or any(a.get("executor") == "study" for a in rundir.read_attempts(path)):
+    for path in sweep_root.run_dirs(root):
+        if any(a.get("executor") == "study" for a in rundir.read_attempts(path)):
             continue
         done = rundir.read_done(path)
         if done and done.get("completed_at"):
@@ -154,12 +153,9 @@ def sweep_wall_s(root: Path) -> float | None:
     return max(ends) - started if started is not None and ends else None
 
 
-STEP_TIMES = Path("analysis") / "study_steps.json"  # under a sweep root (launch.sweep.STEP_TIMES_FILE)
-
-
 def study_steps_s(root: Path) -> dict[str, float]:
     """Wall seconds of each study step after the runs (fine-tune, frontier, stall, decode); {} if none ran."""
-    path = root / STEP_TIMES
+    path = root / sweep_root.STEP_TIMES
     return rundir.read_json(path) if path.is_file() else {}
 
 
@@ -218,14 +214,15 @@ def code_lines(root_label: str, commits: Mapping[str, Any]) -> list[str]:
 
 # -- findings (pure) ------------------------------------------------------------------------------
 def _rq1_b(results: Sequence[verdict.CriterionResult]) -> list[verdict.CriterionResult]:
-    """The verdict's judged arm-B RQ1 configurations of the budget with most λ values, ordered by λ."""
+    """The verdict's judged arm-B RQ1 configurations of the budget (and balancing: the Switch loss first) with
+    most λ values, ordered by λ: the paper's claims are about one training regime's λ series."""
     judged = [r for r in results if r.criterion == "RQ1" and r.verdict != "NO BASELINE" and r.config.startswith("B ")]
-    budgets: dict[str, list[verdict.CriterionResult]] = {}
+    budgets: dict[tuple[str, str], list[verdict.CriterionResult]] = {}
     for r in judged:
-        budgets.setdefault(" ".join(r.config.split(" ")[-2:]), []).append(r)  # "<tokens> <size>"
+        budgets.setdefault((" ".join(r.config.split(" ")[-2:]), r.balancing), []).append(r)  # "<tokens> <size>"
     if not budgets:
         return []
-    chosen = max(budgets.values(), key=len)
+    chosen = budgets[max(budgets, key=lambda key: (len(budgets[key]), key[1] == ""))]
     return sorted(chosen, key=lambda r: float(r.config.split(" ")[1].removeprefix("λ=")))
 
 
@@ -309,7 +306,8 @@ _FRONTIER_NO_CI = "no CI: this finding reads the frontier's means over its evalu
 def rerouting_finding(frontiers: Mapping[str, Sequence[Mapping[str, Any]]], a_run: str, b_run: str) -> Finding:
     claim = "τ-rerouting costs less PPL on B than on A (the trained locality and the inference-time steering stack)."
     if a_run not in frontiers or b_run not in frontiers:
-        return Finding(claim, "not tested", f"no frontier.json for {a_run if a_run not in frontiers else b_run}")
+        missing = a_run if a_run not in frontiers else b_run
+        return Finding(claim, "not tested", f"no frontier.json for {missing or 'an arm-A or arm-B run'}")
     a, b = _frontier_points(frontiers[a_run]), _frontier_points(frontiers[b_run])
     taus = sorted(t for t in a.keys() & b.keys() if t > 0)
     if not taus:
@@ -319,8 +317,9 @@ def rerouting_finding(frontiers: Mapping[str, Sequence[Mapping[str, Any]]], a_ru
         ca, cb = a[t]["ppl_cost_vs_tau0"], b[t]["ppl_cost_vs_tau0"]
         ma, mb = a[t]["miss_reduction_vs_tau0"], b[t]["miss_reduction_vs_tau0"]
         series = [_window_series(p, "ce") for p in (a[0.0], a[t], b[0.0], b[t])] if 0.0 in a and 0.0 in b else [None]
-        where = "no per-window values in frontier.json, so no interval"
-        if all(x is not None for x in series):
+        few = _too_few_windows(series) if all(x is not None for x in series) else None
+        where = few or "no per-window values in frontier.json, so no interval"
+        if all(x is not None for x in series) and not few:
             per_domain = {d: np.array([x[d] for x in series]) for d in series[0]}
 
             def difference(means: Mapping[str, np.ndarray]) -> np.ndarray:
@@ -349,6 +348,11 @@ def _window_series(p: Mapping[str, Any], key: str) -> dict[str, list[float]] | N
     return {d: w[key] for d, w in windows.items()} if windows and all(key in w for w in windows.values()) else None
 
 
+def _too_few_windows(series: Sequence[Mapping[str, Sequence[float]]]) -> str | None:
+    """Why these frontier points' per-window values allow no window interval (intervals.too_few_windows)."""
+    return intervals.too_few_windows({d: len(v) for d, v in series[0].items()})
+
+
 def elision_finding(frontiers: Mapping[str, Sequence[Mapping[str, Any]]], a_run: str, b_run: str) -> Finding:
     claim = (f"ε-elision (ε = {ELISION_EPSILON:g}) drops more expert loads on B than on A. Criterion: B's miss "
              "reduction from elision (against its own ε = 0) exceeds A's at the same ε over the whole "
@@ -369,6 +373,8 @@ def elision_finding(frontiers: Mapping[str, Sequence[Mapping[str, Any]]], a_run:
     if any(s is None for s in series):
         return Finding(claim, "not resolved", f"{words}; no per-window values in frontier.json, so the "
                                               "difference has no interval")
+    if _too_few_windows(series):
+        return Finding(claim, "not resolved", f"{words}; {_too_few_windows(series)}")
     per_domain = {d: np.array([s[d] for s in series]) for d in series[0]}
 
     def difference(means: Mapping[str, np.ndarray]) -> np.ndarray:
@@ -461,6 +467,10 @@ def deviations(runs: Sequence[Run], frontier_runs: Sequence[str]) -> list[tuple[
                            f"{', '.join(frontier_runs) or 'none'}" if with_frontier else "no frontier.json"),
         "collapse": f"experts under {headline.COLLAPSE_PERCENT} of the run's evaluation tokens pooled over domains",
     }
+    balancings = sorted({r.balancing for r in complete})
+    if balancings != [""]:  # a run balanced otherwise than the paper's arms (loss.balance, loss.router_z)
+        here["balancing"] = "; ".join(
+            f"{b or 'the Switch loss'} ({sum(r.balancing == b for r in complete)} runs)" for b in balancings)
     # The protocol rows read the run records; the verdicts' own departures follow, from the same list.
     rows = [(verdict.deviation(key).aspect, verdict.deviation(key).paper, text) for key, text in here.items()]
     return rows + [(d.aspect, d.paper, d.here) for d in map(verdict.deviation, verdict.deviations_used(runs))]
@@ -545,7 +555,7 @@ def render_page(*, name: str, root_label: str, command: str, rows, found: Sequen
                 manifests: Sequence[Mapping[str, Any]], commits: Mapping[str, Any], machine_line: str,
                 training: Sequence[str], timings: pd.DataFrame, wall_s: float | None, steps_s: Mapping[str, float],
                 melinoe: Sequence[str] = (), stall_md: Sequence[str] = (), decode_md: Sequence[str] = (),
-                plan_md: Sequence[str] = ()) -> str:
+                plan_md: Sequence[str] = (), balance_md: Sequence[str] = ()) -> str:
     """The markdown page (pure: every input given)."""
     import pandas as pd  # here, not at the top: --help need not wait for pandas and matplotlib
 
@@ -573,6 +583,8 @@ def render_page(*, name: str, root_label: str, command: str, rows, found: Sequen
     if plan_md:
         out += ["", "## Pre-registration", "", *plan_md]
     out += ["", "## Training", "", *training, ""]
+    if balance_md:
+        out += [balancing.HEADING, "", *balance_md, ""]
     out += ["## Findings", "", "| claim | here | evidence |", "|---|---|---|"]
     out += [f"| {f.claim} | **{f.status}** | {f.evidence} |" for f in found]
     out += ["", "## Can this scale answer the questions?", "", *testability, ""]
@@ -673,11 +685,12 @@ def _decode(root: Path) -> list[str]:
 
 
 def build(root: Path, name: str, out: Path, *, command: str, frontier_runs: Sequence[str],
-          cache_dir: str | None = None, jobs: int | None = None) -> Path:
-    """Writes out/<name>.md and out/<name>/*.png; returns the page's path."""
+          cache_dir: str | None = None, jobs: int | None = None, skip_broken: bool = False) -> Path:
+    """Writes out/<name>.md and out/<name>/*.png together (a failure keeps the old ones whole); returns the
+    page's path."""
     from analysis import study  # here, not at the top: --help need not wait for pandas and matplotlib
 
-    runs = study.load_study(root, cache_dir=cache_dir, jobs=jobs)
+    runs = study.load_study(root, cache_dir=cache_dir, jobs=jobs, skip_broken=skip_broken)
     complete = [r for r in runs if r.complete]
     if not complete:
         raise AnalysisError(f"no complete runs under {root}; run the sweep first")
@@ -688,7 +701,9 @@ def build(root: Path, name: str, out: Path, *, command: str, frontier_runs: Sequ
     built = tables.build_tables(runs, ["main", "per_domain", "complementarity"] if frontiers else
                                 ["main", "per_domain"], frontiers, {})
     figure_dir = out / name
-    drawn = write_figures(runs, figure_dir, frontier_runs, results)
+    from analysis import plots
+    with plots.held() as figure_files:  # published with the page below, all or none
+        drawn = write_figures(runs, figure_dir, frontier_runs, results)
     figure_paths = {c: f"{name}/{p.name}" for c, p in drawn.items()}
     commits = code_commits(complete)
     page = render_page(name=name, root_label=root.name, command=command, rows=rows, found=found,
@@ -699,9 +714,10 @@ def build(root: Path, name: str, out: Path, *, command: str, frontier_runs: Sequ
                        machine_line=machine(), training=_training_lines(complete, rows),
                        timings=run_timings(complete), wall_s=sweep_wall_s(root), steps_s=study_steps_s(root),
                        melinoe=_melinoe(complete),
-                       stall_md=_stall(root), decode_md=_decode(root), plan_md=preregistration_lines(root))
+                       stall_md=_stall(root), decode_md=_decode(root), plan_md=preregistration_lines(root),
+                       balance_md=balancing.section_lines(complete))
     path = out / f"{name}.md"
-    rundir.write_atomic(path, page)
+    write_together({**figure_files, path: page})  # the page last: it never names a figure not yet in place
     return path
 
 
@@ -712,8 +728,8 @@ COMMAND.define("string", "out", None, "the folder of the page (e.g. docs/results
 COMMAND.define("string", "frontier_runs", "",
                "comma-separated [arm-A run, arm-B run] whose frontier.json the findings compare "
                "(default: the first arm-A and the first arm-B run under ROOT that hold a frontier.json)")
-COMMAND.define("string", "command", "", "the command line the page states (default: the sweep's, from "
-               "status.json)")
+COMMAND.define("string", "command", "", "the command lines the page states (default: every sweep command that "
+               "wrote ROOT, from its status.json, then this one, each exactly as run)")
 
 
 def _default_frontier_runs(root: Path) -> list[str]:
@@ -724,26 +740,32 @@ def _default_frontier_runs(root: Path) -> list[str]:
     return (a[:1] + b[:1]) if a or b else found[:2]
 
 
-def _sweep_command(root: Path, name: str, out: Path) -> str:
+def provenance(root: Path, report_argv: Sequence[str]) -> str:
+    """The commands that made the page, exactly as run: each sweep command that wrote ``root``, in the order
+    they first ran (run from another folder than this report: ``(cd FOLDER && ...)``), then this report's."""
     try:
-        status = json.loads((root / "status.json").read_text())
-    except (OSError, ValueError):
-        status = {}
-    sweep = status.get("command") or f"python -m launch.sweep --root={root.name}"
-    sweep = re.sub(r"--root=\S+", f"--root={root.name}", sweep)
-    return f"{sweep}\npython -m analysis.report {root.name} --name={name} --out={out.name}"
+        sweeps = sweep_root.read_status(root, table=False)["sweeps"]
+    except FileNotFoundError:
+        sweeps = []
+    lines = [s["command"] if s.get("cwd") in (None, os.getcwd()) else f"(cd {shlex.quote(s['cwd'])} && {s['command']})"
+             for s in sweeps]
+    if not lines:
+        lines = [f"# no sweep command recorded: {root / sweep_root.STATUS} is missing"]
+    return "\n".join([*lines, shlex.join(["python", "-m", "analysis.report", *report_argv])])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = run_args.parse_runs(COMMAND, argv)
     if not args.name or not args.out:
         raise ValueError("--name and --out are required: the page is written to OUT/<name>.md")
+    cli_util.check_writable(args.out, folder=True)
     if len(args.paths) != 1 or not Path(args.paths[0]).is_dir():
         raise ValueError(f"give one sweep root directory (got {' '.join(args.paths)})")
     root, out = Path(args.paths[0]), Path(args.out)
     frontier_runs = [n for n in args.frontier_runs.split(",") if n] or _default_frontier_runs(root)
-    path = build(root, args.name, out, command=args.command or _sweep_command(root, args.name, out),
-                 frontier_runs=frontier_runs, cache_dir=args.cache_dir, jobs=args.jobs)
+    path = build(root, args.name, out, command=args.command or provenance(root, argv),
+                 frontier_runs=frontier_runs, cache_dir=args.cache_dir, jobs=args.jobs, skip_broken=args.skip_broken)
     print(path)
     return 0
 

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from analysis.runs import Run
+from analysis.runs import DomainEval, Run
 from cachesim.headline import COLLAPSE_THRESHOLD, LRU_FRACTION
 from moe import baselines, rundir
 
@@ -91,14 +91,38 @@ def pooled_collapsed(run: Run, threshold: float = COLLAPSE_THRESHOLD) -> tuple[i
     return int(per_layer.sum()), [int(x) for x in per_layer]
 
 
+def max_violation(counts: np.ndarray) -> np.ndarray:
+    """SPEC §3's load MaxVio of each layer's expert loads (..., E): max_e n_e / mean_e n_e − 1, 0 for no load.
+
+    The numpy twin of losses.router.load_max_violation (which training and validation log, under jit);
+    analysis may not import losses, and tests hold the two equal.
+    """
+    counts = np.asarray(counts, dtype=np.float64)
+    mean = counts.mean(axis=-1)
+    return np.where(mean > 0, counts.max(axis=-1) / np.where(mean > 0, mean, 1.0) - 1.0, 0.0)
+
+
+def pooled_max_vio(run: Run) -> tuple[float, list[float]]:
+    """(worst layer, per layer) load MaxVio over all the run's evaluation tokens: the loads collapse counts."""
+    counts = sum(np.asarray(d.facts["expert_counts"], dtype=np.int64) for d in run.domains.values())
+    per_layer = max_violation(counts)
+    return float(per_layer.max()), [float(x) for x in per_layer]
+
+
+def domain_max_vio(domain: DomainEval) -> float:
+    """The worst layer's load MaxVio over one domain's evaluation tokens."""
+    return float(max_violation(np.asarray(domain.facts["expert_counts"], dtype=np.int64)).max())
+
+
 def run_values(run: Run) -> dict[str, float | int]:
-    """Run-level metrics: PPLs, domain means of the cache metrics, pooled collapse."""
+    """Run-level metrics: PPLs, domain means of the cache metrics, pooled collapse and load MaxVio."""
     per_domain = [domain_values(d.metrics) for d in run.domains.values()]
     out: dict[str, float | int] = {"ppl": mean_ppl(run), "ppl_token_weighted": token_weighted_ppl(run)}
     for key in METRIC_KEYS:
         if key != "collapsed":
             out[key] = complete_mean([v[key] for v in per_domain])  # None when a domain lacks it
     out["collapsed"] = pooled_collapsed(run)[0]
+    out["max_vio"] = pooled_max_vio(run)[0]
     return out
 
 
@@ -118,9 +142,10 @@ class Baseline:
 
 
 def matching_baseline_runs(run: Run, runs: Sequence[Run]) -> list[Run]:
-    """Complete arm-A runs with the same token budget and model size as ``run`` (moe.baselines' rule)."""
+    """Complete arm-A runs with the same token budget, model size and balancing as ``run`` (moe.baselines' rule)."""
     return [r for r in runs if r.complete
-            and baselines.is_arm_a_match(r.arm, r.size, r.tokens, of_size=run.size, of_tokens=run.tokens)]
+            and baselines.is_arm_a_match(r.arm, r.size, r.tokens, of_size=run.size, of_tokens=run.tokens,
+                                         balance=r.balancing, of_balance=run.balancing)]
 
 
 def paired_baseline_run(run: Run, runs: Sequence[Run]) -> Run | None:
@@ -246,7 +271,7 @@ def no_baseline_reason(run: Run, runs: Sequence[Run] | None = None) -> str:
     if run.finetuned and runs is not None:
         return base_run_lookup(run, runs)[1] or "no base run: the seeds' base runs differ in arm, tokens or size"
     return (f"no matching baseline: no complete arm-A run with tokens={rundir.format_tokens(run.tokens)} "
-            f"and size={run.size}")
+            f"and size={run.size}" + (f" and {run.balancing}" if run.balancing else ""))
 
 
 def relative_change(value: float, reference: float) -> float:
@@ -273,7 +298,10 @@ def run_row(run: Run, runs: Sequence[Run]) -> dict[str, Any]:
     and ``miss_reduction_25`` (relative change of mean PPL, and 1 − LRU
     miss/token@25% / the baseline's, against the paired baseline, else the
     pooled one), ``baseline`` (the pooled arm-A runs, or None) with
-    ``delta_ppl_pooled`` and ``miss_reduction_25_pooled`` against their mean.
+    ``delta_ppl_pooled`` and ``miss_reduction_25_pooled`` against their mean,
+    ``balancing`` (moe.baselines.balancing: '' for the Switch loss) and
+    ``max_vio`` (the worst layer's load MaxVio over the evaluation's pooled
+    loads, the loads ``collapsed`` counts; per domain: that domain's loads).
     Values are never rounded here.
     """
     if not run.complete:
@@ -285,9 +313,9 @@ def run_row(run: Run, runs: Sequence[Run]) -> dict[str, Any]:
     first = effects(vals, run_values(paired)) if paired is not None else pooled
     row: dict[str, Any] = {
         "run": run.name, "arm": run.arm, "lam": run.lam, "mu": run.mu, "seed": run.seed,
-        "tokens": run.tokens, "size": run.size,
+        "tokens": run.tokens, "size": run.size, "balancing": run.balancing,
         "ppl": vals["ppl"], "ppl_token_weighted": vals["ppl_token_weighted"],
-        **{k: vals[k] for k in METRIC_KEYS},
+        **{k: vals[k] for k in METRIC_KEYS}, "max_vio": vals["max_vio"],
         "paired_baseline": paired.name if paired is not None else None,
         "pairing": "seed" if paired is not None else "pooled",
         "delta_ppl": first[0], "miss_reduction_25": first[1],
@@ -303,6 +331,7 @@ def run_row(run: Run, runs: Sequence[Run]) -> dict[str, Any]:
         domains[name] = {
             # One domain's token-weighted PPL is exp of its own mean CE.
             "ppl": ev.val_ppl, "ppl_token_weighted": math.exp(ev.val_loss), "eval_tokens": ev.tokens, **dv,
+            "max_vio": domain_max_vio(ev),
             "delta_ppl": relative_change(ev.val_ppl, first_ppl) if first_ppl is not None else None,
             "delta_ppl_pooled": relative_change(ev.val_ppl, pooled_ppl) if pooled_ppl is not None else None,
         }
@@ -311,15 +340,17 @@ def run_row(run: Run, runs: Sequence[Run]) -> dict[str, Any]:
 
 
 def sort_key(run: Run) -> tuple:
-    """The order of the tables' rows (and the figures' runs): size, budget, arm, λ, μ, seed."""
-    return (run.size, run.tokens, run.arm, run.lam, run.mu, run.seed if run.seed is not None else -1, run.name)
+    """The order of the tables' rows (and the figures' runs): size, budget, arm, λ, μ, balancing, seed."""
+    return (run.size, run.tokens, run.arm, run.lam, run.mu, run.balancing, run.seed if run.seed is not None else -1,
+            run.name)
 
 
 def config_key(run: Run) -> tuple:
-    """Identifies a configuration across seeds (arm, λ, μ, budget, size, arm-M knobs)."""
+    """Identifies a configuration across seeds (arm, λ, μ, budget, size, arm-M knobs, balancing)."""
     extra = tuple((k, run.config.get(k)) for k in (*ARM_M_KEYS, *_ARM_M_BASE_KEYS) if k in run.config)
     return (run.arm, run.lam, run.mu, run.tokens, run.size, extra) + ((("fork_step", run.fork_step),)
-                                                                      if run.fork_step else ())
+                                                                      if run.fork_step else ()) + (
+        (("balancing", run.balancing),) if run.balancing else ())
 
 
 def config_label(run: Run) -> str:
@@ -332,6 +363,8 @@ def config_label(run: Run) -> str:
         parts.append(f"from {run.config.get('base_arm', '?')} {rundir.format_tokens(base_tokens)}")
     if run.fork_step:  # a branch of an arm-A trunk (moe.fork)
         parts.append(f"branched at step {run.fork_step}")
+    if run.balancing:  # not the Switch loss: compared only with arm A balanced the same way
+        parts.append(run.balancing)
     return " ".join(parts + [rundir.format_tokens(run.tokens), run.size])
 
 

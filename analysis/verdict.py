@@ -53,6 +53,7 @@ import numpy as np
 
 from analysis import run_args, effects, intervals, matched, summary
 from analysis.runs import Run, load_runs
+from cachesim import cli_util
 from cachesim.headline import COLLAPSE_PERCENT
 from moe import rundir
 
@@ -213,6 +214,7 @@ class CriterionResult:
     verdict_literal_collapse: str = ""
     in_sample_value: float | None = None  # RQ2: the paper's in-sample pin, printed beside
     note: str = ""
+    balancing: str = ""  # moe.baselines.balancing of the configuration ('' for the Switch loss)
 
     # Shorthands the tables and tests read.
     @property
@@ -242,7 +244,8 @@ def _rq(criterion: str, group: Sequence[Run], runs: Sequence[Run], window: inter
     pooled, paired = _refs(group, runs)
     common = dict(criterion=criterion, config=summary.config_label(head), runs=tuple(r.name for r in group),
                   ppl=float(np.mean([v["ppl"] for v in vals])),
-                  collapsed=max(int(v["collapsed"]) for v in vals), baseline_kind="base" if head.finetuned else "A")
+                  collapsed=max(int(v["collapsed"]) for v in vals), baseline_kind="base" if head.finetuned else "A",
+                  balancing=head.balancing)
     if not pooled:
         return CriterionResult(**common, baseline_runs=None, paired_runs=None, metric="", value=float("nan"),
                                baseline_value=None, baseline_ppl=None, baseline_collapsed=(), verdict="NO BASELINE",
@@ -348,6 +351,8 @@ def collapse_report(runs: Sequence[Run]) -> list[dict[str, Any]]:
 PREREGISTERED = "pre-registered verdict"
 CONFIDENCE_VERDICT = "confidence verdict"
 STATES = ("PASS", "FAIL", "NOT RESOLVED", "NOT TESTABLE")
+# A gate's state at its interval (gate_state) as the confidence verdict words it.
+GATE_WORDS = {"met": "PASS", "missed": "FAIL", "not resolved": "NOT RESOLVED"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -404,6 +409,7 @@ DEVIATIONS: dict[str, Deviation] = {
     "evaluation": Deviation("evaluation", "500k tokens per domain: 488 windows of 1024 tokens", ""),
     "frontier (τ/ε)": Deviation("frontier (τ/ε)", "not stated in the spec", ""),
     "collapse": Deviation("collapse", f"any expert under {COLLAPSE_PERCENT} usage", ""),
+    "balancing": Deviation("balancing", "the Switch auxiliary loss, α = 0.01", ""),
 }
 
 
@@ -611,8 +617,7 @@ def _noise_gate(name: str, values: Sequence[float], noise: effects.Noise | None,
     half = effects.t_half_width(noise, len(values))
     ends = sorted((back(mean - half), back(mean + half)))
     interval = (ends[0], ends[1])
-    state = {"met": "PASS", "missed": "FAIL", "not resolved": "NOT RESOLVED"}[
-        gate_state(point, interval, gate, at_least)]
+    state = GATE_WORDS[gate_state(point, interval, gate, at_least)]
     source = (f"SD {noise.sd:.4f} borrowed from the study's pooled seed-paired SD, df {noise.df}" if noise.borrowed
               else f"own {len(values)} seeds, df {noise.df}")
     if state == "NOT RESOLVED" and detect is not None and half >= detect:
@@ -902,12 +907,13 @@ def joint(runs: Sequence[Run]) -> list[Joint]:
     """RQ1's joint question per λ grid, judged on its seed-level interval (analysis.matched)."""
     out = []
     for g in matched.grids(runs):
-        head = next(r for r in runs if r.arm == "B" and r.complete and (r.size, r.tokens, r.fork_step) ==
-                    (g.size, g.tokens, g.fork_step))
+        head = next(r for r in runs if r.arm == "B" and r.complete and (r.size, r.tokens, r.fork_step, r.balancing)
+                    == (g.size, g.tokens, g.fork_step, g.balancing))
         why = counted_reason([head], runs)
         e = matched.matched_effect(g.lams, g.log_miss, g.log_ppl, RQ1_MIN_MISS_REDUCTION)
         label = (f"[{g.size}, {rundir.format_tokens(g.tokens)} tokens, λ grid {', '.join(f'{x:g}' for x in g.lams)}"
-                 + (f", branched at step {g.fork_step}" if g.fork_step else "") + f", seeds "
+                 + (f", branched at step {g.fork_step}" if g.fork_step else "")
+                 + (f", {g.balancing}" if g.balancing else "") + f", seeds "
                  f"{', '.join(map(str, g.seeds))}]")
         if e.crossing is None:
             state, text = "NOT RESOLVED", ("no λ of the grid reaches the miss gate at the seed means; the crossing "
@@ -917,8 +923,7 @@ def joint(runs: Sequence[Run]) -> list[Joint]:
             text = (f"{e.delta_ppl:+.2%} at {e.n_seeds} seed{'s' if e.n_seeds != 1 else ''}; no seed-level interval (it needs 2 or more seeds "
                     "whose leave-one-out curves all reach the gate)")
         else:
-            state = {"met": "PASS", "missed": "FAIL", "not resolved": "NOT RESOLVED"}[
-                gate_state(e.delta_ppl, (e.low, e.high), RQ1_MAX_PPL_COST, False)]
+            state = GATE_WORDS[gate_state(e.delta_ppl, (e.low, e.high), RQ1_MAX_PPL_COST, False)]
             text = (f"{e.delta_ppl:+.2%} (95% CI [{e.low:+.2%}, {e.high:+.2%}], {e.method}, {e.n_seeds} seeds) vs "
                     f"≤ {RQ1_MAX_PPL_COST:+.2%}")
         counted = not why
@@ -982,7 +987,8 @@ COMMAND.define("string", "out", None, "write the verdict to this file instead of
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = run_args.parse_runs(COMMAND, argv)
-    runs = load_runs(args.paths, store=run_args.make_store(args))
+    cli_util.check_writable(args.out)
+    runs = load_runs(args.paths, store=run_args.make_store(args), skip_broken=args.skip_broken)
     text = json.dumps(verdict_json(runs), indent=1) + "\n" if args.format == "json" else verdict_text(runs)
     run_args.write_or_print(text, Path(args.out).parent if args.out else None, Path(args.out).name if args.out else "")
     return 0

@@ -21,7 +21,6 @@ and with submitit's local executor (``--submitit_cluster=local``).
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import pathlib
 import shutil
@@ -38,8 +37,9 @@ from moe import rundir
 from launch.execute import (attempt_record, error_from_log, mark_run_done, prepare_jax_env, run_in_process,
                             run_logs, set_xla_flags)
 from launch.plan import Job
-from launch.slurm_states import (JOBS_FILE, SLURM_ENDED, job_log, parse_state, slurm_note, stopped_by_slurm,
+from launch.slurm_states import (SLURM_ENDED, job_log, parse_state, slurm_note, stopped_by_slurm,
                                  worth_retrying)
+from moe.rundir import sweep_root
 from launch.status import RunState
 
 
@@ -288,7 +288,7 @@ def sbatch_script(options: SlurmOptions, name: str, folder: pathlib.Path) -> str
 def sbatch_options(options: SlurmOptions) -> list[str]:
     """The resource lines of :func:`sbatch_script` as sbatch options (``--gpus-per-node=1`` ...)."""
     skip = ("job-name", "output", "error", "open-mode", "signal", "wckey")
-    lines = sbatch_script(options, "sweep", pathlib.Path("submitit")).splitlines()
+    lines = sbatch_script(options, "sweep", pathlib.Path(sweep_root.SUBMITIT_DIR)).splitlines()
     flags = [line[len("#SBATCH "):] for line in lines if line.startswith("#SBATCH ")]
     return [f for f in flags if f[2:].partition("=")[0] not in skip]
 
@@ -303,7 +303,7 @@ class SlurmExecutor:
     def __init__(self, root: pathlib.Path, options: SlurmOptions, *, retries: int,
                  echo: Callable[[str], None] = print, poll_s: float = 5.0):
         self.root, self.options, self.retries, self.echo, self.poll_s = root, options, retries, echo, poll_s
-        self.folder = root / "submitit"
+        self.folder = root / sweep_root.SUBMITIT_DIR
         self.executor = make_executor(self.folder, options, name=f"sweep-{root.name}")
         self.submissions: dict[str, int] = {}  # per run, by this invocation: what --retries counts
         self.followed: set[str] = set()         # the SLURM jobs of this invocation, submitted or re-attached
@@ -311,14 +311,10 @@ class SlurmExecutor:
     # ------------------------------------------------------------ job ids (re-attach after a restart)
 
     def _load_ids(self) -> dict[str, str]:
-        try:
-            return json.loads((self.folder / JOBS_FILE).read_text())
-        except (OSError, ValueError):
-            return {}
+        return sweep_root.read_jobs(self.root)
 
     def _save_ids(self, ids: Mapping[str, str]) -> None:
-        self.folder.mkdir(parents=True, exist_ok=True)
-        rundir.write_json(self.folder / JOBS_FILE, dict(ids))
+        sweep_root.write_jobs(self.root, ids)
 
     def _reattach(self, job: Job, ids: Mapping[str, str]):
         """The cluster job already running this launcher job (SLURM only), else None."""

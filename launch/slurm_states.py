@@ -8,9 +8,7 @@ import re
 import subprocess
 from typing import Any
 
-from moe import rundir
-
-JOBS_FILE = "jobs.json"  # ROOT/submitit/jobs.json: {launcher job name: SLURM job id}, written by launch.slurm
+from moe.rundir import sweep_root
 
 _NOTES = {
     "OUT_OF_MEMORY": "SLURM killed it for memory (OUT_OF_MEMORY); ask for more with --slurm_mem_gb",
@@ -77,23 +75,15 @@ def worth_retrying(state: str, log: str = "") -> bool:
 def job_log(root: pathlib.Path, job_id: str) -> str:
     """The stderr of task 0 of a sweep's SLURM job (ROOT/submitit/<job>/, submitit's names); "" if absent."""
     try:
-        return (root / "submitit" / job_id / f"{job_id}_0_log.err").read_text(errors="replace")
+        return (pathlib.Path(root) / sweep_root.SUBMITIT_DIR / job_id / f"{job_id}_0_log.err").read_text(
+            errors="replace")
     except OSError:
         return ""
 
 
-def run_jobs(root: pathlib.Path) -> dict[str, str]:
-    """``{run name: SLURM job id}`` from ROOT/submitit/jobs.json (a vmapped job's name joins its runs with +)."""
-    try:
-        ids = rundir.read_json(root / "submitit" / JOBS_FILE)
-    except (OSError, ValueError):
-        return {}
-    return {run: str(job_id) for job, job_id in ids.items() for run in job.split("+")}
-
-
 def with_slurm_states(status: dict[str, Any], root: pathlib.Path, *, run=subprocess.run) -> dict[str, Any]:
     """status.json with each run's SLURM job id and state (``sacct``), and the fix where SLURM stopped it."""
-    jobs = run_jobs(root)
+    jobs = sweep_root.run_jobs(root)
     if not jobs:
         return status
     command = ["sacct", "--noheader", "--parsable2", "--format=JobID,State"]

@@ -119,6 +119,17 @@ def test_frontier_findings_from_hand_built_points():
     assert report.rerouting_finding({}, "a-s1", "b-s1").status == "not tested"
 
 
+def test_frontier_findings_with_one_window_say_there_is_no_interval():
+    one = {"a-s1": [{**point(), "windows": {"prose": {"ce": [2.0], "misses": [2.0]}}},
+                    {**point(tau=0.5, ppl_cost=0.04), "windows": {"prose": {"ce": [2.04], "misses": [1.9]}}},
+                    {**point(eps=0.02, misses=1.9), "windows": {"prose": {"ce": [2.0], "misses": [1.9]}}}]}
+    one["b-s1"] = one["a-s1"]
+    f = report.rerouting_finding(one, "a-s1", "b-s1")
+    assert f.status == "not resolved" and "too few evaluation windows for a window interval (prose: 1;" in f.evidence
+    e = report.elision_finding(one, "a-s1", "b-s1")
+    assert e.status == "not resolved" and "too few evaluation windows for a window interval (prose: 1;" in e.evidence
+
+
 def test_findings_hold_only_the_papers_claims_and_judge_priming_on_arm_c():
     rows = [{"run": "a-s1", "arm": "A", "lam": 0.0, "seed": 1, "collapsed": 0},
             {"run": "b-s1", "arm": "B", "lam": 0.1, "seed": 1, "collapsed": 9},
@@ -156,7 +167,8 @@ def synthetic_study(root):
         rundir.write_json(run / rundir.DONE, {"run": name, "steps": 20, "wall_s": 12.5,
                                               "completed_at": "2026-12-01T10:00:00+00:00"})
     for name, points in (("a-s1", FRONTIERS["a-s1"]), ("b-lam0.1-s1", FRONTIERS["b-s1"])):
-        rundir.write_json(root / name / rundir.FRONTIER, {"schema": 1, "run": name, "points": points})
+        rundir.write_json(root / name / rundir.FRONTIER, {"schema": 1, "run": name, "checkpoint_step": 20,
+                                                          "points": points})
     rundir.write_json(root / "status.json", {"command": f"python -m launch.sweep --config=configs/study_cpu.py "
                                                         f"--root={root} --parallel=2", "started": 0.0})
     return root
@@ -174,7 +186,9 @@ def test_the_page_states_every_finding_and_is_regenerated_byte_for_byte(tmp_path
                   "Domain priming"):
         assert claim in page
     assert "| Expert collapse" not in page
-    assert "python -m launch.sweep --config=configs/study_cpu.py --root=study --parallel=2" in page
+    # How the page was made: the sweep's command and this one, exactly as run.
+    assert f"```\npython -m launch.sweep --config=configs/study_cpu.py --root={root} --parallel=2\n" \
+           f"python -m analysis.report {' '.join(args)}\n```" in page
     assert {"dose_response.png", "training_curves.png", "frontier_a-s1.png", "frontier_b-lam0.1-s1.png",
             "usage.png"} <= set(figures)
     assert all(b.startswith(b"\x89PNG") for b in figures.values())

@@ -117,6 +117,30 @@ def test_run_directory_names_are_spelled_in_one_module():
     assert not offenders, "\n".join(offenders)
 
 
+SWEEP_ROOT_HOME = "moe/rundir/sweep_root.py"
+# A sweep root's own files and folders, as string literals (``analysis`` and ``stall`` also name other things).
+SWEEP_ROOT_NAMES = ("status.json", "jobs.json", "study_steps.json", "preregistration.json", ".sweep.lock",
+                    "verdict.txt", "submitit")
+
+
+def sweep_root_offenders(sources: dict[str, str]) -> list[str]:
+    """A sweep root's file or folder named as a literal outside moe.rundir.sweep_root (docstrings and messages,
+    which name files in longer text, aside)."""
+    return sorted(f"{path}:{node.lineno}: {node.value!r}" for path, source in sources.items() if path != SWEEP_ROOT_HOME
+                  for node in ast.walk(ast.parse(source))
+                  if isinstance(node, ast.Constant) and node.value in SWEEP_ROOT_NAMES)
+
+
+def test_a_sweep_roots_files_are_named_in_one_module():
+    """status.json, jobs.json, the study steps' folders ... are named by moe.rundir.sweep_root alone, which
+    reads and writes status.json for launch and analysis both."""
+    assert sweep_root_offenders(_sources()) == []
+    planted = {"analysis/x.py": "def wall(root):\n    return (root / 'status.json').read_text()\n",
+               "launch/y.py": "JOBS = 'submitit'\nDOC = 'writes submitit/jobs.json'\n",
+               SWEEP_ROOT_HOME: "STATUS = 'status.json'\n"}
+    assert sweep_root_offenders(planted) == ["analysis/x.py:2: 'status.json'", "launch/y.py:1: 'submitit'"]
+
+
 def test_the_project_cache_folder_is_found_in_one_function():
     """Data, compiled steps, expert stores and analysis metrics share moe.runtime.cache_root alone."""
     spellings = ('"cacheable-moe"', "XDG_CACHE_HOME", '".cache"', "~/.cache")
@@ -195,28 +219,20 @@ def _reads(path: pathlib.Path) -> set[str]:
 
 def test_analysis_and_launch_read_run_directories_through_rundir():
     """analysis/ and launch/ parse no run-directory file themselves: config.json, final_eval.json,
-    metrics.json, the logs, frontier.json and transfers.json are read by moe.rundir. What they do
-    read is outside run directories: the prepared data's manifest, /proc/cpuinfo, a sweep's
-    status.json and job ids, the study steps' documents under ROOT/analysis/, and the user cache of
+    metrics.json, the logs, frontier.json and transfers.json are read by moe.rundir, and a sweep root's
+    status.json and job ids by moe.rundir.sweep_root. What they do read is elsewhere: the prepared data's
+    manifest, /proc/cpuinfo, the study steps' documents under ROOT/analysis/, and the user cache of
     trace facts."""
     reads = sorted(f"{path.relative_to(REPO).as_posix()} {read}" for package in ("analysis", "launch")
                    for path in (REPO / package).rglob("*.py") for read in _reads(path))
     assert reads == [
         "analysis/cache.py _read_json_or_none: load",
         "analysis/cache.py _read_json_or_none: open",
-        "analysis/report.py _sweep_command: loads",
-        "analysis/report.py _sweep_command: read_text",
         "analysis/report.py data_manifests: loads",
         "analysis/report.py data_manifests: read_bytes",
         "analysis/report.py machine: read_text",
-        "analysis/report.py sweep_wall_s: loads",
-        "analysis/report.py sweep_wall_s: read_text",
         "analysis/runs.py read_step_documents: loads",
         "analysis/runs.py read_step_documents: read_text",
-        "launch/slurm.py SlurmExecutor._load_ids: loads",
-        "launch/slurm.py SlurmExecutor._load_ids: read_text",
-        "launch/status.py read_status: loads",
-        "launch/status.py read_status: read_text",
     ], reads
 
 

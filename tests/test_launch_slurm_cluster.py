@@ -26,6 +26,7 @@ import filelock
 import pytest
 
 from moe import rundir
+from moe.rundir import sweep_root
 from launch_fixtures import ARM_B, REPO
 from helpers import HANG_S, shared_dir, wait_for, wait_for_kill_point
 
@@ -118,9 +119,7 @@ def submitted(out: str) -> dict[str, str]:
 
 def job_of(root: pathlib.Path, run: str) -> str:
     """The run's SLURM job id, once the sweep has recorded it."""
-    ids = wait_for(lambda: rundir.read_json(root / "submitit" / "jobs.json")
-                   if (root / "submitit" / "jobs.json").is_file() else None, what="jobs.json")
-    return ids[run]
+    return wait_for(lambda: sweep_root.read_jobs(root).get(run), what=f"{run}'s job id in jobs.json")
 
 
 def slurm(env, *command: str) -> str:
@@ -232,7 +231,7 @@ def test_a_requeued_job_resumes_from_its_newest_checkpoint(cluster, reference, t
     assert resumed and CKPT_EVERY <= int(resumed.group(1)) < STEPS, (kill, log[-3000:])
     assert sacct_records(cluster, job_id) == ["REQUEUED", "COMPLETED"]
     same_run(root / S1, reference / S1)
-    assert rundir.read_json(root / "status.json")["runs"][0]["attempts"] == 2
+    assert sweep_root.read_status(root)["runs"][0]["attempts"] == 2
 
 
 def test_a_job_over_its_time_limit_checkpoints_at_the_warning_and_requeues_itself(cluster, reference, tmp_path):
@@ -259,7 +258,7 @@ def test_a_job_over_its_time_limit_checkpoints_at_the_warning_and_requeues_itsel
     assert f"requeueing SLURM job {job_id}: requeued" in log and "resumed from checkpoint at step" in log, log[-3000:]
     records = sacct_records(cluster, job_id)
     assert len(records) >= 2 and set(records[:-1]) == {"REQUEUED"} and records[-1] == "COMPLETED", records
-    assert rundir.read_json(root / "status.json")["runs"][0]["attempts"] == len(records)
+    assert sweep_root.read_status(root)["runs"][0]["attempts"] == len(records)
     same_run(root / S2, reference / S2)
 
 
@@ -279,7 +278,7 @@ def test_a_cancelled_job_is_one_line_and_a_rerun_resubmits_only_its_run(cluster,
     assert [line for line in out.splitlines() if line.startswith(("failed ", "retrying ", "error: "))] == [
         f"failed {S2}: {note}", f"error: run {S2} failed after 1 attempt(s): {note}"], out[-4000:]
     assert submitted(out) == {S2: job_id}, out[-4000:]
-    entry = {r["name"]: r for r in rundir.read_json(root / "status.json")["runs"]}[S2]
+    entry = {r["name"]: r for r in sweep_root.read_status(root)["runs"]}[S2]
     assert (entry["state"], entry["error"]) == ("failed", note)
     assert status_runs(root, cluster)[S2]["slurm_state"] == "CANCELLED"
 

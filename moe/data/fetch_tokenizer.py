@@ -4,7 +4,9 @@
 
 Order of sources, first that works wins:
   1. the cache already holds a verified file: nothing to do;
-  2. tiktoken's own cache holds r50k_base.tiktoken (the same bytes): copy it;
+  2. the default cache (where setup put it, when $CACHEABLE_MOE_CACHE now names
+     another) or tiktoken's own cache (r50k_base.tiktoken, the same bytes)
+     holds a verified copy: copy it;
   3. the openai-whisper sdist (pinned version and SHA-256), given with --sdist /
      $CACHEABLE_MOE_WHISPER_SDIST, or downloaded from PyPI with
      ``pip download --no-deps``: its ``whisper/assets/gpt2.tiktoken`` member.
@@ -23,7 +25,7 @@ import tempfile
 from collections.abc import Callable
 
 from moe.data.errors import TokenizerError
-from moe.data.tokenizer import GPT2_RANKS_SHA256, gpt2_ranks_path, sha256_bytes, tiktoken_cache_candidates
+from moe.data.tokenizer import GPT2_RANKS_SHA256, gpt2_ranks_path, sha256_bytes, verified_copies
 from cachesim.cli_util import CLI, stop_on_interrupt
 from cachesim.files import file_sha256
 
@@ -95,10 +97,10 @@ def ensure_gpt2_ranks(*, sdist: str | os.PathLike | None = None,
         if sha256_bytes(target.read_bytes()) == GPT2_RANKS_SHA256:
             return target
         log(f"replacing {target}: its SHA-256 does not match")
-    for candidate in tiktoken_cache_candidates():
+    for candidate in verified_copies():
         if candidate.is_file() and sha256_bytes(data := candidate.read_bytes()) == GPT2_RANKS_SHA256:
             write_bytes_atomic(target, data)
-            log(f"copied GPT-2 ranks from tiktoken's cache {candidate}")
+            log(f"copied GPT-2 ranks from {candidate}")
             return target
     sdist = sdist or os.environ.get(SDIST_ENV)
     if sdist:

@@ -20,6 +20,7 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
+from moe import rundir
 from moe.decode.offload.model_check import summarize
 from moe.decode.offload.session import PolicyRun
 
@@ -151,6 +152,7 @@ def session_record(session, cfg, rounds: list[list[PolicyRun]]) -> dict[str, Any
     cap = config.bandwidth_Bps
     return {
         "schema": SCHEMA, "run": run.name, "run_dir": str(run.path), "arm": run.arm, "checkpoint_step": run.step,
+        "source": rundir.source_record(run.path, run.step),  # what analysis checks it against (provenance)
         "lambda_loc": float(run.config.loss.lambda_loc), "mu_dom": float(run.config.loss.mu_dom),
         "tokens": cfg.tokens, "batch": cfg.batch, "mode": cfg.mode, "temperature": cfg.temperature,
         "seed": cfg.seed, "domain": cfg.domain, "prompt_tokens": cfg.prompt_tokens,
