@@ -37,8 +37,7 @@ from moe import rundir
 from launch.execute import (attempt_record, error_from_log, mark_run_done, prepare_jax_env, run_in_process,
                             run_logs, set_xla_flags)
 from launch.plan import Job
-from launch.slurm_states import (SLURM_ENDED, job_log, parse_state, slurm_note, stopped_by_slurm,
-                                 worth_retrying)
+from launch.slurm_states import SLURM_ENDED, parse_state, slurm_note, stopped_by_slurm, worth_retrying
 from moe.rundir import sweep_root
 from launch.status import RunState
 
@@ -367,7 +366,7 @@ class SlurmExecutor:
         if not remote.paths.result_pickle.exists():
             # No result: SLURM ended the job (scancel, its time or memory limit, a node failure).
             job_id, state = str(remote.job_id), parse_state(remote.state)
-            log = job_log(self.root, job_id)
+            log = sweep_root.job_stderr(self.root, job_id)
             if state in SLURM_ENDED or stopped_by_slurm(state, log):
                 return slurm_note(job_id, state, log), worth_retrying(state, log)
         try:

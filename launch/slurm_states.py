@@ -72,15 +72,6 @@ def worth_retrying(state: str, log: str = "") -> bool:
     return state not in ("CANCELLED", "OUT_OF_MEMORY") and memory_killed(log) is None
 
 
-def job_log(root: pathlib.Path, job_id: str) -> str:
-    """The stderr of task 0 of a sweep's SLURM job (ROOT/submitit/<job>/, submitit's names); "" if absent."""
-    try:
-        return (pathlib.Path(root) / sweep_root.SUBMITIT_DIR / job_id / f"{job_id}_0_log.err").read_text(
-            errors="replace")
-    except OSError:
-        return ""
-
-
 def with_slurm_states(status: dict[str, Any], root: pathlib.Path, *, run=subprocess.run) -> dict[str, Any]:
     """status.json with each run's SLURM job id and state (``sacct``), and the fix where SLURM stopped it."""
     jobs = sweep_root.run_jobs(root)
@@ -99,7 +90,7 @@ def with_slurm_states(status: dict[str, Any], root: pathlib.Path, *, run=subproc
         job_id = jobs.get(r["name"])
         state = states.get(job_id or "", "UNKNOWN")
         if job_id is not None and r["state"] != "done":
-            log = job_log(root, job_id) if state == "FAILED" else ""
+            log = sweep_root.job_stderr(root, job_id) if state == "FAILED" else ""
             # SLURM's reason replaces the sweep's line where it names a fix; else the sweep's error stays.
             error = slurm_note(job_id, state, log) if stopped_by_slurm(state, log) or not r.get("error") else r["error"]
             r = {**r, "slurm_job": job_id, "slurm_state": state, "error": error}
