@@ -169,6 +169,16 @@ def pending_signals(pid: int) -> int:
 # ---------------------------------------------------------------- the tests
 
 
+def test_a_second_up_finds_the_cluster_running_and_starts_nothing(cluster):
+    """`up` is idempotent: on a running cluster it starts nothing (every daemon keeps its PID) and says so."""
+    pids = {p.name: p.read_text() for p in (CLUSTER_DIR / "run").glob("*.pid")}
+    again = subprocess.run(["bash", str(SCRIPT), "up"], capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and "; already running)" in again.stdout, again.stdout + again.stderr
+    assert {p.name: p.read_text() for p in (CLUSTER_DIR / "run").glob("*.pid")} == pids
+    status = subprocess.run(["bash", str(SCRIPT), "status"], capture_output=True, text=True, timeout=300)
+    assert status.returncode == 0 and re.search(r"\b(idle|mix|alloc)\b", status.stdout), status.stdout  # sinfo's node
+
+
 def test_parallel_1_runs_one_job_at_a_time_and_a_restarted_sweep_reattaches(cluster, reference, tmp_path):
     """--parallel=1: squeue never shows two of the sweep's jobs running. The submitting sweep is killed
     while its jobs are queued and running; started again, it re-attaches to both (no new job ids in
