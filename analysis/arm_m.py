@@ -33,7 +33,6 @@ from analysis.formatting import EMPTY, Column, Table, fixed, general, percent, s
 from analysis.runs import AnalysisError, Run, read_run_file
 from moe import rundir
 
-TRANSFERS_FILE = rundir.TRANSFERS
 MODELS = ("base", "finetuned")
 _REGENERATE = ("rerun the arm-M run with config.predictor.enabled=True (moe.run writes transfers.json), "
                "or remove the broken file")
@@ -55,7 +54,7 @@ def _finite(data: Any, keys: Sequence[str], where: str) -> float:
     return float(value)
 
 
-def study_values(study: Mapping[str, Any], where: str = TRANSFERS_FILE) -> dict[str, Any]:
+def study_values(study: Mapping[str, Any], where: str = rundir.TRANSFERS) -> dict[str, Any]:
     """The numbers the tables read from one transfers.json (LFU), checked; AnalysisError names a gap."""
     out: dict[str, Any] = {"capacity": _finite(study, ("capacity",), where)}
     for model in MODELS:
@@ -74,9 +73,9 @@ def load_transfers(runs: Sequence[Run]) -> dict[str, dict[str, Any]]:
     """``{run name: study_values}`` for every arm-M run directory holding a transfers.json."""
     out = {}
     for r in runs:
-        study = read_run_file(r.path, TRANSFERS_FILE) if r.finetuned else None
+        study = read_run_file(r.path, rundir.TRANSFERS) if r.finetuned else None
         if study is not None:
-            out[r.name] = study_values(study, str(r.path / TRANSFERS_FILE))
+            out[r.name] = study_values(study, str(r.path / rundir.TRANSFERS))
     return out
 
 

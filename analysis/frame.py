@@ -1,4 +1,4 @@
-"""The runs as one pandas DataFrame (``analysis.load_runs``), for notebooks.
+"""The runs as one pandas DataFrame (``analysis.frame.load_runs``), for notebooks.
 
 One row per (complete run, evaluation domain). Columns, in order:
 

@@ -27,7 +27,8 @@ import numpy as np
 
 from analysis import run_args, formatting
 from analysis.formatting import Column, Table, fixed, percent
-from analysis.runs import AnalysisError, domain_sort_key
+from analysis.runs import AnalysisError
+from moe.rundir import domain_sort_key
 from cachesim import cli_util
 from cachesim.cli_util import CLI
 from cachesim.headline import LRU_FRACTION

@@ -37,11 +37,6 @@ def run_command(prog: str, description: str) -> CLI:
     return command
 
 
-
-
-
-
-
 def parse_runs(command: CLI, argv: Sequence[str] | None):
     """Parses a run_command CLI; at least one RUN_DIR (its paths as ``.paths``)."""
     args = command.parse(argv)

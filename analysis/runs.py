@@ -28,13 +28,8 @@ import numpy as np
 from analysis import cache
 from moe import baselines, rundir
 
-# Order in which the paper lists its domains; other domains follow sorted.
-DOMAIN_ORDER = rundir.DOMAINS
-ARMS = rundir.ARMS
 # Reference final_eval.json lacks per-domain token counts: 488 windows of 1024.
 REFERENCE_EVAL_TOKENS = 499_712
-domain_sort_key = rundir.domain_sort_key
-trace_paths = rundir.trace_files
 
 
 class AnalysisError(ValueError):
@@ -294,15 +289,15 @@ def load_run(run_dir: str | os.PathLike, *, store: cache.MetricsStore | None = N
     if not isinstance(config, dict):
         raise AnalysisError(f"{config_path}: expected a JSON object; regenerate config.json")
     arm = config.get("arm")
-    if arm not in ARMS:
-        raise AnalysisError(f"{config_path}: 'arm' must be one of {', '.join(ARMS)}, got {arm!r}; fix config.json")
+    if arm not in rundir.ARMS:
+        raise AnalysisError(f"{config_path}: 'arm' must be one of {', '.join(rundir.ARMS)}, got {arm!r}; fix config.json")
     tokens = _number(config, "tokens", config_path)
     if tokens <= 0:
         raise AnalysisError(f"{config_path}: 'tokens' must be positive, got {tokens}; fix config.json")
     seed = config.get("seed")
     params = config.get("params")
     problems: list[str] = []
-    traces = trace_paths(path)
+    traces = rundir.trace_files(path)
     evals = _parse_final_eval(path)
     if not evals:
         problems.append("missing final_eval.json")
@@ -318,7 +313,7 @@ def load_run(run_dir: str | os.PathLike, *, store: cache.MetricsStore | None = N
     domains = {
         d: DomainEval(val_loss=loss, val_ppl=ppl, tokens=n, tokens_assumed=assumed, trace_path=traces.get(d),
                       facts=None, window_ce=window_ce.get(d))
-        for d, (loss, ppl, n, assumed) in sorted(evals.items(), key=lambda kv: domain_sort_key(kv[0]))
+        for d, (loss, ppl, n, assumed) in sorted(evals.items(), key=lambda kv: rundir.domain_sort_key(kv[0]))
     }
     run = Run(
         record=rundir.RunRecord(path, config),

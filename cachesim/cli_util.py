@@ -184,9 +184,14 @@ class CLI:
             self.flags[old].present for old, new in self._deprecated.items() if new == name)
 
 
-def fail(message: str) -> NoReturn:
+def error(message: object) -> int:
+    """Prints ``error: message`` on stderr and returns exit code 2: a command's ``return error(e)``."""
     print(f"error: {message}", file=sys.stderr)
-    sys.exit(2)
+    return 2
+
+
+def fail(message: str) -> NoReturn:
+    sys.exit(error(message))
 
 
 def flags_only(remaining: Sequence[str], prog: str) -> list[str]:
@@ -207,8 +212,7 @@ def run(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None 
         try:
             return main(argv)
         except errors as e:
-            print(f"error: {os_error_text(e) if isinstance(e, OSError) else e}", file=sys.stderr)
-            return 2
+            return error(os_error_text(e) if isinstance(e, OSError) else e)
     return stop_on_interrupt(body, argv)
 
 
@@ -285,20 +289,23 @@ def free_space_text(path: str | os.PathLike) -> str:
     return f"{shutil.disk_usage(folder).free:,} bytes free in {str(folder)!r}"
 
 
+def _cause(error: OSError, where: str | os.PathLike) -> str:
+    """Why a file operation failed; on a full disk, with the free space where it failed (else at ``where``)."""
+    reason = error.strerror or str(error)
+    full = error.errno in (errno.ENOSPC, errno.EDQUOT)
+    return f"{reason}; {free_space_text(error.filename or where)}" if full else reason
+
+
 def os_error_text(error: OSError) -> str:
     """A failed file operation as one line: the path, the cause and, on a full disk, the free space there."""
-    reason = error.strerror or str(error)
-    if error.errno in (errno.ENOSPC, errno.EDQUOT):
-        reason += f"; {free_space_text(error.filename or '.')}"
+    reason = _cause(error, ".")
     return f"{error.filename}: {reason}" if error.filename else reason
 
 
 def write_error_line(out: str, error: OSError, flag: str = "--out") -> str:
     """``--out=PATH: cannot write (No space left on device; 4,096 bytes free in 'DIR') ...``; the file that
     failed is named too when ``out`` is a folder."""
-    reason = error.strerror or str(error)
-    if error.errno in (errno.ENOSPC, errno.EDQUOT):
-        reason += f"; {free_space_text(error.filename or out)}"
+    reason = _cause(error, out)
     failed = f" {error.filename}" if error.filename and str(error.filename) != str(out) else ""
     return (f"{flag}={out}: cannot write{failed} ({reason}); the old files, if any, are kept whole; free space "
             f"or choose another {flag}")

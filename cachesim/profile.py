@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from cachesim.simulate_cli import warn_collapse
-from cachesim.cli_util import (CLI, UsageError, check_writable, comma_list, stop_on_interrupt,
+from cachesim.cli_util import (CLI, UsageError, check_writable, comma_list, error, stop_on_interrupt,
                                write_output)
 from cachesim.headline import COLLAPSE_PERCENT
 from cachesim.trace_names import TRACE_HELP, TraceArgumentError, evaluation_traces
@@ -78,8 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         lags = comma_list(args.lags, int, "--lags") if args.lags else None
         report, traces = profile_report(paths, lags)
     except (TraceError, UsageError, TraceArgumentError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return error(exc)
     for path, trace in zip(paths, traces):
         warn_collapse(path, trace)
     write_output(json.dumps(report, indent=1) if args.format == "json" else format_table(report), args.out)

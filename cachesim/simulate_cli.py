@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from cachesim.cli_util import CLI, UsageError, check_writable, comma_list, progress, write_output
+from cachesim.cli_util import CLI, UsageError, check_writable, error, comma_list, progress, write_output
 from cachesim.trace_names import TRACE_HELP, TraceArgumentError, evaluation_traces
 from cachesim.policies import (ALL_CAPACITIES, ALL_POLICIES, RECENCY_MODES, ROUNDING_MODES, CacheSpec, CacheSpecError,
                                parse_capacities, parse_scopes, parse_static_fits, spec_for)
@@ -264,8 +264,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             records = cache_records(paths, traces, specs, args.layers or ["all"], fits, curves=_curves(args))
             bar.advance()
     except (TraceError, CacheSpecError, SimulationError, UsageError, TraceArgumentError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return error(exc)
     for path, trace in zip(paths, traces):
         warn_collapse(path, trace)
     if args.format == "json":

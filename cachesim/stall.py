@@ -32,7 +32,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from cachesim.cli_util import CLI, check_writable, os_error_text, progress, stop_on_interrupt, write_output
+from cachesim.cli_util import CLI, check_writable, error, os_error_text, progress, stop_on_interrupt, write_output
 from cachesim.headline import ADMISSIONS
 from cachesim.policies import parse_capacities
 from cachesim.trace_names import TRACE_HELP, evaluation_traces
@@ -200,8 +200,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         runs = _run_cli(args)
     except (ValueError, OSError) as exc:
-        print(f"error: {os_error_text(exc) if isinstance(exc, OSError) else exc}", file=sys.stderr)
-        return 2
+        return error(os_error_text(exc) if isinstance(exc, OSError) else exc)
     if args.format == "json":
         from cachesim.timed.stall_metrics import json_safe
 

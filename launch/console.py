@@ -50,9 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     name, rest = args[0], args[1:]
     if name not in COMMANDS:
-        print(f"error: unknown command {name!r}; choose one of {', '.join(COMMANDS)} (cacheable-moe --help)",
-              file=sys.stderr)
-        return 2
+        return cli_util.error(f"unknown command {name!r}; choose one of {', '.join(COMMANDS)} (cacheable-moe --help)")
     module = COMMANDS[name][0]
     sys.argv = [f"cacheable-moe {name}", *rest]
     cli_util.invoked_name = sys.argv[0]  # help pages and errors name the command as typed

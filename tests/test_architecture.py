@@ -476,7 +476,6 @@ SHARED_NAMES = {
     "arm_m.py": "arm M: its config (configs) and its tables (analysis)",
     "errors.py": "a package's error types (losses, moe.data)",
     "engine.py": "the engine of its subpackage (cachesim.lcs, cachesim.timed)",
-    "local.py": "local: the local executor (launch) and the corpus named local (moe.data, one module per corpus)",
     "cli.py": "launch/cli.py is launch.console's old name, kept one release",
 }
 
@@ -489,3 +488,54 @@ def test_module_names_say_what_they_hold():
             by_name.setdefault(path.name, []).append(path.relative_to(REPO).as_posix())
     repeated = {name: sorted(paths) for name, paths in by_name.items() if len(paths) > 1}
     assert sorted(repeated) == sorted(SHARED_NAMES), repeated
+
+
+def lazy_shims(sources: dict[str, str]) -> list[str]:
+    """Modules with a module-level ``__getattr__``: an import hidden from readers (and from this file's graph)."""
+    return sorted(path for path, source in sources.items()
+                  if any(isinstance(n, ast.FunctionDef) and n.name == "__getattr__" for n in ast.parse(source).body))
+
+
+def test_no_lazy_import_shims():
+    """Callers import a name from the module that defines it; a package re-exports nothing on first use."""
+    assert lazy_shims({"moe/x/__init__.py": "def __getattr__(name):\n    return name\n",
+                       "moe/y.py": "class A:\n    def __getattr__(self, name):\n        return name\n"}) == ["moe/x/__init__.py"]
+    assert lazy_shims(_sources()) == []
+
+
+# The CLI convention's parts (cachesim.cli_util): its help page, the error line and exit 2, Ctrl-C's 130, the bar.
+CLI_CONVENTION = {"CLI", "UsageError", "Progress", "fail", "error", "stop_on_interrupt", "parse_app_flags", "app_help",
+                  "HELP_ARGS", "INTERRUPTED"}
+
+
+# Top-level class names defined twice, and why each is still allowed (a name should mean one thing).
+TWICE_DEFINED_CLASSES = {
+    "Judged": "analysis.verdict's gate under a verdict and analysis.balancing's effect against a criterion: "
+              "two meanings, left for issue 46's owner to rename (balancing.py is being edited there)",
+}
+
+
+def cli_convention_offenders(sources: dict[str, str]) -> list[str]:
+    """Definitions of a part of the CLI convention outside cachesim.cli_util, and class names defined twice."""
+    found, classes = [], {}
+    for path, source in sources.items():
+        for node in ast.parse(source).body:
+            names = ([node.name] if isinstance(node, (ast.ClassDef, ast.FunctionDef)) else
+                     [t.id for t in node.targets if isinstance(t, ast.Name)] if isinstance(node, ast.Assign) else [])
+            found += [f"{path}: defines {name} (cachesim.cli_util's)" for name in names
+                      if name in CLI_CONVENTION and path != "cachesim/cli_util.py"]
+            if isinstance(node, ast.ClassDef):
+                classes.setdefault(node.name, []).append(path)
+    found += [f"class {name} is defined in {', '.join(paths)}" for name, paths in classes.items()
+              if len(paths) > 1 and name not in TWICE_DEFINED_CLASSES]
+    return sorted(found)
+
+
+def test_the_cli_convention_has_one_home_and_a_class_name_one_meaning():
+    """Every command's help, error line, exit codes and progress bar come from cachesim.cli_util."""
+    planted = {"moe/a.py": "def fail(message):\n    raise SystemExit(2)\nclass Progress:\n    pass\n",
+               "moe/b.py": "class Progress:\n    pass\n", "cachesim/cli_util.py": "def fail(m):\n    pass\n"}
+    assert cli_convention_offenders(planted) == [
+        "class Progress is defined in moe/a.py, moe/b.py", "moe/a.py: defines Progress (cachesim.cli_util's)",
+        "moe/a.py: defines fail (cachesim.cli_util's)", "moe/b.py: defines Progress (cachesim.cli_util's)"]
+    assert cli_convention_offenders(_sources()) == []

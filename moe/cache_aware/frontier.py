@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from cachesim.cli_util import CLI, progress, stop_on_interrupt
+from cachesim.cli_util import CLI, error, progress, stop_on_interrupt
 from cachesim.headline import LRU_FRACTION
 from cachesim.policies import ROUNDING_MODES, capacity_from_fraction, parse_capacities
 from moe import baselines, rundir
@@ -420,11 +420,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             frontier(args.run, points, prime=args.prime, options=options, arm_a_dir=args.arm_a,
                      log=lambda msg: print(msg, file=sys.stderr, flush=True), advance=bar.advance)
     except ValueError as e:  # FrontierError, RerouteError and LockedError are ValueErrors
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return error(e)
     except OSError as e:  # a full disk or a read-only run directory
-        print(f"error: {rundir.os_error_line(e)}", file=sys.stderr)
-        return 2
+        return error(rundir.os_error_line(e))
     return 0
 
 

@@ -26,8 +26,8 @@ from collections.abc import Callable
 
 from moe.data.errors import TokenizerError
 from moe.data.tokenizer import GPT2_RANKS_SHA256, gpt2_ranks_path, sha256_bytes, verified_copies
-from cachesim.cli_util import CLI, stop_on_interrupt
-from cachesim.files import file_sha256
+from cachesim.cli_util import CLI, error, stop_on_interrupt
+from cachesim.files import file_sha256, write_atomic
 
 WHISPER_VERSION = "20250625"
 WHISPER_SDIST_NAME = f"openai_whisper-{WHISPER_VERSION}.tar.gz"
@@ -90,8 +90,6 @@ def ensure_gpt2_ranks(*, sdist: str | os.PathLike | None = None,
 
     A quick no-op when it is already there. A corrupt cached copy is replaced.
     """
-    from moe.data.store import write_bytes_atomic  # here, not at the top: numpy, which `--help` need not load
-
     target = gpt2_ranks_path()
     if target.is_file():
         if sha256_bytes(target.read_bytes()) == GPT2_RANKS_SHA256:
@@ -99,7 +97,7 @@ def ensure_gpt2_ranks(*, sdist: str | os.PathLike | None = None,
         log(f"replacing {target}: its SHA-256 does not match")
     for candidate in verified_copies():
         if candidate.is_file() and sha256_bytes(data := candidate.read_bytes()) == GPT2_RANKS_SHA256:
-            write_bytes_atomic(target, data)
+            write_atomic(target, data)
             log(f"copied GPT-2 ranks from {candidate}")
             return target
     sdist = sdist or os.environ.get(SDIST_ENV)
@@ -109,7 +107,7 @@ def ensure_gpt2_ranks(*, sdist: str | os.PathLike | None = None,
         log(f"downloading openai-whisper=={WHISPER_VERSION} sdist from PyPI for GPT-2's BPE ranks ...")
         with tempfile.TemporaryDirectory(prefix="whisper-sdist-") as tmp:
             data = extract_ranks(pip_download_sdist(pathlib.Path(tmp)))
-    write_bytes_atomic(target, data)
+    write_atomic(target, data)
     return target
 
 
@@ -122,8 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         path = ensure_gpt2_ranks(sdist=args.sdist, log=lambda msg: print(f"fetch_tokenizer: {msg}", file=sys.stderr))
     except (TokenizerError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return error(e)
     print(f"GPT-2 BPE ranks ready: {path} (sha256 {GPT2_RANKS_SHA256})")
     return 0
 

@@ -24,7 +24,7 @@ import sys
 from typing import Callable, Sequence
 
 from cachesim import cli_util
-from cachesim.cli_util import CLI, progress
+from cachesim.cli_util import CLI, error, progress
 from cachesim.headline import ADMISSIONS, LRU_FRACTION
 from moe import rundir
 
@@ -123,14 +123,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = COMMAND.parse(argv)
     if len(args.positional) > 1 or (args.positional and args.run):
-        print("error: give one run directory (RUN_DIR or --run RUN_DIR)", file=sys.stderr)
-        return 2
+        return error("give one run directory (RUN_DIR or --run RUN_DIR)")
     args.run = args.run or (args.positional[0] if args.positional else None)
     interactive = sys.stderr.isatty()
     log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if interactive else (lambda _msg: None)
     try:
         run_cli(args, log)
     except (DecodeError, ValueError, OSError) as e:
-        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
-        return 2
+        return error(' '.join(str(e).split()))
     return 0

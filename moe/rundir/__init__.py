@@ -17,7 +17,7 @@ from moe.rundir.names import (  # noqa: F401
     write_atomic, write_json,
 )
 from moe.rundir.evaluation import (  # noqa: F401
-    check_evaluation, evaluation_problem, publish_evaluation, staging_dir, trace_tokens, write_manifest,
+    check_evaluation, evaluation_problem, publish_evaluation, staged_files, staging_dir, trace_tokens, write_manifest,
 )
 from moe.rundir.records import (  # noqa: F401
     FRONTIER_SCHEMA, REFERENCE_137M_PARAMS, RUN_RESULTS, RunRecord, checkpoint_dir, checkpoint_steps, config_record,

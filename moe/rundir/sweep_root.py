@@ -204,3 +204,12 @@ def run_jobs(root: PathLike) -> dict[str, str]:
     """``{run name: SLURM job id}`` (a vmapped job's name joins its runs with +)."""
     return {run: job_id for job, job_id in read_jobs(root).items() for run in job.split("+")}
 
+
+
+def job_stderr(root: PathLike, job_id: str) -> str:
+    """The stderr of task 0 of a SLURM job of the sweep (ROOT/submitit/<job id>/, submitit's file names);
+    "" when there is none yet."""
+    try:
+        return (pathlib.Path(root) / SUBMITIT_DIR / job_id / f"{job_id}_0_log.err").read_text(errors="replace")
+    except OSError:
+        return ""
