@@ -25,9 +25,9 @@ drawn), not training noise. A seed-paired comparison (target i against
 baseline i, its own seed) resamples the mean over the pairs of each pair's
 statistic, so the interval is of exactly the number printed beside it.
 
-Training noise is covered by :func:`seed_interval`: a Student-t interval over a
-configuration's seed-paired effects (2 or more seeds); its docstring says why
-not a bootstrap over seeds.
+Training noise is covered by the confidence verdict (``analysis.verdict``): a
+Student-t interval over a configuration's seed-paired effects on the log or
+logit scale; :func:`seeds_to_resolve` plans the seeds such an interval needs.
 
 Several comparisons over runs evaluated on the same windows are computed in
 one bootstrap call: the resampled window indices depend only on the seed and
@@ -103,7 +103,8 @@ def seed_spread(values: Sequence[float]) -> Spread | None:
 
 
 def seed_interval(deltas: Sequence[float], confidence: float = CONFIDENCE) -> Interval:
-    """Student-t interval of the mean of per-seed (seed-paired) effects: it covers training noise.
+    """Student-t interval of the mean of per-seed (seed-paired) effects: it covers training noise. Pass values
+    on the scale the effect is judged on (log ratios: ``analysis.effects``), never ratios themselves.
 
     Why t and not a bootstrap over seeds: with the 2-3 seeds a study affords, a
     seed bootstrap has at most n^n distinct resamples and its percentile

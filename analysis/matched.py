@@ -24,8 +24,7 @@ The interval is over training noise: a jackknife over seeds (each seed's whole
 λ series left out together), with Student t at n − 1 degrees of freedom. Why
 not a seed bootstrap: with the 3-6 seeds a CPU study affords it has few
 distinct resamples and its percentile interval cannot be wider than the seeds'
-range (``analysis.intervals.seed_interval`` says the same for one λ); the
-jackknife-t widens honestly with few seeds. A leave-one-out curve that misses
+range; the jackknife-t widens honestly with few seeds. A leave-one-out curve that misses
 the gate leaves no interval (the estimand is then not resolved). Its coverage is checked by
 simulation in ``tests/test_analysis_matched.py``.
 

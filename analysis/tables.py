@@ -76,14 +76,25 @@ _METRIC_COLUMNS = (
 )
 
 
+def _arm_m_reference(runs: Sequence[Run], possessive: bool = False) -> str:
+    """What the notes say arm M is compared with: its base run, or its control where the study ran one."""
+    controlled = any(summary.melinoe_control(r, runs) is not None for r in runs if r.complete)
+    if not controlled:
+        return "its base run's" if possessive else "its base run"
+    return ("its control's (the same base fine-tuned without MELINOE's losses), else its base run's" if possessive
+            else "its control (the same base fine-tuned without MELINOE's losses), else its base run")
+
+
 def _baseline_note(runs: Sequence[Run]) -> str:
     lines = []
     seen = set()
     for r in sorted(runs, key=summary.sort_key):
-        if r.complete and r.finetuned:  # compared with its own base run, not with arm A at its budget
+        if r.complete and r.finetuned:  # compared with its control or base run, not with arm A at its budget
             base = summary.baseline_for(r, runs)
+            kind = ("its control (the same base, seed and tokens without MELINOE's losses)"
+                    if summary.melinoe_control(r, runs) is not None else "its base run")
             lines.append(f"{r.name} (arm M): " + (summary.no_baseline_reason(r, runs) if base is None else
-                         f"baseline = its base run {base.runs[0]}, mean PPL {base.ppl:.3f}, "
+                         f"baseline = {kind} {base.runs[0]}, mean PPL {base.ppl:.3f}, "
                          f"LRU miss/tok@25% {base.values['lru_miss_25']:.3f}"))
             continue
         if not r.complete or (r.tokens, r.size, r.balancing) in seen:
@@ -136,7 +147,7 @@ def _main_rows(runs: Sequence[Run]) -> tuple[list[dict[str, Any]], list[interval
         for key, interval in (("delta_ppl", ci.delta_ppl), ("miss_reduction_25", ci.miss_reduction),
                               ("delta_ppl_pooled", ci_pooled.delta_ppl),
                               ("miss_reduction_25_pooled", ci_pooled.miss_reduction)):
-            row[f"{key}_ci"] = [interval.low, interval.high] if interval.available else None
+            row[f"{key}_ci"] = [interval.low, interval.high] if interval.available and row[key] is not None else None
             row[f"{key}_ci_note"] = interval.note
         row.update(spreads[row["run"]])
     return rows, found
@@ -184,8 +195,9 @@ def main_table(runs: Sequence[Run]) -> Table:
              f"evaluation tokens (pooled over domains), summed over layers; {MAX_VIO_NOTE} "
              "ΔPPL and miss reduction are seed-paired: "
              "against the arm-A run of the same seed, token budget and size ('paired with'; seed s of every arm "
-             "reads the same batches), an arm-M run against its base run; where no such run exists, against the "
-             "pooled baseline (arm A's mean over its seeds), which the 'vs pooled A' columns give for every run.",
+             f"reads the same batches), an arm-M run against {_arm_m_reference(runs)}; where no such run exists, "
+             "against the pooled baseline (arm A's mean over its seeds), which the 'vs pooled A' columns give for "
+             f"every run{' but arm M' if any(r.finetuned for r in runs) else ''}.",
              _interval_notes(found)]
     incomplete = [r for r in runs if not r.complete]
     if incomplete:
@@ -211,7 +223,8 @@ def per_domain_table(runs: Sequence[Run]) -> Table:
                Column("collapsed", "collapsed", general),
                Column("max_vio", "MaxVio", fixed(3)))
     notes = ["ΔPPL = PPL / (the domain's PPL of arm A of the same seed, budget and size where that run exists, "
-             "else of arm A's mean over its seeds; for arm M, its base run's) − 1. " + _baseline_note(runs),
+             f"else of arm A's mean over its seeds; for arm M, {_arm_m_reference(runs, possessive=True)}) − 1. "
+             + _baseline_note(runs),
              f"collapsed = experts used by < {COLLAPSE_PERCENT} of this domain's tokens, summed over layers; "
              "MaxVio = the worst layer's max_e load_e / mean load − 1 over this domain's evaluation tokens."]
     return Table("per_domain", "Per-domain results", columns, tuple(rows), tuple(notes))

@@ -33,6 +33,8 @@ SEEDS = tuple(range(11, 17))
 LAMBDA = 0.1
 # The pilot's RQ1 estimand from scratch (python -m analysis.power docs/results/cpu3-pilot/runs).
 PILOT_RQ1 = {"estimate": 0.003089, "sd": 0.004612, "df": 2, "source": "docs/results/cpu3-pilot.md"}
+# The pilot's registered rule: the fewest seeds whose expected 95% half-width is at most this many points.
+TARGET_POINTS = 0.5
 
 
 def get_config(arg: str | None = None):
@@ -56,7 +58,7 @@ def plan(arg: str | None = None) -> dict:
     return {
         "estimands": {
             "rq1_matched": {
-                "gate": 0.01, "alpha": 0.05, "pilot": PILOT_RQ1,
+                "gate": 0.01, "alpha": 0.05, "pilot": PILOT_RQ1, "target_points": TARGET_POINTS,
                 "interval": "jackknife over seeds (each seed's λ series together), Student t at n − 1 df",
                 "what": "ΔPPL of arm B against the same seed's arm A at the λ where the LRU miss reduction at "
                         "25% capacity reaches 30% (analysis.matched), from scratch"},

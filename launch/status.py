@@ -13,7 +13,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import pathlib
+import platform
 import statistics
 import sys
 import time
@@ -158,6 +160,20 @@ def format_table(status: dict[str, Any]) -> str:
             f"\nsweep {i}: {s['command']}" + (f"  (from {s['cwd']})" if s.get("cwd") else "")
             for i, s in enumerate(sweeps, 1))
     return "\n".join(line.rstrip() for line in [*table.splitlines(), *summary.splitlines()]) + "\n"
+
+
+def machine_line() -> str:
+    """CPU model and core count of this machine, and the Python/platform: where a sweep ran (status.json's
+    ``machine``, which a study page states)."""
+    model = platform.processor() or "unknown CPU"
+    try:
+        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{model}, {os.cpu_count()} cores, {platform.system()} {platform.machine()}, Python {platform.python_version()}"
 
 
 class StatusWriter:

@@ -263,16 +263,18 @@ def register_plan(config_file: str, root: pathlib.Path, specs, command: Sequence
 
 
 def finetune_command(root: pathlib.Path, entry: dict, overrides: Mapping[str, Any] | None = None) -> list[str]:
-    """main.py on a study's fine-tuning run: ``entry`` {"name", "config", "base"} names it, its config file
-    and the sweep run it starts from (ROOT/<base>); ``overrides``: the sweep's --config.x=y pairs."""
+    """main.py on a study's fine-tuning run: ``entry`` {"name", "config", "base"[, "overrides"]} names it, its
+    config file, the sweep run it starts from (ROOT/<base>) and its own --config.x=y pairs (e.g. arm M's
+    control, without MELINOE's losses); ``overrides``: the sweep's --config.x=y pairs, which come first."""
     from launch.plan import MAIN_MODULE, override_flags
     return [sys.executable, *MAIN_MODULE, f"--config={entry['config']}", f"--config.init_from={root / entry['base']}",
-            f"--workdir={root / entry['name']}", *override_flags((overrides or {}).items())]
+            f"--workdir={root / entry['name']}", *override_flags((overrides or {}).items()),
+            *override_flags(entry.get("overrides", {}).items()), f"--config.run_name={entry['name']}"]
 
 
 def run_finetunes(root: pathlib.Path, entries: Sequence[dict] | None, echo=print,
                   overrides: Mapping[str, Any] | None = None) -> int:
-    """The study's fine-tuning runs (arm M), one at a time once their base runs are done.
+    """The study's fine-tuning runs (arm M and its control), one at a time once their base runs are done.
 
     The sweep cannot plan them with its runs (its pre-check needs the base run
     trained). A complete one is kept (and gets its DONE) unless its
@@ -531,7 +533,8 @@ def sweep(argv_command: Sequence[str]) -> int:
             for job in jobs:
                 print(f"  {job.name}: {shlex.join(job.command())}", flush=True)
         meta = {"config": config_file, "root": str(root), "executor": _EXECUTOR.value, "parallel": _PARALLEL.value,
-                "command": command, "cwd": cwd, "started": t0, "first_started": sweep_root.first_started(root) or t0}
+                "command": command, "cwd": cwd, "started": t0, "machine": status.machine_line(),
+                "first_started": sweep_root.first_started(root) or t0}
         workers = 1 if _EXECUTOR.value == "inline" else max(1, _PARALLEL.value)
         writer = status.StatusWriter(root, list(states.values()), parallel=workers, meta=meta, previous=previous,
                                      print_every=_STATUS_EVERY.value)

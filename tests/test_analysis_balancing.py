@@ -68,7 +68,7 @@ def test_the_baseline_rule_keeps_balancings_apart():
     assert rows["b-s2-bias"]["paired_baseline"] == "a-s2-bias" and rows["b-s2"]["paired_baseline"] == "a-s2"
     assert rows["b-s2-bias"]["baseline"] == ["a-s1-bias", "a-s2-bias", "a-s3-bias"]
     assert rows["b-s2-bias"]["miss_reduction_25"] == pytest.approx(0.2)
-    labels = {r.config for r in verdict.evaluate(runs)}
+    labels = {v.config for v in verdict.confidence(runs)}
     assert labels == {"B λ=0.1 μ=0 1M tiny", "B λ=0.1 μ=0 balance=bias γ=0.001 1M tiny"}
 
 

@@ -213,7 +213,7 @@ def test_dose_response_points_are_relative_to_matching_a(study, tmp_path):
     assert points["b-costly",]["miss_reduction"] == pytest.approx(0.875)
     assert points["b-costly",]["ppl_cost"] == pytest.approx(0.02)
     assert points["b-good", "b-good-s2"]["ppl_seeds"] == pytest.approx([0.005, 0.007])
-    assert points["b-good", "b-good-s2"]["interval"] == "seed-level t"
+    assert points["b-good", "b-good-s2"]["noise"] == "own"  # a t-interval over its own two seeds
 
 
 def test_profile_json_known_values(tmp_path, capsys):

@@ -118,7 +118,7 @@ def test_training_curves_from_the_logs(study, cache_dir):
         assert figures.val_curves(a)["code"] == ([640.0, 1280.0], [math.e ** 2, math.e ** 1.5])
         assert figures.val_curves(b) == {}
         data = {c["label"]: c for c in figures.training_curve_data([a, b])}
-        assert data["b-s1"]["strength"] == 0.05 and data["b-s1"]["final"]["math"] == ([1e6], [b.domains["math"].val_ppl])
+        assert data["b-s1"]["arm"] == "B" and data["b-s1"]["final"]["math"] == ([1e6], [b.domains["math"].val_ppl])
         (a.path / "eval.jsonl").write_text('{"step": 30, "tokens": 1920, "domains": {"code": {"loss": 1.0}}}\n')
         with pytest.raises(AnalysisError, match=r"eval.jsonl: step 30: domains.code.ppl must be a number"):
             figures.val_curves(a)
@@ -131,8 +131,9 @@ def test_training_curves_from_the_logs(study, cache_dir):
 def test_budget_overlay_pairs_each_configuration_with_its_baseline(study, cache_dir):
     runs = load_runs([study], store=MetricsStore(cache_dir))
     curves = {r.name: figures.cached_budget_curves(r) for r in runs}
-    ((label, reference, series),) = figures.budget_overlays(runs, curves)
-    assert (label, reference, list(series)) == ("B λ=0.05 μ=0 1M tiny", "A", ["B", "A"])
+    ((label, title, series),) = figures.budget_overlays(runs, curves)
+    assert (label, list(series)) == ("B λ=0.05 μ=0 1M tiny", ["B", "A"])
+    assert title == "B λ=0.05 μ=0 1M tiny (1 seed) vs A (1 seed): hit rate vs cache budget"  # no "seed means"
     # spread cycles through all 16 experts: LRU misses every request at every capacity below 16.
     assert series["A"]["code"]["lru"] == ([0.125, 0.25, 0.5], [0.0, 0.0, 0.0])
     assert series["B"]["code"]["lru"][1][1] == pytest.approx(0.875)

@@ -221,18 +221,19 @@ def test_analysis_and_launch_read_run_directories_through_rundir():
     """analysis/ and launch/ parse no run-directory file themselves: config.json, final_eval.json,
     metrics.json, the logs, frontier.json and transfers.json are read by moe.rundir, and a sweep root's
     status.json and job ids by moe.rundir.sweep_root. What they do read is elsewhere: the prepared data's
-    manifest, /proc/cpuinfo, the study steps' documents under ROOT/analysis/, and the user cache of
-    trace facts."""
+    manifest, /proc/cpuinfo, the study steps' documents under ROOT/analysis/, the user cache of trace
+    facts, and the bytes of a study's evidence (compressed to size it, never parsed)."""
     reads = sorted(f"{path.relative_to(REPO).as_posix()} {read}" for package in ("analysis", "launch")
                    for path in (REPO / package).rglob("*.py") for read in _reads(path))
     assert reads == [
         "analysis/cache.py _read_json_or_none: load",
         "analysis/cache.py _read_json_or_none: open",
+        "analysis/evidence.py compressed_size: read_bytes",
         "analysis/report.py data_manifests: loads",
         "analysis/report.py data_manifests: read_bytes",
-        "analysis/report.py machine: read_text",
         "analysis/runs.py read_step_documents: loads",
         "analysis/runs.py read_step_documents: read_text",
+        "launch/status.py machine_line: read_text",
     ], reads
 
 

@@ -32,7 +32,9 @@ def test_run_names_order_and_study_steps_name_planned_runs(tmp_path):
                      "c-mu0.1-s1", "c-mu0.1-s2", "b-lam0.01-s1", "b-lam0.03-s1", "b-lam0.3-s1"]
     steps = sweep.study_steps(CONFIG)
     assert steps["page"] == "cpu-study-2"
-    assert steps["finetune"] == [{"name": "m-s1", "config": "configs/arm_m.py:cpu", "base": "a-s1"}]
+    assert steps["finetune"] == [{"name": "m-s1", "config": "configs/arm_m.py:cpu", "base": "a-s1"},
+                                 {"name": "m-control-s1", "config": "configs/arm_m.py:cpu", "base": "a-s1",
+                                  "overrides": {"loss.lambda_cs": 0.0, "loss.lambda_rm": 0.0}}]
     assert sweep.study_steps(f"{CONFIG}:tiny")["finetune"][0]["config"] == "configs/arm_m.py:tiny"
     assert study_cpu2.arm_m_arg("tiny,tokens=3072,corpus=synthetic") == "tiny,corpus=synthetic"
     deciding, priming = steps["frontier"]
@@ -64,13 +66,18 @@ def test_the_finetune_step_runs_main_from_its_base_then_skips_the_complete_run(t
     assert sweep.run_finetunes(tmp_path, [entry], echo=lines.append, overrides={"eval.windows": 1}) == 0
     assert calls == [[sys.executable, "-m", "moe.main", "--config=configs/arm_m.py:tiny",
                       f"--config.init_from={tmp_path / 'a-s1'}", f"--workdir={tmp_path / 'm-s1'}",
-                      "--config.eval.windows=1"]]
+                      "--config.eval.windows=1", "--config.run_name=m-s1"]]
     done = rundir.read_done(tmp_path / "m-s1")
     assert done["attempts"] == 1 and done["command"] == " ".join(calls[0])
     assert "training" in (tmp_path / "m-s1" / rundir.LAUNCH_LOG).read_text()
 
     assert sweep.run_finetunes(tmp_path, [entry], echo=lines.append) == 0  # DONE: not run again
     assert len(calls) == 1 and lines[-1] == "finetune: m-s1 is complete"
+    # Arm M's control: the same config and base, its own overrides after the sweep's.
+    control = {**entry, "name": "m-control-s1", "overrides": {"loss.lambda_cs": 0.0, "loss.lambda_rm": 0.0}}
+    assert sweep.run_finetunes(tmp_path, [control], echo=lines.append, overrides={"eval.windows": 1}) == 0
+    assert calls[-1][-4:] == ["--config.eval.windows=1", "--config.loss.lambda_cs=0.0", "--config.loss.lambda_rm=0.0",
+                              "--config.run_name=m-control-s1"]  # its own name: two runs never share one
 
 
 def test_the_finetune_step_reports_a_failure_in_one_line(tmp_path, monkeypatch):

@@ -127,12 +127,14 @@ def test_arm_b_then_arm_a_into_one_root_lists_every_run_and_the_page_names_both_
     commands = [" ".join(["python -m launch.sweep", *args, *SWEEP_FLAGS]) for args in (b_cmd, a_cmd)]
     assert table[10:] == [f"sweep {i}: {c}  (from {REPO})" for i, c in enumerate(commands, 1)]
 
-    # The report's "How this page was made": both sweeps exactly as run, in order, then the report's own.
+    # The report's "How this page was made": both sweeps exactly as run, from the folder each ran in, in order,
+    # then the report's own; the same lines wherever the report runs (a page regenerated from kept evidence).
     argv = [str(root), "--name=probe", "--out=docs/results"]
     monkeypatch.chdir(REPO)
-    assert report.provenance(root, argv).splitlines() == [*commands, "python -m analysis.report " + " ".join(argv)]
-    monkeypatch.chdir(tmp_path)  # run from elsewhere, each sweep says where it ran
-    assert report.provenance(root, argv).splitlines()[0] == f"(cd {REPO} && {commands[0]})"
+    made = report.provenance(root, argv)
+    assert made.splitlines() == [*(f"(cd {REPO} && {c})" for c in commands), "python -m analysis.report " + " ".join(argv)]
+    monkeypatch.chdir(tmp_path)
+    assert report.provenance(root, argv) == made
 
     # Arm A at another size plans the same run names with other settings: refused in one line, nothing written.
     before = (root / sweep_root.STATUS).read_bytes()

@@ -10,7 +10,8 @@ its ``status.json``.
 ``.superseded/``            run directories moved aside by ``--rerun_changed``
 ``analysis/``               the study steps' documents and analysis: ``stall/<run>.json``,
                             ``decode/<run>.json``, ``study_steps.json``, tables, ``verdict.txt``,
-                            ``results/`` (the page)
+                            ``data_manifests.json`` (the hashes of the corpora the runs read, kept
+                            by the page's first build), ``results/`` (the page)
 ``submitit/``               submitit's folder (SLURM jobs' logs) and ``jobs.json``:
                             ``{launcher job name: SLURM job id}``
 ==========================  ===================================================================
@@ -37,6 +38,7 @@ DECODE_DIR = ANALYSIS_DIR / "decode"    # <run>.json: the measured offloaded dec
 STEP_TIMES = ANALYSIS_DIR / "study_steps.json"  # wall seconds of each study step before the analysis
 VERDICT = ANALYSIS_DIR / "verdict.txt"
 RESULTS_DIR = ANALYSIS_DIR / "results"  # the study's page (analysis.report)
+DATA_MANIFESTS = ANALYSIS_DIR / "data_manifests.json"  # the corpora's hashes, kept so a page regenerates elsewhere
 SUBMITIT_DIR = pathlib.PurePosixPath("submitit")
 JOBS = SUBMITIT_DIR / "jobs.json"
 # Folders of a root that are not run directories.
@@ -45,8 +47,8 @@ OWN_DIRS = frozenset({str(ANALYSIS_DIR), str(SUBMITIT_DIR)})
 STATES = ("done", "running", "failed", "pending")
 # What each run entry of status.json holds for the table (launch.status).
 RUN_KEYS = ("name", "state", "step", "total_steps", "attempts", "progress", "eta_s")
-# What a sweep entry records: the command as run, from where, and with what.
-SWEEP_KEYS = ("command", "cwd", "config", "executor", "parallel", "started")
+# What a sweep entry records: the command as run, from where, on what machine, and with what.
+SWEEP_KEYS = ("command", "cwd", "machine", "config", "executor", "parallel", "started")
 
 _FIX = "restore it, or delete it and rerun each sweep of this root to rewrite it"
 
