@@ -507,13 +507,6 @@ CLI_CONVENTION = {"CLI", "UsageError", "Progress", "fail", "error", "stop_on_int
                   "HELP_ARGS", "INTERRUPTED"}
 
 
-# Top-level class names defined twice, and why each is still allowed (a name should mean one thing).
-TWICE_DEFINED_CLASSES = {
-    "Judged": "analysis.verdict's gate under a verdict and analysis.balancing's effect against a criterion: "
-              "two meanings, left for issue 46's owner to rename (balancing.py is being edited there)",
-}
-
-
 def cli_convention_offenders(sources: dict[str, str]) -> list[str]:
     """Definitions of a part of the CLI convention outside cachesim.cli_util, and class names defined twice."""
     found, classes = [], {}
@@ -525,8 +518,7 @@ def cli_convention_offenders(sources: dict[str, str]) -> list[str]:
                       if name in CLI_CONVENTION and path != "cachesim/cli_util.py"]
             if isinstance(node, ast.ClassDef):
                 classes.setdefault(node.name, []).append(path)
-    found += [f"class {name} is defined in {', '.join(paths)}" for name, paths in classes.items()
-              if len(paths) > 1 and name not in TWICE_DEFINED_CLASSES]
+    found += [f"class {name} is defined in {', '.join(paths)}" for name, paths in classes.items() if len(paths) > 1]
     return sorted(found)
 
 
