@@ -41,7 +41,7 @@ def balancing_name(balancing: str) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
-class Judged:
+class JudgedEffect:
     """One effect judged against one criterion: per-seed values (judged scale), point, interval, word."""
 
     per_seed: tuple[float, ...]
@@ -55,17 +55,17 @@ class Judged:
             f"seed-level 95% t-interval over {len(self.per_seed)} seeds"
 
 
-def judge(per_seed: Sequence[float], back: Callable[[float], float], gate: float, at_least: bool) -> Judged:
+def judge(per_seed: Sequence[float], back: Callable[[float], float], gate: float, at_least: bool) -> JudgedEffect:
     """The mean of per-seed values on their scale, its t-interval, both back-transformed, and the word the
     interval gives against ``gate`` (verdict.gate_state: the one rule of met, missed and not resolved)."""
     values = tuple(float(v) for v in per_seed)
     point = back(float(np.mean(values)))
     found = intervals.seed_interval(values)
     if not found.available:
-        return Judged(values, point, None, "NOT RESOLVED")
+        return JudgedEffect(values, point, None, "NOT RESOLVED")
     low, high = sorted((back(found.low), back(found.high)))
     state = verdict.gate_state(point, (low, high), gate, at_least)
-    return Judged(values, point, (low, high), verdict.GATE_WORDS[state])
+    return JudgedEffect(values, point, (low, high), verdict.GATE_WORDS[state])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,12 +120,12 @@ def _gmean(values: Sequence[float]) -> float:
     return effects.paired_ratio(list(values), [1.0] * len(values)).x
 
 
-def miss_reduction(arm: Arm) -> Judged:
+def miss_reduction(arm: Arm) -> JudgedEffect:
     """B's LRU miss reduction @25% against A (1 − the geometric mean of B/A), criterion: above 0."""
     return judge(_log_ratios(arm, "lru_miss_25", list(arm.pairs)), lambda z: 1.0 - math.exp(z), 0.0, True)
 
 
-def ppl_cost(arm: Arm) -> Judged:
+def ppl_cost(arm: Arm) -> JudgedEffect:
     """B's ΔPPL against A (the geometric mean of B/A − 1), criterion: within RQ1's quality gate."""
     return judge(_log_ratios(arm, "ppl", list(arm.pairs)), math.expm1, verdict.RQ1_MAX_PPL_COST, False)
 
@@ -134,7 +134,7 @@ def common_seeds(first: Arm, second: Arm) -> list[int]:
     return [s for s in first.pairs if s in second.pairs]
 
 
-def ratio_between(other: Arm, switch: Arm, key: str) -> Judged:
+def ratio_between(other: Arm, switch: Arm, key: str) -> JudgedEffect:
     """(B/A under ``other``) / (B/A under the Switch loss) − 1, seed by seed; criterion: at most 0 (no more
     misses or PPL cost left under the other balancing than under the Switch loss)."""
     seeds = common_seeds(other, switch)
@@ -142,7 +142,7 @@ def ratio_between(other: Arm, switch: Arm, key: str) -> Judged:
     return judge(diffs, math.expm1, 0.0, False)
 
 
-def a_ppl_between(other: Arm, switch: Arm) -> Judged:
+def a_ppl_between(other: Arm, switch: Arm) -> JudgedEffect:
     """Arm A's mean PPL under ``other`` against under the Switch loss, seed by seed; criterion: within RQ1's
     quality gate (the balancing itself costs no more than the gate allows)."""
     seeds = common_seeds(other, switch)
@@ -150,7 +150,7 @@ def a_ppl_between(other: Arm, switch: Arm) -> Judged:
     return judge(diffs, math.expm1, verdict.RQ1_MAX_PPL_COST, False)
 
 
-def max_vio_between(other: Arm, switch: Arm, arm_index: int) -> Judged:
+def max_vio_between(other: Arm, switch: Arm, arm_index: int) -> JudgedEffect:
     """MaxVio under ``other`` minus under the Switch loss (arm A: index 0, B: 1), seed by seed; criterion: at
     most 0 (load at least as even). A difference of MaxVios, on their own scale (not a ratio)."""
     seeds = common_seeds(other, switch)
@@ -169,7 +169,7 @@ def _pct(x: float, digits: int = 1) -> str:
     return f"{100 * x:+.{digits}f}%"
 
 
-def _ci(j: Judged, digits: int = 1) -> str:
+def _ci(j: JudgedEffect, digits: int = 1) -> str:
     if j.interval is None:
         return j.interval_text
     return f"95% CI [{_pct(j.interval[0], digits)}, {_pct(j.interval[1], digits)}], {j.interval_text}"
@@ -179,7 +179,7 @@ def _gm(arm: Arm, index: int, key: str, seeds: Sequence[int]) -> float:
     return _gmean([arm.values(s)[index][key] for s in seeds])
 
 
-def _ci_cell(j: Judged, digits: int) -> str:
+def _ci_cell(j: JudgedEffect, digits: int) -> str:
     return "—" if j.interval is None else f"[{_pct(j.interval[0], digits)}, {_pct(j.interval[1], digits)}]"
 
 
@@ -268,7 +268,7 @@ def answer_lines(switch: Arm, other: Arm) -> list[str]:
     return lines
 
 
-def _within_line(arm: Arm, key: str, j: Judged, what: str, digits: int, suffix: str, criterion: str) -> str:
+def _within_line(arm: Arm, key: str, j: JudgedEffect, what: str, digits: int, suffix: str, criterion: str) -> str:
     """'* Under <balancing>: <what> B vs A = <effect> (<interval>); <criterion>: <word>.' (geometric means)."""
     seeds = list(arm.pairs)
     return (f"* Under {balancing_name(arm.balancing)}: {what} {_gm(arm, 1, key, seeds):.3f} vs "
@@ -276,7 +276,7 @@ def _within_line(arm: Arm, key: str, j: Judged, what: str, digits: int, suffix: 
             f"{j.word}.")
 
 
-def _between_line(other: Arm, switch: Arm, key: str, j: Judged, how: str, what: str, decimals: int, digits: int,
+def _between_line(other: Arm, switch: Arm, key: str, j: JudgedEffect, how: str, what: str, decimals: int, digits: int,
                   quantity: str) -> str:
     """'* <other> against the Switch loss: <what> X vs Y = Z (<interval>): <the sentence its word stands for>.'"""
     seeds = common_seeds(other, switch)
@@ -286,7 +286,7 @@ def _between_line(other: Arm, switch: Arm, key: str, j: Judged, how: str, what: 
             f"{_pct(j.point, digits)} ({_ci(j, digits)}): {_direction(j, quantity, name)}.")
 
 
-def _direction(j: Judged, quantity: str, name: str) -> str:
+def _direction(j: JudgedEffect, quantity: str, name: str) -> str:
     """The sentence a between-balancings word stands for, worded from the interval that gave it."""
     if j.word == "FAIL":
         return f"more {quantity} under {name} than under the Switch loss over the whole interval: FAIL"
@@ -297,7 +297,7 @@ def _direction(j: Judged, quantity: str, name: str) -> str:
     return f"the interval straddles 0%: NOT RESOLVED{_seeds_needed(j)}"
 
 
-def _seeds_needed(j: Judged) -> str:
+def _seeds_needed(j: JudgedEffect) -> str:
     """How many seeds would resolve a between-balancings effect (judged against 0 on its scale), as a plan."""
     needed = intervals.seeds_to_resolve(j.per_seed, 0.0)
     return (f" ({needed} seeds would resolve it if the mean and spread held)" if needed else

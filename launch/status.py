@@ -26,7 +26,7 @@ from moe import rundir
 from moe.rundir import sweep_root
 from moe.rundir.sweep_root import STATES
 from launch.plan import RunSpec
-from cachesim.cli_util import CLI
+from cachesim.cli_util import CLI, error
 
 
 @dataclasses.dataclass
@@ -236,8 +236,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``python -m launch.status ROOT``: the table from ROOT/status.json, with each running run's process checked."""
     args = COMMAND.parse(argv)
     if len(args.positional) != 1:
-        print(f"error: give exactly one SWEEP_ROOT (see {COMMAND.prog} --help)", file=sys.stderr)
-        return 2
+        return error(f"give exactly one SWEEP_ROOT (see {COMMAND.prog} --help)")
     root = pathlib.Path(args.positional[0])
     path = root / sweep_root.STATUS
     try:
@@ -246,12 +245,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from launch.slurm_states import with_slurm_states
             status = with_slurm_states(status, root)
     except OSError as e:
-        print(f"error: cannot read {path}: {' '.join(str(e).split())}; is it a sweep root (python -m launch.sweep "
-              "--root=...)? rerun that sweep to rewrite it", file=sys.stderr)
-        return 2
+        return error(f"cannot read {path}: {' '.join(str(e).split())}; is it a sweep root (python -m launch.sweep "
+                     "--root=...)? rerun that sweep to rewrite it")
     except ValueError as e:
-        print(f"error: cannot read {' '.join(str(e).split())}", file=sys.stderr)
-        return 2
+        return error(f"cannot read {' '.join(str(e).split())}")
     sys.stdout.write(json.dumps(status, indent=1) + "\n" if args.format == "json" else format_table(status))
     return 0
 

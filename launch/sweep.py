@@ -36,6 +36,7 @@ from typing import Any
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from cachesim.cli_util import error
 from cachesim.files import write_atomic
 from launch.vmap_seeds import SEED_BATCHING
 from moe import lockfile
@@ -652,12 +653,10 @@ def main(argv: Sequence[str]) -> int:
     try:
         return sweep(["python", "-m", "launch.sweep", *sys.argv[1:]])
     except ValueError as e:  # SweepError, PlanError, ResourceError, ConfigError, DataError, LockedError, ...
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return error(e)
     except OSError as e:  # a read-only or full --root
         from moe import rundir
-        print(f"error: {rundir.os_error_line(e, flag='--root')}", file=sys.stderr)
-        return 2
+        return error(rundir.os_error_line(e, flag='--root'))
 
 
 if __name__ == "__main__":

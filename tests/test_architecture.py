@@ -508,17 +508,42 @@ CLI_CONVENTION = {"CLI", "UsageError", "Progress", "fail", "error", "stop_on_int
                   "HELP_ARGS", "INTERRUPTED"}
 
 
-# Top-level class names defined twice, and why each is still allowed (a name should mean one thing).
-TWICE_DEFINED_CLASSES = {
-    "Judged": "analysis.verdict's gate under a verdict and analysis.balancing's effect against a criterion: "
-              "two meanings, left for issue 46's owner to rename (balancing.py is being edited there)",
-}
+def _starts_error_line(node: ast.stmt) -> bool:
+    """``print("error: ...")`` or ``sys.stderr.write("error: ...")``: an error line written by hand."""
+    if not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) and node.value.args):
+        return False
+    func, first = node.value.func, node.value.args[0]
+    if not ((isinstance(func, ast.Name) and func.id == "print")
+            or (isinstance(func, ast.Attribute) and func.attr == "write")):
+        return False
+    text = first.values[0] if isinstance(first, ast.JoinedStr) and first.values else first
+    return isinstance(text, ast.Constant) and isinstance(text.value, str) and text.value.startswith("error:")
+
+
+def _exits_2(node: ast.stmt) -> bool:
+    """``return 2``, ``sys.exit(2)`` or ``raise SystemExit(2)``."""
+    call = node.value if isinstance(node, ast.Expr) else node.exc if isinstance(node, ast.Raise) else None
+    value = node.value if isinstance(node, ast.Return) else \
+        call.args[0] if isinstance(call, ast.Call) and len(call.args) == 1 else None
+    return isinstance(value, ast.Constant) and value.value == 2 and not isinstance(value.value, bool)
+
+
+def hand_written_error_exits(tree: ast.AST) -> list[int]:
+    """Lines where an ``error:`` line is written and exit 2 follows by hand, instead of ``return error(...)``."""
+    return sorted(first.lineno for node in ast.walk(tree) for field in ("body", "orelse", "finalbody")
+                  if isinstance(getattr(node, field, None), list)
+                  for first, then in zip(getattr(node, field), getattr(node, field)[1:])
+                  if _starts_error_line(first) and _exits_2(then))
 
 
 def cli_convention_offenders(sources: dict[str, str]) -> list[str]:
-    """Definitions of a part of the CLI convention outside cachesim.cli_util, and class names defined twice."""
+    """Definitions of a part of the CLI convention outside cachesim.cli_util, error lines with exit 2 written by hand
+    there, and class names defined twice."""
     found, classes = [], {}
     for path, source in sources.items():
+        if path != "cachesim/cli_util.py":
+            found += [f"{path}:{line}: writes an error line and exit 2 by hand (return cachesim.cli_util.error(...))"
+                      for line in hand_written_error_exits(ast.parse(source))]
         for node in ast.parse(source).body:
             names = ([node.name] if isinstance(node, (ast.ClassDef, ast.FunctionDef)) else
                      [t.id for t in node.targets if isinstance(t, ast.Name)] if isinstance(node, ast.Assign) else [])
@@ -526,16 +551,22 @@ def cli_convention_offenders(sources: dict[str, str]) -> list[str]:
                       if name in CLI_CONVENTION and path != "cachesim/cli_util.py"]
             if isinstance(node, ast.ClassDef):
                 classes.setdefault(node.name, []).append(path)
-    found += [f"class {name} is defined in {', '.join(paths)}" for name, paths in classes.items()
-              if len(paths) > 1 and name not in TWICE_DEFINED_CLASSES]
+    found += [f"class {name} is defined in {', '.join(paths)}" for name, paths in classes.items() if len(paths) > 1]
     return sorted(found)
 
 
 def test_the_cli_convention_has_one_home_and_a_class_name_one_meaning():
     """Every command's help, error line, exit codes and progress bar come from cachesim.cli_util."""
     planted = {"moe/a.py": "def fail(message):\n    raise SystemExit(2)\nclass Progress:\n    pass\n",
-               "moe/b.py": "class Progress:\n    pass\n", "cachesim/cli_util.py": "def fail(m):\n    pass\n"}
+               "moe/b.py": "class Progress:\n    pass\n", "cachesim/cli_util.py": "def fail(m):\n    pass\n",
+               "launch/c.py": "import sys\ndef main(e):\n    try:\n        pass\n    except ValueError:\n"
+                              "        print(f'error: {e}', file=sys.stderr)\n        return 2\n"
+                              "    print('error: no', file=sys.stderr)\n    return 1\n"}  # exit 1: not bad input
     assert cli_convention_offenders(planted) == [
-        "class Progress is defined in moe/a.py, moe/b.py", "moe/a.py: defines Progress (cachesim.cli_util's)",
+        "class Progress is defined in moe/a.py, moe/b.py",
+        "launch/c.py:6: writes an error line and exit 2 by hand (return cachesim.cli_util.error(...))",
+        "moe/a.py: defines Progress (cachesim.cli_util's)",
         "moe/a.py: defines fail (cachesim.cli_util's)", "moe/b.py: defines Progress (cachesim.cli_util's)"]
+    for exit_2 in ("return 2", "sys.exit(2)", "raise SystemExit(2)"):
+        assert hand_written_error_exits(ast.parse(f"if x:\n    sys.stderr.write('error: x\\n')\n    {exit_2}\n")) == [2]
     assert cli_convention_offenders(_sources()) == []
