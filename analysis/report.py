@@ -601,6 +601,9 @@ def render_page(*, name: str, root_label: str, command: str, rows, found: Sequen
            "with the noise it covers: window-bootstrap 95% CIs cover the choice of evaluation windows only; "
            "seed-level 95% t-intervals (2 or more seeds) cover training noise; the verdict states which one it "
            "judged at.", ""]
+    # The overall words of the verdict below, first: each names the rule it answers by.
+    overall = [line for line in verdict_txt.splitlines() if line.startswith(("RQ1 overall", "RQ2 overall"))]
+    out += ["## Answer", "", *[f"* {line}" for line in overall], ""]
     if figure_paths:
         caption, path = next(iter(figure_paths.items()))
         out += [f"![{caption}]({path})", ""]
@@ -744,7 +747,7 @@ def build(root: Path, name: str, out: Path, *, command: str, frontier_runs: Sequ
                        testability=verdict.testability(runs),
                        deviation_rows=deviations(runs, frontier_runs),
                        table_md=[_table_md(t) for t in built],
-                       verdict_txt=verdict.verdict_text(runs, verdict.registered_target(root)),
+                       verdict_txt=verdict.verdict_text(runs, verdict.registered_target(root), verdict.registered_decision(root)),
                        figure_paths=figure_paths, manifests=recorded_manifests(root, complete), commits=commits,
                        machine_line=sweep_machine(root), training=_training_lines(complete, rows),
                        timings=run_timings(complete), wall_s=sweep_wall_s(root), steps_s=study_steps_s(root),

@@ -757,18 +757,41 @@ def _joint_precision(g: matched.Grid, e: matched.MatchedEffect, state: str, targ
     return text
 
 
-def verdict_text(runs: Sequence[Run], target_points: float | None = None) -> str:
+# What a joint line's state says of RQ1 when the study registered the joint estimand as its decision rule.
+JOINT_WORDS = {"PASS": "SUPPORTED", "FAIL": "REFUTED", "NOT RESOLVED": "NOT RESOLVED"}
+
+
+def registered_rule_line(joints: Sequence[Joint]) -> str:
+    """RQ1's word under a study's registered decision rule (its joint estimand): SUPPORTED / REFUTED only when
+    every counted joint line PASSes / FAILs, else NOT RESOLVED; the per-λ gates and collapse stay beside it."""
+    counted = [j for j in joints if j.counted]
+    if not counted:
+        word, why = "NOT TESTED", "no counted λ grid reaches a joint estimate"
+    else:
+        states = {j.state for j in counted}
+        word = JOINT_WORDS[states.pop()] if len(states) == 1 else "NOT RESOLVED"
+        why = "; ".join(f"{j.grid.size}, {rundir.format_tokens(j.grid.tokens)} tokens: {j.state}" for j in counted)
+    return (f"RQ1 overall, the study's registered decision rule (ΔPPL at {RQ1_MIN_MISS_REDUCTION:.0%} miss "
+            f"reduction, its 95% interval against ≤ {RQ1_MAX_PPL_COST:+.2%}; the per-λ gates and the collapse "
+            f"clause are the two verdicts above): {word} ({why})")
+
+
+def verdict_text(runs: Sequence[Run], target_points: float | None = None, decides_rq1: bool = False) -> str:
     """Both verdicts, each named, then the collapse counts and the labelled 'beyond arm A's' diagnostic.
-    ``target_points``: the registered half-width of RQ1's joint estimand (percentage points), if any."""
+    ``target_points``: the registered half-width of RQ1's joint estimand (percentage points), if any;
+    ``decides_rq1``: the study registered that estimand as RQ1's decision rule (its word is printed last)."""
     untestable = {"RQ2": rq2_untestable(runs)}
     lines = verdict_block(PREREGISTERED, "SPEC §9 as written: point estimates against arm A averaged over its "
                           "seeds, any collapsed expert fails", preregistered(runs))
     noise = study_noise(runs)
     pooled = [f"Pooled seed-paired SD at size {size}, {rundir.format_tokens(tokens)} tokens, {name}: "
               f"{n.sd:.4f} (df {n.df})" for (size, tokens, name), n in sorted(noise.items())]
+    joints = joint(runs, target_points)
     lines += [""] + verdict_block(CONFIDENCE_VERDICT, "training noise: seed-paired effects, 95% t-intervals on "
                                   "the log or logit scale; any collapsed expert fails", confidence(runs),
-                                  pooled + [j.line for j in joint(runs, target_points)], untestable)
+                                  pooled + [j.line for j in joints], untestable)
+    if decides_rq1:
+        lines += ["", registered_rule_line(joints)]
     lines += ["", *collapse_diagnostic(runs)]
     lines += [format_collapse(e) for e in collapse_report(runs)]
     return "\n".join(lines) + "\n"
@@ -787,6 +810,15 @@ def registered_target(root: Path) -> float | None:
     doc = preregistration.read(root) if Path(root).is_dir() else None
     target = ((doc or {}).get("plan", {}).get("estimands", {}).get("rq1_matched") or {}).get("target_points")
     return float(target) if isinstance(target, (int, float)) and not isinstance(target, bool) else None
+
+
+def registered_decision(root: Path) -> bool:
+    """Whether a study's registered plan (ROOT/preregistration.json) decides RQ1 on its joint estimand
+    (``estimands.rq1_matched``)."""
+    from moe.rundir import preregistration
+
+    doc = preregistration.read(root) if Path(root).is_dir() else None
+    return "rq1_matched" in ((doc or {}).get("plan", {}).get("estimands") or {})
 
 
 def verdict_json(runs: Sequence[Run]) -> dict[str, Any]:
@@ -823,8 +855,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = run_args.parse_runs(COMMAND, argv)
     cli_util.check_writable(args.out)
     runs = load_runs(args.paths, store=run_args.make_store(args), skip_broken=args.skip_broken)
-    target = registered_target(Path(args.paths[0])) if len(args.paths) == 1 else None
-    text = json.dumps(verdict_json(runs), indent=1) + "\n" if args.format == "json" else verdict_text(runs, target)
+    root = Path(args.paths[0]) if len(args.paths) == 1 else None
+    target, decides = (registered_target(root), registered_decision(root)) if root else (None, False)
+    text = (json.dumps(verdict_json(runs), indent=1) + "\n" if args.format == "json"
+            else verdict_text(runs, target, decides))
     run_args.write_or_print(text, Path(args.out).parent if args.out else None, Path(args.out).name if args.out else "")
     return 0
 

@@ -68,8 +68,12 @@ def _meets_the_issue_s_figures(page):
     assert re.search(r"(seeds would decide it|needs \d+ seeds|more than \d+ seeds)", joint)
     # Arm M under MELINOE's own question against its control, never in RQ1's overall word.
     assert "* m-s1 against its control m-control-s1" in page
-    overall = [line for line in page.splitlines() if " overall, " in line]
-    assert len(overall) == 4 and not [line for line in overall if "M λ" in line]
+    overall = [line for line in page.splitlines() if line.startswith(("RQ1 overall", "RQ2 overall"))]
+    assert len(overall) == 5 and not [line for line in overall if "M λ" in line]
+    # The page opens with exactly those words, and the registered rule's word follows the joint line's state.
+    assert [line[2:] for line in page.splitlines() if line.startswith(("* RQ1 overall", "* RQ2 overall"))] == overall
+    assert overall[-1].startswith("RQ1 overall, the study's registered decision rule")
+    assert overall[-1].split("): ", 1)[1].startswith("NOT RESOLVED") and joint.endswith("-> NOT RESOLVED")
     # No arm C here, and arm A is below the static-hit gate at this size: RQ2 is not tested (not "not
     # testable": that needs arm A at or above the gate, tests/test_analysis_verdict.py).
     assert "RQ2 overall, confidence verdict: NOT TESTED (no counted configuration with a baseline)" in page

@@ -4,6 +4,8 @@ hand-computed numbers; the effect definition; the deviations list; every "X vs Y
 import math
 import re
 
+import numpy as np
+
 import pytest
 from analysis_fixtures import (check_vs_lines, fake_paper_metrics, fake_run, recomputes, synthetic_study,
                                windowed_run, with_record)
@@ -219,3 +221,18 @@ def test_every_x_vs_y_line_recomputes():
     runs = synthetic_study()
     assert check_vs_lines(verdict.verdict_text(runs)) >= 12
     assert not recomputes("0.842", "1.941", "57.0", True)  # the issue's line: a mean of ratios beside means
+
+
+def _joint(state, counted=True, size="cpu", tokens=409600):
+    grid = verdict.matched.Grid(size, tokens, 0, (0.1,), (1, 2), np.zeros((2, 1)), np.zeros((2, 1)))
+    return verdict.Joint(grid, None, counted, state, "")
+
+
+def test_the_registered_rule_s_word_follows_its_counted_joint_lines():
+    word = lambda joints: verdict.registered_rule_line(joints).split("): ", 1)[1].split(" (")[0]
+    assert word([_joint("PASS")]) == "SUPPORTED"
+    assert word([_joint("FAIL")]) == "REFUTED"
+    assert word([_joint("NOT RESOLVED")]) == "NOT RESOLVED"
+    assert word([_joint("PASS"), _joint("FAIL", size="tiny")]) == "NOT RESOLVED"  # they disagree: no word
+    assert word([_joint("PASS", counted=False)]) == "NOT TESTED"  # a grid outside the registered budget
+    assert word([_joint("FAIL"), _joint("PASS", counted=False)]) == "REFUTED"
