@@ -6,17 +6,18 @@ and are cached per trace, see analysis.cache):
 * ``python -m analysis.tables RUN_DIR ... --format markdown|latex|csv|json [--out DIR]``
 * ``python -m analysis.verdict RUN_DIR ...``
 * ``python -m analysis.figures RUN_DIR|TRACE_DIR ... --out DIR``
-* ``python -m analysis.profile TRACE_DIR``
+* ``python -m analysis.profile RUN_DIR|TRACE_DIR|TRACE...``
 
-In a notebook, ``analysis.load_runs(paths)`` returns the runs as a pandas
+In a notebook, ``analysis.frame.load_runs(paths)`` returns the runs as a pandas
 DataFrame (one row per run × domain; columns in :mod:`analysis.frame`).
 
 Entry points for a results page (:mod:`analysis.study`; fractions, NaN where
 there is no value, CI bounds from a paired bootstrap over evaluation windows):
 
-* ``load_runs(paths, *, cache_dir=None, jobs=None) -> DataFrame``: runs × domains.
-* ``study.load_study(root, *, cache_dir=None, jobs=None) -> list[Run]``: a study
-  root's runs, loaded once for everything below.
+* ``frame.load_runs(paths, *, cache_dir=None, jobs=None, skip_broken=False) -> DataFrame``: runs × domains.
+* ``study.load_study(root, *, cache_dir=None, jobs=None, skip_broken=False) -> list[Run]``: a study
+  root's runs, loaded once for everything below (an unreadable run directory is an error, or, with
+  ``skip_broken``, left out and named on stderr).
 * ``study.frame(runs) -> DataFrame``: the load_runs frame of loaded runs.
 * ``study.delta_ppl_vs_a(runs) -> DataFrame``: per run, ``delta_ppl`` vs arm A
   and ``delta_ppl_ci_low/_high/_note``, ``delta_ppl_seeds_n/_mean/_sd``.
@@ -30,16 +31,3 @@ there is no value, CI bounds from a paired bootstrap over evaluation windows):
 
 Analysis never imports training code: the run directory is the contract.
 """
-
-from __future__ import annotations
-
-from typing import Any
-
-
-def __getattr__(name: str) -> Any:
-    # Lazy: the CLIs import this package first and need neither pandas nor the table code to start.
-    if name == "load_runs":
-        from analysis.frame import load_runs
-
-        return load_runs
-    raise AttributeError(f"module 'analysis' has no attribute {name!r}")

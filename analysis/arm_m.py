@@ -33,7 +33,6 @@ from analysis.formatting import EMPTY, Column, Table, fixed, general, percent, s
 from analysis.runs import AnalysisError, Run, read_run_file
 from moe import rundir
 
-TRANSFERS_FILE = rundir.TRANSFERS
 MODELS = ("base", "finetuned")
 _REGENERATE = ("rerun the arm-M run with config.predictor.enabled=True (moe.run writes transfers.json), "
                "or remove the broken file")
@@ -55,7 +54,7 @@ def _finite(data: Any, keys: Sequence[str], where: str) -> float:
     return float(value)
 
 
-def study_values(study: Mapping[str, Any], where: str = TRANSFERS_FILE) -> dict[str, Any]:
+def study_values(study: Mapping[str, Any], where: str = rundir.TRANSFERS) -> dict[str, Any]:
     """The numbers the tables read from one transfers.json (LFU), checked; AnalysisError names a gap."""
     out: dict[str, Any] = {"capacity": _finite(study, ("capacity",), where)}
     for model in MODELS:
@@ -74,9 +73,9 @@ def load_transfers(runs: Sequence[Run]) -> dict[str, dict[str, Any]]:
     """``{run name: study_values}`` for every arm-M run directory holding a transfers.json."""
     out = {}
     for r in runs:
-        study = read_run_file(r.path, TRANSFERS_FILE) if r.finetuned else None
+        study = read_run_file(r.path, rundir.TRANSFERS) if r.finetuned else None
         if study is not None:
-            out[r.name] = study_values(study, str(r.path / TRANSFERS_FILE))
+            out[r.name] = study_values(study, str(r.path / rundir.TRANSFERS))
     return out
 
 
@@ -91,7 +90,11 @@ def transfers_rows(runs: Sequence[Run], studies: Mapping[str, Mapping[str, Any]]
     ``reduction`` = base transfers / fine-tuned transfers (× fewer; > 1 is
     better), ``reduction_predictor`` the same with the predictor's prefetch,
     ``delta_ppl`` = fine-tuned / base held-out mean PPL − 1 (both from the file,
-    measured on the same windows).
+    measured on the same windows). Where the run has a control with a study
+    (``summary.melinoe_control``: the same base, seed and tokens without MELINOE's
+    losses), ``control`` names it and ``control_transfers``, ``reduction_control``
+    (control transfers / this run's) and ``delta_ppl_control`` compare with it;
+    ``is_control`` marks a control's own row.
     """
     rows = []
     for r in runs:
@@ -99,6 +102,10 @@ def transfers_rows(runs: Sequence[Run], studies: Mapping[str, Mapping[str, Any]]
             continue
         s = studies[r.name]
         base, tuned = s["base"], s["finetuned"]
+        control = summary.melinoe_control(r, runs)
+        other = studies.get(control.name) if control is not None else None
+        if other is not None and other["capacity"] != s["capacity"]:
+            other = None  # transfers at another cache size do not compare
         rows.append({
             "run": r.name, "size": r.size, "tokens": r.tokens, "config": summary.config_label(r), "seed": r.seed,
             "capacity": s["capacity"], "config_capacity": r.config.get("cache_capacity"),
@@ -109,6 +116,13 @@ def transfers_rows(runs: Sequence[Run], studies: Mapping[str, Mapping[str, Any]]
             "base_recall": base["recall"], "predictor_recall": tuned["recall"],
             "base_ppl": base["ppl"], "finetuned_ppl": tuned["ppl"],
             "delta_ppl": summary.relative_change(tuned["ppl"], base["ppl"]),
+            "is_control": summary.is_melinoe_control(r), "base_run": summary.base_run_lookup(r, runs)[0].name
+            if summary.base_run_lookup(r, runs)[0] is not None else None,
+            "control": control.name if other is not None else None,
+            "control_transfers": other["finetuned"]["transfers"] if other else None,
+            "control_ppl": other["finetuned"]["ppl"] if other else None,
+            "reduction_control": _ratio(other["finetuned"]["transfers"], tuned["transfers"]) if other else None,
+            "delta_ppl_control": summary.relative_change(tuned["ppl"], other["finetuned"]["ppl"]) if other else None,
         })
     return sorted(rows, key=lambda row: (row["size"], row["tokens"], row["config"], row["run"]))
 
@@ -164,17 +178,32 @@ def _fewer(reduction: float) -> str:
 
 
 def melinoe_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
-    """The results page's MELINOE sentences, one per arm-M run, worded from ``transfers_rows``' numbers."""
+    """The results page's MELINOE sentences, one per arm-M run, worded from ``transfers_rows``' numbers:
+    MELINOE's own question (transfers per layer per sequence, ΔPPL) against the run's control where it has
+    one, its base beside."""
     out = []
     for row in rows:
         cost = "costs" if row["delta_ppl"] > 0 else "saves"
-        out.append(
-            f"* {row['run']}: expert transfers per layer per sequence (LFU, {row['capacity']:g} experts cached per "
-            f"layer) {row['base_transfers']:.2f} for its base, {row['finetuned_transfers']:.2f} fine-tuned "
-            f"({_fewer(row['reduction'])}), {row['predictor_transfers']:.2f} with the predictor's prefetch "
-            f"({_fewer(row['reduction_predictor'])} than the base; {row['predictor_demand']:.2f} of them on "
-            f"demand); predictor recall {row['predictor_recall']:.1%} ({row['base_recall']:.1%} on the base); "
-            f"fine-tuning {cost} {abs(row['delta_ppl']):.2%} held-out PPL against the base.")
+        where = f"LFU, {row['capacity']:g} experts cached per layer"
+        base_part = (f"expert transfers per layer per sequence ({where}) {row['base_transfers']:.2f} for its base, "
+                     f"{row['finetuned_transfers']:.2f} fine-tuned ({_fewer(row['reduction'])}), "
+                     f"{row['predictor_transfers']:.2f} with the predictor's prefetch "
+                     f"({_fewer(row['reduction_predictor'])} than the base; {row['predictor_demand']:.2f} of them on "
+                     f"demand); predictor recall {row['predictor_recall']:.1%} ({row['base_recall']:.1%} on the base); "
+                     f"fine-tuning {cost} {abs(row['delta_ppl']):.2%} held-out PPL against the base.")
+        if row["is_control"]:
+            out.append(f"* {row['run']} (the control: fine-tuned from {row['base_run']} without MELINOE's losses, "
+                       f"so the extra training alone): {base_part}")
+        elif row["control"] is not None:
+            out.append(f"* {row['run']} against its control {row['control']} (the same base, tokens and batches "
+                       f"without MELINOE's losses), MELINOE's own question: expert transfers per layer per "
+                       f"sequence ({where}) {row['finetuned_transfers']:.2f} vs {row['control_transfers']:.2f} "
+                       f"({_fewer(row['reduction_control'])}); held-out mean PPL {row['finetuned_ppl']:.3f} vs "
+                       f"{row['control_ppl']:.3f} = {row['delta_ppl_control']:+.2%}. Beside, against its base "
+                       f"{row['base_run']}: {base_part}")
+        else:
+            out.append(f"* {row['run']} (no control run: its effects against the base are confounded with the "
+                       f"extra training): {base_part}")
     return out or ["* No arm-M run holds a transfers.json: MELINOE's transfer metrics are not measured here."]
 
 
@@ -188,6 +217,7 @@ def transfers_table(runs: Sequence[Run], studies: Mapping[str, Mapping[str, Any]
     rows = transfers_rows(runs, studies)
     columns = (Column("run", "run", align="l"),
                Column("config", "configuration", align="l"),
+               Column("control", "control", lambda v: v or EMPTY, align="l"),
                Column("capacity", "C", general),
                Column("base_transfers", "base", fixed(2)),
                Column("finetuned_transfers", "fine-tuned", fixed(2)),
@@ -197,12 +227,16 @@ def transfers_table(runs: Sequence[Run], studies: Mapping[str, Mapping[str, Any]
                Column("reduction_predictor", "reduction (FT + pred.)", _times),
                Column("predictor_recall", "predictor recall", percent(1)),
                Column("base_recall", "recall on base", percent(1)),
-               Column("delta_ppl", "ΔPPL vs base", signed_percent()))
+               Column("delta_ppl", "ΔPPL vs base", signed_percent()),
+               Column("reduction_control", "reduction vs control", _times),
+               Column("delta_ppl_control", "ΔPPL vs control", signed_percent()))
     notes = ["From transfers.json: expert loads per layer per sequence on the held-out continuations, LFU with a "
              "cache of C experts per layer; with the predictor, its top-C prefetch counts as C loads plus the "
              "demand loads after it. reduction = base transfers / fine-tuned transfers (no prefetch on the base). "
              "Recall = share of the continuation's top-C experts the predictor picked. ΔPPL = fine-tuned / base "
-             "mean PPL on the same held-out windows − 1."]
+             "mean PPL on the same held-out windows − 1. The control: the same base fine-tuned for the same tokens "
+             "on the same batches without MELINOE's losses; reduction vs control = its fine-tuned transfers / "
+             "this run's, ΔPPL vs control = this run's PPL / the control's − 1 (— where there is none)."]
     differ = [f"{row['run']} (C={row['capacity']:g}, loss capacity {row['config_capacity']:g})" for row in rows
               if isinstance(row["config_capacity"], (int, float)) and row["config_capacity"] != row["capacity"]]
     if differ:

@@ -10,7 +10,8 @@ the metric code; analysis reads them there while both still match. Otherwise
 (runs written before that record, such as the released reference runs; a
 change to the cachesim sources the facts come from; a replaced trace) the same
 function computes them here, stored as ``<sha256>.<fingerprint>.json`` in the
-user cache directory only: ``--cache_dir``, else
+user cache directory only (whether a stored entry still holds is
+``cachesim.facts``'s to say, as for the run's record): ``--cache_dir``, else
 ``analysis`` in the project cache folder (moe.runtime.cache_root)
 (simulating five cache policies at three capacities over a 500k-token trace
 takes seconds; rebuilding tables must not). Reuse at lags 1..1024 is added to
@@ -37,8 +38,6 @@ from cachesim.cli_util import progress
 from cachesim.files import file_sha256
 from moe import rundir, runtime
 
-# Bump when the cached fields or the metric semantics they come from change (cachesim.facts owns both).
-CACHE_VERSION = cs_facts.VERSION
 ENV_CACHE_DIR = runtime.CACHE_ENV
 
 
@@ -70,8 +69,6 @@ def entry_path(cache_dir: Path, sha: str) -> Path:
 def _enable_compile_cache() -> None:
     """JAX's persistent compilation cache (moe.runtime's folder): a worker process loads the simulator's
     compiled replays instead of compiling them again (seconds per process)."""
-    from moe import runtime
-
     runtime.enable_compile_cache()
 
 
@@ -96,32 +93,6 @@ def compute_reuse_by_lag(trace_path: str | os.PathLike) -> dict[str, float]:
     return {str(lag): cs_metrics.reuse(trace, lag) for lag in cs_metrics.default_lags(trace.num_tokens)}
 
 
-_ENTRY_KEYS = ("version", "cachesim", "trace_sha256")
-
-
-def _entry(sha: str, facts: dict[str, Any]) -> dict[str, Any]:
-    return {"version": CACHE_VERSION, "cachesim": cs_facts.fingerprint(), "trace_sha256": sha, **facts}
-
-
-def _valid(entry: Any, sha: str) -> bool:
-    return (isinstance(entry, dict) and entry.get("version") == CACHE_VERSION
-            and entry.get("cachesim") == cs_facts.fingerprint()
-            and entry.get("trace_sha256") == sha and isinstance(entry.get("paper_metrics"), dict)
-            and isinstance(entry.get("expert_counts"), list))
-
-
-def _facts(entry: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in entry.items() if k not in _ENTRY_KEYS}
-
-
-def has_windows(facts: dict[str, Any], segment_tokens: int | None) -> bool:
-    """Whether ``facts`` hold the per-window misses of ``segment_tokens``-token windows (None: not wanted)."""
-    if segment_tokens is None:
-        return True
-    windows = facts.get("window_misses")
-    return isinstance(windows, dict) and windows.get("segment_tokens") == segment_tokens
-
-
 def _read_json_or_none(path: Path) -> Any:
     """A cache file that is absent or unreadable is a miss, never an error."""
     try:
@@ -129,11 +100,6 @@ def _read_json_or_none(path: Path) -> Any:
             return json.load(f)
     except (OSError, ValueError):
         return None
-
-
-def atomic_write_json(path: Path, data: Any) -> None:
-    """Compact JSON, written atomically (``moe.rundir.write_atomic``)."""
-    rundir.write_json(path, data, indent=None)
 
 
 class MetricsStore:
@@ -173,13 +139,13 @@ class MetricsStore:
         recomputation for another window length keeps a figure's reuse curve.
         """
         memo = self._memo.get(key)
-        if memo is not None and has_windows(memo, segment_tokens):
+        if memo is not None and cs_facts.has_windows(memo, segment_tokens):
             return memo
         for source in (lambda: self._from_run(path, fit), lambda: self._from_user_cache(key)):
             found = source()
             if found is not None:
                 memo = self._memo[key] = {**(memo or {}), **found}
-                if has_windows(memo, segment_tokens):
+                if cs_facts.has_windows(memo, segment_tokens):
                     return memo
         return None
 
@@ -199,8 +165,7 @@ class MetricsStore:
                                           None if fit is None else self.sha256(fit))
 
     def _from_user_cache(self, key: str) -> dict | None:
-        entry = _read_json_or_none(entry_path(self.cache_dir, key))
-        return _facts(entry) if _valid(entry, key) else None
+        return cs_facts.facts_from_entry(_read_json_or_none(entry_path(self.cache_dir, key)), key)
 
     def key(self, path: str | os.PathLike, fit: str | os.PathLike | None = None) -> str:
         """The cache key of a trace's facts: its SHA-256, or with a fit trace the SHA-256 of both hashes."""
@@ -292,7 +257,7 @@ class MetricsStore:
         """Stores one trace's facts in the user cache; a failure only costs a recomputation later (warned once)."""
         try:
             self.cache_dir.mkdir(parents=True, exist_ok=True)
-            atomic_write_json(entry_path(self.cache_dir, sha), _entry(sha, facts))
+            rundir.write_json(entry_path(self.cache_dir, sha), cs_facts.cache_entry(sha, facts), indent=None)
         except OSError as e:
             if not self._warned:
                 warnings.warn(f"cannot cache analysis metrics in {self.cache_dir} ({e}); set {ENV_CACHE_DIR} or "

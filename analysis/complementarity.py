@@ -30,7 +30,6 @@ from analysis import summary
 from analysis.runs import AnalysisError, Run, read_run_file
 from moe import rundir
 
-FRONTIER_FILE = rundir.FRONTIER
 STACK_TAU = 0.5
 _REGENERATE = "regenerate it with python -m moe.cache_aware.frontier"
 # The "all other interventions off" part of a point's setting (τ varies).
@@ -42,7 +41,7 @@ _FIELDS = (("ppl_cost", "ppl_cost_vs_arm_a"), ("miss_reduction", "miss_reduction
 
 def read_frontier_points(run_dir: Path) -> list[dict[str, Any]] | None:
     """The ``points`` list of a run's frontier.json (None without one); AnalysisError when it is not schema 1."""
-    path, data = run_dir / FRONTIER_FILE, read_run_file(run_dir, FRONTIER_FILE)
+    path, data = run_dir / rundir.FRONTIER, read_run_file(run_dir, rundir.FRONTIER)
     if data is None:
         return None
     if (not isinstance(data, dict) or data.get("schema") != rundir.FRONTIER_SCHEMA
@@ -70,7 +69,7 @@ def _is_reference(point: Mapping[str, Any], tau: float, where: str) -> bool:
 
 
 def reference_points(points: Sequence[Mapping[str, Any]], tau: float,
-                     where: str = FRONTIER_FILE) -> dict[float, dict[str, float | None]]:
+                     where: str = rundir.FRONTIER) -> dict[float, dict[str, float | None]]:
     """``{capacity fraction: {ppl_cost, miss_reduction}}`` of the τ points with all else off.
 
     Values are the point's ``*_vs_arm_a`` fields (None when the file has no
@@ -97,7 +96,7 @@ def reference_points(points: Sequence[Mapping[str, Any]], tau: float,
 
 def _mean_points(group: Sequence[Run], frontiers: Mapping[str, Sequence[Mapping[str, Any]]], tau: float,
                  fraction: float) -> dict[str, float | None]:
-    found = [reference_points(frontiers[r.name], tau, str(r.path / FRONTIER_FILE)).get(fraction) for r in group]
+    found = [reference_points(frontiers[r.name], tau, str(r.path / rundir.FRONTIER)).get(fraction) for r in group]
     return {key: summary.complete_mean([f[key] if f else None for f in found]) for key, _ in _FIELDS}
 
 
@@ -125,7 +124,7 @@ def complementarity_rows(runs: Sequence[Run],
         # Arm A of the same size and budget, every seed with a frontier (arm A has no λ/μ to split on).
         a_group = [r for r in a_runs if (r.tokens, r.size) == (head.tokens, head.size)]
         fractions = sorted({f for r in group
-                            for f in reference_points(frontiers[r.name], 0.0, str(r.path / FRONTIER_FILE))})
+                            for f in reference_points(frontiers[r.name], 0.0, str(r.path / rundir.FRONTIER))})
         for fraction in fractions:
             row: dict[str, Any] = {
                 "size": head.size, "params": head.params, "tokens": head.tokens, "config": summary.config_label(head),

@@ -14,14 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from analysis.runs import read_step_documents
+from moe.rundir import sweep_root
 
-DECODE_DIR = Path("analysis") / "decode"  # under a sweep root (launch.sweep.DECODE_DIR, tested equal)
 DEMAND_ONLY = "none"
 
 
 def load_decode(root: Path) -> dict[str, dict[str, Any]]:
     """``{run: its decode report}`` from ROOT/analysis/decode/*.json; {} when the study ran no decode step."""
-    return read_step_documents(Path(root) / DECODE_DIR, "measure")
+    return read_step_documents(Path(root), sweep_root.DECODE_DIR, "measure")
 
 
 def decode_rows(docs: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:

@@ -97,3 +97,30 @@ def t_half_width(noise: Noise, n: int, confidence: float = CONFIDENCE) -> float:
     from scipy import stats
 
     return float(stats.t.ppf(0.5 + confidence / 2, noise.df)) * noise.sd / math.sqrt(n)
+
+
+# -- planning: the seeds a t-interval needs ------------------------------------------------------
+MOST_SEEDS = 200  # a plan needing more seeds than this is reported as "more than"
+
+
+def expected_half_width(sd: float, n: int, confidence: float = CONFIDENCE) -> float:
+    """Expected half-width of a seed-level t-interval over n seeds with this per-seed SD (log scale)."""
+    return t_half_width(Noise(sd, n - 1, False), n, confidence)
+
+
+def seeds_for(sd: float, target: float, confidence: float = CONFIDENCE, most: int = MOST_SEEDS) -> int | None:
+    """The fewest seeds (2 or more) whose expected half-width is at most ``target``; None beyond ``most``."""
+    for n in range(2, most + 1):
+        if expected_half_width(sd, n, confidence) <= target:
+            return n
+    return None
+
+
+def points(centre_log: float, half_log: float) -> float:
+    """A log-scale half-width as percentage points of ΔPPL around the estimate (half the back-transformed width)."""
+    return 100 * (math.expm1(centre_log + half_log) - math.expm1(centre_log - half_log)) / 2
+
+
+def log_half_for_points(centre_log: float, target_points: float) -> float:
+    """The log-scale half-width whose back-transformed width is ``target_points`` around the estimate."""
+    return math.asinh(target_points / 100 / math.exp(centre_log))

@@ -36,10 +36,11 @@ from typing import Any
 
 import numpy as np
 
-from analysis import run_args, summary, verdict
+from analysis import intervals, run_args, summary, verdict
 from analysis.cache import MetricsStore
 from analysis.profile import load_traces
 from analysis.runs import AnalysisError, Run, discover, load_runs, read_run_file
+from cachesim import cli_util
 from cachesim.cli_util import progress
 from moe import rundir
 
@@ -53,42 +54,42 @@ def _slug(name: str) -> str:
 
 # -- data for the figures ---------------------------------------------------------------------
 def dose_response_points(runs: Sequence[Run]) -> list[dict[str, Any]]:
-    """Per arm-B configuration the verdict judged (RQ1): λ, the seed-paired effects (seed mean and each seed's)
-    and the interval the verdict judged each at; the figure draws the verdict's numbers, never its own."""
+    """Per arm-B configuration the confidence verdict judged (RQ1): λ, its series (size, budget, fork), the
+    seed-paired effects (the mean and each seed's) and the intervals it judged them at, with what each
+    covers; the figure draws the verdict's numbers, never its own."""
     points = []
-    for r, head in _rq1_b(runs):
-        m, q = r.metric_gate, r.quality_gate
-        kind = "seed-level t" if m.seed_ci is not None else "window bootstrap" if m.interval is not None else ""
-        points.append({"config": r.config, "runs": list(r.runs), "lam": head.lam,
-                       "series": f"{rundir.format_tokens(head.tokens)} tokens, {head.size}",
-                       "miss_reduction": m.point, "ppl_cost": q.point, "miss_seeds": list(m.per_seed),
-                       "ppl_seeds": list(q.per_seed), "miss_interval": m.interval, "ppl_interval": q.interval,
-                       "interval": kind})
+    for v in verdict.confidence(runs):
+        if v.criterion != "RQ1" or v.arm != "B" or v.lam <= 0 or v.state == "NO BASELINE":
+            continue
+        m, q = v.metric, v.quality
+        points.append({"config": v.config, "runs": list(v.runs), "lam": v.lam, "series": v.series,
+                       "counted": v.counted, "miss_reduction": m.point, "ppl_cost": q.point,
+                       "miss_seeds": list(m.per_seed), "ppl_seeds": list(q.per_seed), "miss_interval": m.interval,
+                       "ppl_interval": q.interval, "noise": q.noise})
     return points
 
 
-def _rq1_b(runs: Sequence[Run]) -> list[tuple[Any, Run]]:
-    """(the verdict's RQ1 result, its first run) of each arm-B configuration with λ > 0 and a baseline."""
-    by_name = {r.name: r for r in runs}
-    return [(r, by_name[r.runs[0]]) for r in verdict.evaluate(runs)
-            if r.criterion == "RQ1" and r.verdict != "NO BASELINE" and by_name[r.runs[0]].arm == "B"
-            and by_name[r.runs[0]].lam > 0]
+def paired_noise_bands(runs: Sequence[Run]) -> dict[str, dict[str, Any]]:
+    """{series: {"miss_reduction"|"ppl_cost": (low, high), "label": text}}: the 95% range of one seed pair's
+    effect when there is none, ±t(df)·SD on the log scale at the study's pooled seed-paired SD (the noise a
+    paired effect must exceed), back-transformed."""
+    from scipy import stats
 
-
-def a_seed_bands(runs: Sequence[Run]) -> dict[str, dict[str, tuple[float, float]]]:
-    """{series: {"miss_reduction"|"ppl_cost": (low, high)}}: arm A's seeds against their own mean (2+ seeds)."""
-    bands = {}
-    for group in summary.group_by_config(runs):
-        if group[0].arm != "A" or len(group) < 2:
+    noise = verdict.study_noise(runs)
+    out: dict[str, dict[str, Any]] = {}
+    for run in runs:
+        if run.arm != "B" or not run.complete or run.finetuned:
             continue
-        vals = [summary.run_values(r) for r in group]
-        ppl = np.mean([v["ppl"] for v in vals])
-        miss = np.mean([v["lru_miss_25"] for v in vals])
-        costs = [v["ppl"] / ppl - 1 for v in vals]
-        reductions = [1 - v["lru_miss_25"] / miss for v in vals]
-        bands[f"{rundir.format_tokens(group[0].tokens)} tokens, {group[0].size}"] = {
-            "ppl_cost": (min(costs), max(costs)), "miss_reduction": (min(reductions), max(reductions))}
-    return bands
+        series = verdict.series_label(run)
+        miss, ppl = (noise.get(verdict.noise_key(run, q)) for q in ("log_miss", "log_ppl"))
+        if series in out or miss is None or ppl is None:
+            continue
+        h_miss, h_ppl = (float(stats.t.ppf(0.5 + intervals.CONFIDENCE / 2, n.df)) * n.sd for n in (miss, ppl))
+        out[series] = {"miss_reduction": (-math.expm1(h_miss), -math.expm1(-h_miss)),
+                       "ppl_cost": (math.expm1(-h_ppl), math.expm1(h_ppl)),
+                       "label": f"one seed pair's 95% range with no effect ({series}; pooled seed-paired SD, "
+                                f"df {ppl.df})"}
+    return out
 
 
 def cached_budget_curves(run: Run) -> dict[str, dict[str, tuple[list[float], list[float]]]]:
@@ -158,7 +159,8 @@ def _method(setting: Mapping[str, Any]) -> str:
     return " + ".join(parts) or "plain"
 
 
-def read_frontier(run: Run, *, with_tau: bool = False) -> tuple[dict[str, tuple[list[float], ...]], str] | None:
+def read_frontier(run: Run, *, with_tau: bool = False, stream: str | None = None
+                  ) -> tuple[dict[str, tuple[list[float], ...]], str] | None:
     """The run's frontier.json (moe.cache_aware.frontier, schema 1) as plot series; None when absent.
 
     Returns ({series label: (miss reductions, PPL costs)}, reference): costs and
@@ -166,7 +168,8 @@ def read_frontier(run: Run, *, with_tau: bool = False) -> tuple[dict[str, tuple[
     point (the paper's stacking plot), else against the run's own τ = 0 point.
     Each series is one stream × capacity × combination of interventions, and
     starts at that stream's plain (all-off) point. ``with_tau``: each series
-    carries a third list, the τ of each point (None at the plain point), for labels.
+    carries a third list, the τ of each point (None at the plain point), for labels. ``stream``: that
+    stream's points only (e.g. "domains"), its series named without the stream.
     """
     path, data = run.path / FRONTIER_FILE, read_run_file(run.path, FRONTIER_FILE)
     if data is None:
@@ -175,8 +178,10 @@ def read_frontier(run: Run, *, with_tau: bool = False) -> tuple[dict[str, tuple[
     if not isinstance(points, list) or not points:
         raise AnalysisError(f"{path}: expected a 'points' list (moe.cache_aware.frontier schema 1); regenerate it with "
                             "python -m moe.cache_aware.frontier")
-    vs_a = all(p.get("miss_reduction_vs_arm_a") is not None and p.get("ppl_cost_vs_arm_a") is not None
-               for p in points)
+    if stream is not None:
+        points = [p for p in points if isinstance(p, dict) and p.get("stream") == stream]
+    vs_a = bool(points) and all(p.get("miss_reduction_vs_arm_a") is not None and p.get("ppl_cost_vs_arm_a") is not None
+                                for p in points)
     suffix = "vs_arm_a" if vs_a else "vs_tau0"
     streams = {p.get("stream") for p in points}
     capacities = {p.get("capacity_fraction") for p in points}
@@ -276,15 +281,18 @@ def val_curves(run: Run) -> dict[str, tuple[list[float], list[float]]]:
 
 
 def training_curve_data(runs: Sequence[Run]) -> list[dict[str, Any]]:
-    """Per run with a training log or final evaluation: what plots.training_curves draws."""
+    """Per run with a training log or final evaluation: what plots.training_curves draws. An arm-M run's
+    tokens start at its base's (it continues that run's training), so its curve follows its base's."""
     out = []
     for r in runs:
+        start = (summary.base_tokens(r) or 0.0) if r.finetuned else 0.0
+        shift = lambda xs: [start + x for x in xs]  # noqa: E731
         train, val = train_curve(r), val_curves(r)
-        final = {d: ([r.tokens], [ev.val_ppl]) for d, ev in r.domains.items()}
+        final = {d: ([start + r.tokens], [ev.val_ppl]) for d, ev in r.domains.items()}
         windows = ((r.record.resolved_config or {}).get("train") or {}).get("eval_windows")
         if train[0] or val or final:
-            out.append({"label": r.name, "arm": r.arm, "strength": r.mu if r.arm == "C" else r.lam,
-                        "train": train, "val": val, "final": final,
+            out.append({"label": r.name, "arm": r.arm, "train": (shift(train[0]), train[1]),
+                        "val": {d: (shift(xs), ys) for d, (xs, ys) in val.items()}, "final": final,
                         "val_windows": windows if isinstance(windows, int) and windows > 0 else None})
     return out
 
@@ -303,7 +311,7 @@ def mean_budget_curves(curves: Sequence[Mapping[str, Mapping[str, tuple[list[flo
 
 
 def budget_overlays(runs: Sequence[Run], curves: Mapping[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
-    """(configuration label, its baseline's name, {series: curves}) for each non-A configuration with a
+    """(configuration label, the title's comparison, {series: curves}) for each non-A configuration with a
     baseline: the configuration's seeds averaged (series named by its arm) over its baseline's (``A``, or
     ``base`` for arm M). A series averages its seeds on the capacities they share (dense where all are)."""
     out = []
@@ -312,19 +320,24 @@ def budget_overlays(runs: Sequence[Run], curves: Mapping[str, Any]) -> list[tupl
         if not base:
             continue
         reference = "base" if group[0].finetuned else "A"
-        out.append((summary.config_label(group[0]), reference,
+        label = summary.config_label(group[0])
+        out.append((label, overlay_title(label, reference, len(group), len(base)),
                     {group[0].arm: mean_budget_curves([curves[r.name] for r in group]),
                      reference: mean_budget_curves([curves[r.name] for r in base])}))
     return out
 
 
-def overlay_title(label: str, reference: str) -> str:
-    return f"{label} vs {reference}: hit rate vs cache budget (seed means)"
+def overlay_title(label: str, reference: str, seeds: int, reference_seeds: int) -> str:
+    def mean(n: int) -> str:
+        return "1 seed" if n == 1 else f"mean of {n} seeds"
+
+    return f"{label} ({mean(seeds)}) vs {reference} ({mean(reference_seeds)}): hit rate vs cache budget"
 
 
 # -- shared by the CLI and analysis.study --------------------------------------------------------
 TRAINING_CURVES_TITLE = "Training loss and validation PPL against tokens"
 USAGE_TITLE = "Expert usage (one colour scale)"
+POOLED_USAGE_TITLE = "Expert usage pooled over the domains (one colour scale; x: counted as collapsed)"
 
 
 def budget_curves(run: Run, *, dense: bool = False) -> dict[str, dict[str, tuple[list[float], list[float]]]]:
@@ -346,8 +359,8 @@ def run_usage(runs: Sequence[Run]) -> tuple[dict[str, dict[str, np.ndarray]], fl
 
 
 def draw_dose_response(points: Sequence[Mapping[str, Any]], stem: Path,
-                       bands: Mapping[str, Mapping[str, tuple[float, float]]] | None = None) -> list[Path]:
-    """dose_response_points drawn with the RQ1 gates (and arm A's seed range, a_seed_bands)."""
+                       bands: Mapping[str, Mapping[str, Any]] | None = None) -> list[Path]:
+    """dose_response_points drawn with the RQ1 gates (and the paired-noise bands, paired_noise_bands)."""
     from analysis import plots  # here, not at the top: matplotlib; --help need not wait for it
 
     return plots.dose_response(points, stem, miss_gate=verdict.RQ1_MIN_MISS_REDUCTION,
@@ -355,12 +368,13 @@ def draw_dose_response(points: Sequence[Mapping[str, Any]], stem: Path,
 
 
 # -- the CLI ----------------------------------------------------------------------------------
-def make_figures(paths: Sequence[str], out: Path, *, store: MetricsStore, budget_runs: str = "") -> list[Path]:
+def make_figures(paths: Sequence[str], out: Path, *, store: MetricsStore, budget_runs: str = "",
+                 skip_broken: bool = False) -> list[Path]:
     """Draws every figure the inputs support, with progress on a terminal; returns the written files."""
     run_dirs, trace_dirs = discover(paths)
     if not run_dirs and not trace_dirs:
         raise AnalysisError(f"no run directories or trace folders under {', '.join(map(str, paths))}")
-    runs = sorted(load_runs(run_dirs, store=store) if run_dirs else [], key=summary.sort_key)
+    runs = sorted(load_runs(paths, store=store, skip_broken=skip_broken) if run_dirs else [], key=summary.sort_key)
     complete = [r for r in runs if r.complete]
     dense = {r.name for r in complete} if budget_runs == "all" else {n for n in budget_runs.split(",") if n}
     unknown = dense - {r.name for r in complete}
@@ -383,7 +397,7 @@ def _figure_tasks(runs: Sequence[Run], complete: Sequence[Run], trace_dirs: Sequ
     tasks: list[Callable[[], list[Path]]] = []
     points = dose_response_points(complete)
     if points:
-        tasks.append(lambda: draw_dose_response(points, out / "dose_response", a_seed_bands(complete)))
+        tasks.append(lambda: draw_dose_response(points, out / "dose_response", paired_noise_bands(complete)))
     if runs:
         tasks.append(lambda: plots.training_curves(training_curve_data(runs), out / "training_curves",
                                                    title=TRAINING_CURVES_TITLE))
@@ -408,9 +422,8 @@ def _figure_tasks(runs: Sequence[Run], complete: Sequence[Run], trace_dirs: Sequ
 
     def overlays() -> list[Path]:  # after run_figures: it reads their curves
         paths = []
-        for label, reference, series in budget_overlays(complete, curves):
-            paths += plots.hit_vs_budget_overlay(series, out / f"hit_vs_budget_A_vs_{_slug(label)}",
-                                                 title=overlay_title(label, reference))
+        for label, title, series in budget_overlays(complete, curves):
+            paths += plots.hit_vs_budget_overlay(series, out / f"hit_vs_budget_A_vs_{_slug(label)}", title=title)
         return paths
 
     if complete:
@@ -462,8 +475,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = run_args.parse_runs(COMMAND, argv)
     if not args.out:
         raise ValueError("--out is required: the folder for the figures")
-    for path in make_figures(args.paths, Path(args.out), store=run_args.make_store(args), budget_runs=args.budget_runs):
-        print(path)
+    cli_util.check_writable(args.out, folder=True)
+    from analysis import plots  # here, not at the top: matplotlib; --help need not wait for it
+    with plots.held() as drawn:  # written together below: a failure keeps the old figures whole
+        make_figures(args.paths, Path(args.out), store=run_args.make_store(args), budget_runs=args.budget_runs,
+                     skip_broken=args.skip_broken)
+    cli_util.write_files(drawn, args.out)
     return 0
 
 

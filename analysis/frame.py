@@ -1,4 +1,4 @@
-"""The runs as one pandas DataFrame (``analysis.load_runs``), for notebooks.
+"""The runs as one pandas DataFrame (``analysis.frame.load_runs``), for notebooks.
 
 One row per (complete run, evaluation domain). Columns, in order:
 
@@ -87,27 +87,30 @@ def runs_frame(runs: Sequence[Run]) -> pd.DataFrame:
 
 
 def load_runs(paths: str | os.PathLike | Sequence[str | os.PathLike], *, cache_dir: str | os.PathLike | None = None,
-              jobs: int | None = None) -> pd.DataFrame:
+              jobs: int | None = None, skip_broken: bool = False) -> pd.DataFrame:
     """Every complete run under ``paths`` as a DataFrame: one row per run × domain, metrics and config columns.
 
     ``paths``: run directories or folders searched for them (as the CLIs take).
     Cache metrics come from the metric cache (``cache_dir``, default the
     user cache; computed on first use with ``jobs`` worker processes). Runs
     that are not complete are left out (``python -m analysis.tables --tables
-    runs`` lists them with what they lack). See :mod:`analysis.frame` for the
-    columns.
+    runs`` lists them with what they lack); run directories that cannot be read
+    are an error, or with ``skip_broken`` left out, each named on stderr. See
+    :mod:`analysis.frame` for the columns.
     """
-    return runs_frame(load_study(paths, cache_dir=cache_dir, jobs=jobs))
+    return runs_frame(load_study(paths, cache_dir=cache_dir, jobs=jobs, skip_broken=skip_broken))
 
 
 def load_study(paths: str | os.PathLike | Sequence[str | os.PathLike], *,
-               cache_dir: str | os.PathLike | None = None, jobs: int | None = None) -> list[Run]:
+               cache_dir: str | os.PathLike | None = None, jobs: int | None = None,
+               skip_broken: bool = False) -> list[Run]:
     """Every run directory under ``paths`` (a study root, or several), with cache metrics, in the tables' order.
 
     Incomplete runs are kept (``Run.complete`` is False, ``Run.problems`` says
     why); the frames and figures use the complete ones. ``cache_dir`` and
-    ``jobs`` as for the CLIs (default: the user cache, ``run_args.default_jobs()``).
+    ``jobs`` as for the CLIs (default: the user cache, ``run_args.default_jobs()``), and ``skip_broken``
+    (:func:`analysis.runs.load_runs`).
     """
     roots = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
     store = cache.MetricsStore(cache_dir=cache_dir, jobs=run_args.default_jobs() if jobs is None else jobs)
-    return sorted(runs_lib.load_runs(roots, store=store), key=summary.sort_key)
+    return sorted(runs_lib.load_runs(roots, store=store, skip_broken=skip_broken), key=summary.sort_key)

@@ -25,9 +25,9 @@ drawn), not training noise. A seed-paired comparison (target i against
 baseline i, its own seed) resamples the mean over the pairs of each pair's
 statistic, so the interval is of exactly the number printed beside it.
 
-Training noise is covered by :func:`seed_interval`: a Student-t interval over a
-configuration's seed-paired effects (2 or more seeds); its docstring says why
-not a bootstrap over seeds.
+Training noise is covered by the confidence verdict (``analysis.verdict``): a
+Student-t interval over a configuration's seed-paired effects on the log or
+logit scale; :func:`seeds_to_resolve` plans the seeds such an interval needs.
 
 Several comparisons over runs evaluated on the same windows are computed in
 one bootstrap call: the resampled window indices depend only on the seed and
@@ -54,6 +54,7 @@ SEED = 0
 # generator's draws, hence the intervals, do not depend on how many comparisons share a call.
 BATCH = 1000
 NO_WINDOW_LOSSES = "no eval_windows.npz (per-window losses)"
+MIN_WINDOWS = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,7 +103,8 @@ def seed_spread(values: Sequence[float]) -> Spread | None:
 
 
 def seed_interval(deltas: Sequence[float], confidence: float = CONFIDENCE) -> Interval:
-    """Student-t interval of the mean of per-seed (seed-paired) effects: it covers training noise.
+    """Student-t interval of the mean of per-seed (seed-paired) effects: it covers training noise. Pass values
+    on the scale the effect is judged on (log ratios: ``analysis.effects``), never ratios themselves.
 
     Why t and not a bootstrap over seeds: with the 2-3 seeds a study affords, a
     seed bootstrap has at most n^n distinct resamples and its percentile
@@ -152,6 +154,16 @@ def resampled_means(values: np.ndarray, indices: np.ndarray) -> np.ndarray:
     return values @ counts.T.astype(np.float64) / n
 
 
+def too_few_windows(windows: Mapping[str, int]) -> str | None:
+    """Why ``{domain: window count}`` allows no window interval, or None. Each domain is a resampled stratum,
+    and one window resamples only to itself: it says nothing about the windows' noise."""
+    if all(n >= MIN_WINDOWS for n in windows.values()):
+        return None
+    counts = ", ".join(f"{d}: {n}" for d, n in windows.items())
+    return (f"too few evaluation windows for a window interval ({counts}; it needs {MIN_WINDOWS} or more per "
+            "domain: --config.eval.windows=0 evaluates all)")
+
+
 def paired_bootstrap(per_domain: Mapping[str, np.ndarray],
                      statistic: Callable[[Mapping[str, np.ndarray]], np.ndarray], *,
                      n_resamples: int = N_RESAMPLES, seed: int = SEED,
@@ -165,6 +177,9 @@ def paired_bootstrap(per_domain: Mapping[str, np.ndarray],
     """
     from scipy import stats
 
+    problem = too_few_windows({d: np.shape(v)[-1] for d, v in per_domain.items()})
+    if problem is not None:
+        raise ValueError(problem)
     domains = list(per_domain)
     matrices = [np.asarray(per_domain[d], dtype=np.float64) for d in domains]
 
@@ -261,7 +276,12 @@ def _shared_layout(runs: Sequence[Run], series: Mapping[Path, tuple[dict[str, np
     if len(layouts) > 1:
         shown = " vs ".join(", ".join(f"{d}: {n}" for d, n in layout) for layout in sorted(layouts))
         return None, Interval(None, None, f"the runs were evaluated on different windows ({shown} windows)")
-    return layouts.pop(), None
+    layout = layouts.pop()
+    problem = too_few_windows(dict(layout))
+    if problem is not None:
+        missing = tuple((problem, r.name) for r in runs)
+        return None, Interval(None, None, missing_note(missing), missing)
+    return layout, None
 
 
 def comparison_intervals(comparisons: Sequence[tuple[Sequence[Run], Sequence[Run]] |

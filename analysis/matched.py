@@ -24,8 +24,7 @@ The interval is over training noise: a jackknife over seeds (each seed's whole
 λ series left out together), with Student t at n − 1 degrees of freedom. Why
 not a seed bootstrap: with the 3-6 seeds a CPU study affords it has few
 distinct resamples and its percentile interval cannot be wider than the seeds'
-range (``analysis.intervals.seed_interval`` says the same for one λ); the
-jackknife-t widens honestly with few seeds. A leave-one-out curve that misses
+range; the jackknife-t widens honestly with few seeds. A leave-one-out curve that misses
 the gate leaves no interval (the estimand is then not resolved). Its coverage is checked by
 simulation in ``tests/test_analysis_matched.py``.
 
@@ -157,17 +156,19 @@ class Grid:
     seeds: tuple[int, ...]
     log_miss: np.ndarray      # (seeds, λ): log(miss_B / miss_A of the same seed), LRU at 25%
     log_ppl: np.ndarray       # (seeds, λ): log(PPL_B / PPL_A of the same seed)
+    balancing: str = ""       # moe.baselines.balancing of its runs ('' for the Switch loss)
 
 
 def grids(runs) -> list[Grid]:
-    """Arm B's λ grids per (size, budget, fork step): the λs at which every seed of the best-covered λ has a run.
+    """Arm B's λ grids per (size, budget, fork step, balancing): the λs at which every seed of the best-covered
+    λ has a run.
 
     Seeds are worth more than points (each seed carries the whole curve's noise), so the grid keeps the
     largest seed set any λ has and every λ that has all of those seeds; a λ with fewer is left out.
     """
     from analysis import summary
 
-    by_config: dict[tuple[str, float, int], dict[float, dict[int, tuple[float, float]]]] = {}
+    by_config: dict[tuple[str, float, int, str], dict[float, dict[int, tuple[float, float]]]] = {}
     for run in runs:
         if run.arm != "B" or not run.complete or run.finetuned or run.seed is None:
             continue
@@ -178,14 +179,15 @@ def grids(runs) -> list[Grid]:
         if v["lru_miss_25"] is None or a["lru_miss_25"] is None:
             continue
         pair = (math.log(v["lru_miss_25"] / a["lru_miss_25"]), math.log(v["ppl"] / a["ppl"]))
-        by_config.setdefault((run.size, run.tokens, run.fork_step), {}).setdefault(run.lam, {})[run.seed] = pair
+        key = (run.size, run.tokens, run.fork_step, run.balancing)
+        by_config.setdefault(key, {}).setdefault(run.lam, {})[run.seed] = pair
     out = []
-    for (size, tokens, fork_step), by_lam in sorted(by_config.items()):
+    for (size, tokens, fork_step, balancing), by_lam in sorted(by_config.items()):
         best = max(by_lam.values(), key=lambda seeds: (len(seeds), sorted(seeds)))
         seeds = tuple(sorted(best))
         lams = tuple(sorted(lam for lam, got in by_lam.items() if lam > 0 and set(seeds) <= set(got)))
         if not lams:
             continue
         cells = np.array([[by_lam[lam][s] for lam in lams] for s in seeds])  # (seeds, λ, 2)
-        out.append(Grid(size, tokens, fork_step, lams, seeds, cells[..., 0], cells[..., 1]))
+        out.append(Grid(size, tokens, fork_step, lams, seeds, cells[..., 0], cells[..., 1], balancing))
     return out

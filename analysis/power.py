@@ -31,12 +31,12 @@ from typing import Any
 from typing import TYPE_CHECKING
 
 from analysis import run_args
+from cachesim import cli_util
 from moe import rundir
 
 if TYPE_CHECKING:  # the numeric modules load in the functions that use them: `power --help` stays fast
     from analysis import effects, matched
 
-MOST_SEEDS = 200
 CONFIDENCE = 0.95  # analysis.intervals.CONFIDENCE (tested equal): intervals imports numpy
 
 
@@ -47,31 +47,6 @@ def sd_range(noise: effects.Noise, confidence: float = CONFIDENCE) -> tuple[floa
     lo = stats.chi2.ppf(0.5 + confidence / 2, noise.df)
     hi = stats.chi2.ppf(0.5 - confidence / 2, noise.df)
     return noise.sd * math.sqrt(noise.df / lo), noise.sd * math.sqrt(noise.df / hi)
-
-
-def half_width(sd: float, n: int, confidence: float = CONFIDENCE) -> float:
-    """Expected half-width of a seed-level t-interval over n seeds with this per-seed SD (log scale)."""
-    from analysis import effects
-
-    return effects.t_half_width(effects.Noise(sd, n - 1, False), n, confidence)
-
-
-def seeds_for(sd: float, target: float, confidence: float = CONFIDENCE, most: int = MOST_SEEDS) -> int | None:
-    """The fewest seeds (2 or more) whose expected half-width is at most ``target``; None beyond ``most``."""
-    for n in range(2, most + 1):
-        if half_width(sd, n, confidence) <= target:
-            return n
-    return None
-
-
-def points(centre_log: float, half_log: float) -> float:
-    """A log-scale half-width as percentage points of ΔPPL around the estimate (half the back-transformed width)."""
-    return 100 * (math.expm1(centre_log + half_log) - math.expm1(centre_log - half_log)) / 2
-
-
-def log_half_for_points(centre_log: float, target_points: float) -> float:
-    """The log-scale half-width whose back-transformed width is ``target_points`` around the estimate."""
-    return math.asinh(target_points / 100 / math.exp(centre_log))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,14 +73,16 @@ def plan_estimand(grid: matched.Grid, gate: float, target_points: float, candida
     if noise is None:
         return EstimandPlan(grid, point.delta_ppl, None, {}, None, None)
     centre = math.log1p(point.delta_ppl)
-    target = log_half_for_points(centre, target_points)
-    widths = {n: points(centre, half_width(noise.sd, n)) for n in candidates if n >= 2}
-    return EstimandPlan(grid, point.delta_ppl, noise, widths, seeds_for(noise.sd, target),
-                        seeds_for(sd_range(noise)[1], target))
+    target = effects.log_half_for_points(centre, target_points)
+    widths = {n: effects.points(centre, effects.expected_half_width(noise.sd, n)) for n in candidates if n >= 2}
+    return EstimandPlan(grid, point.delta_ppl, noise, widths, effects.seeds_for(noise.sd, target),
+                        effects.seeds_for(sd_range(noise)[1], target))
 
 
 def _seeds_text(n: int | None) -> str:
-    return f"{n}" if n is not None else f"more than {MOST_SEEDS}"
+    from analysis import effects
+
+    return f"{n}" if n is not None else f"more than {effects.MOST_SEEDS}"
 
 
 def report_lines(runs: Sequence, target_points: float, candidates: Sequence[int]) -> list[str]:
@@ -156,7 +133,8 @@ def _estimand_lines(p: EstimandPlan, target_points: float) -> list[str]:
     g = p.grid
     head = (f"  RQ1 estimand, ΔPPL at {verdict.RQ1_MIN_MISS_REDUCTION:.0%} miss reduction "
             f"(λ grid {', '.join(f'{x:g}' for x in g.lams)}; seeds {', '.join(map(str, g.seeds))}"
-            + (f"; branches of arm-A trunks at step {g.fork_step}" if g.fork_step else "") + ")")
+            + (f"; branches of arm-A trunks at step {g.fork_step}" if g.fork_step else "")
+            + (f"; {g.balancing}" if g.balancing else "") + ")")
     if p.estimate is None:
         return [head + ": the grid never reaches the miss gate at the seed means; no estimate"]
     if p.noise is None:
@@ -191,6 +169,8 @@ def report_json(runs: Sequence, target_points: float, candidates: Sequence[int])
 
 def plan_lines(plan: dict[str, Any], sha256: str) -> list[str]:
     """What a plan expects: per estimand with a pilot, the half-width its seeds give at the pilot's spread."""
+    from analysis import effects
+
     seeds = len(plan.get("design", {}).get("seeds", ()))
     lines = [f"pre-registration sha256 {sha256}"]
     for name, estimand in plan["estimands"].items():
@@ -198,7 +178,8 @@ def plan_lines(plan: dict[str, Any], sha256: str) -> list[str]:
         if not pilot or seeds < 2:
             lines.append(f"  {name}: no pilot spread in the plan; no expected half-width")
             continue
-        width = points(math.log1p(pilot["estimate"]), half_width(pilot["sd"], seeds, 1 - estimand["alpha"]))
+        width = effects.points(math.log1p(pilot["estimate"]),
+                               effects.expected_half_width(pilot["sd"], seeds, 1 - estimand["alpha"]))
         lines.append(f"  {name}: expected {1 - estimand['alpha']:.0%} half-width ±{width:.2f} points with {seeds} "
                      f"seeds at the pilot's per-seed SD {pilot['sd']:.4f} (df {pilot['df']})")
     return lines
@@ -229,12 +210,13 @@ def _candidates(text: str) -> list[int]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = run_args.parse_runs(COMMAND, argv)
+    cli_util.check_writable(args.out)
     if not args.target > 0:
         raise ValueError(f"--target must be a positive number of percentage points, got {args.target}")
     candidates = _candidates(args.seeds)
     from analysis.runs import load_runs
 
-    runs = load_runs(args.paths, store=run_args.make_store(args))
+    runs = load_runs(args.paths, store=run_args.make_store(args), skip_broken=args.skip_broken)
     if args.format == "json":
         text = json.dumps(report_json(runs, args.target, candidates), indent=1) + "\n"
     else:

@@ -2,11 +2,12 @@
 
 Usage::
 
-    python -m analysis.profile TRACE_DIR [--capacity 0.25] [--rounding ceil] [--lru_recency request]
+    python -m analysis.profile TRACES [--capacity 0.25] [--rounding ceil] [--lru_recency request]
                                [--layers all|N] [--format markdown|json] [--out FILE]
 
-TRACE_DIR holds one reference-format ``.npz`` per domain (``<domain>.npz`` as
-the Qwen3 traces, or a run directory's ``trace_<domain>.npz``). The report
+TRACES are one model's per-domain reference-format traces: a run directory
+(its ``trace_<domain>.npz``; training-split traces are skipped and named), a
+folder of ``<domain>.npz`` (the Qwen3 traces), trace files or a glob. The report
 gives, per domain and averaged over domains: reuse at lag 1 against the two
 chance baselines (k/E and the marginal Σq²/Σq), the 95% working set, the hit
 rates of LRU / LFU / static (w = 0.2) / Belady at one capacity, and the
@@ -26,34 +27,53 @@ import numpy as np
 
 from analysis import run_args, formatting
 from analysis.formatting import Column, Table, fixed, percent
-from analysis.runs import AnalysisError, domain_sort_key
+from analysis.runs import AnalysisError
+from moe.rundir import domain_sort_key
+from cachesim import cli_util
 from cachesim.cli_util import CLI
 from cachesim.headline import LRU_FRACTION
+from cachesim.trace_names import TRACE_PREFIX, TRACE_HELP, TraceArgumentError, evaluation_traces
 from cachesim.policies import parse_capacities
 
 PROFILE_POLICIES = ("lru", "lfu", "static_w0.2", "belady")
 _VALUE_KEYS = ("reuse_lag1", "chance_uniform", "chance_marginal", "working_set_95")
 
 
-def load_traces(folder: str | Path) -> dict[str, Any]:
-    """``{domain: Trace}`` of the ``.npz`` files of a folder, paper domains first."""
+def load_traces(where: str | Path | Sequence[str | Path]) -> dict[str, Any]:
+    """``{domain: Trace}`` of one model's evaluation traces, paper domains first.
+
+    ``where``: a folder (a run directory: its ``trace_<domain>.npz``; or ``<domain>.npz`` files, as the
+    Qwen3 traces), or several arguments (folders, trace files, globs; cachesim.trace_names). A
+    training-split trace is skipped and named on stderr.
+    """
     from cachesim.trace import load_trace
 
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise AnalysisError(f"{folder}: not a directory; pass a folder of per-domain .npz traces")
-    paths = [p for p in folder.glob("*.npz") if p.is_file()]
+    args = [str(where)] if isinstance(where, (str, Path)) else [str(a) for a in where]
+    shown = ", ".join(args)
+    missing = [a for a in args if not Path(a).exists() and not set("*?[") & set(a)]
+    if missing:
+        raise AnalysisError(f"{missing[0]}: no such file or directory; pass a run directory, a folder of per-domain "
+                            ".npz traces, or trace files")
+    try:
+        paths = [Path(p) for p in evaluation_traces(args)]
+    except TraceArgumentError as e:
+        raise AnalysisError(str(e)) from None
     if not paths:
-        raise AnalysisError(f"{folder}: no .npz traces; pass a folder of per-domain reference-format traces")
+        raise AnalysisError(f"{shown}: no evaluation traces; pass a folder of per-domain reference-format traces")
 
     def domain(p: Path) -> str:
-        return p.stem[len("trace_"):] if p.stem.startswith("trace_") else p.stem
+        return p.stem[len(TRACE_PREFIX):] if p.stem.startswith(TRACE_PREFIX) else p.stem
 
     ordered = sorted(paths, key=lambda p: domain_sort_key(domain(p)))
-    traces = {domain(p): load_trace(p) for p in ordered}
+    traces: dict[str, Any] = {}
+    for p in ordered:
+        if domain(p) in traces:
+            raise AnalysisError(f"{p}: a second trace of domain {domain(p)!r}; a profile is of one model — pass "
+                                "one run's traces")
+        traces[domain(p)] = load_trace(p)
     shapes = {(t.num_layers, t.num_experts, t.k) for t in traces.values()}
     if len(shapes) > 1:
-        raise AnalysisError(f"{folder}: traces disagree on (layers, experts, k) {sorted(shapes)}; a profile "
+        raise AnalysisError(f"{shown}: traces disagree on (layers, experts, k) {sorted(shapes)}; a profile "
                             "is of one model — put each model's traces in their own folder")
     return traces
 
@@ -135,7 +155,8 @@ def report_tables(prof: Mapping[str, Any]) -> list[Table]:
 
 
 COMMAND = CLI("python -m analysis.profile", "Routing profile of one model from its per-domain traces (Markdown "
-              "or JSON).", positional="TRACE_DIR", positional_help="a folder of per-domain trace .npz files")
+              "or JSON).", positional="TRACES", positional_help=f"one model's traces: a run directory, a folder "
+              f"of per-domain .npz files, or {TRACE_HELP}")
 COMMAND.define("string", "capacity", LRU_FRACTION, "cache capacity: a fraction of E with a decimal point (0.25) or a "
                "count (4)")
 COMMAND.define("enum", "rounding", "ceil", "rounding of a fractional capacity (the paper's: ceil)",
@@ -150,8 +171,9 @@ COMMAND.define("string", "out", None, "write the report to this file")
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = COMMAND.parse(argv)
-    if len(args.positional) != 1:
-        raise ValueError("give exactly one TRACE_DIR (a folder of per-domain traces)")
+    cli_util.check_writable(args.out)
+    if not args.positional:
+        raise ValueError("give one model's traces: a run directory, a folder of per-domain traces, or trace files")
     capacities = parse_capacities(args.capacity)
     if len(capacities) != 1:
         raise ValueError(f"--capacity takes one capacity, got {args.capacity!r}")
@@ -161,7 +183,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError:
         raise ValueError(f"--layers must be 'all' or one layer index, got {args.layers!r}") from None
     args.out = Path(args.out) if args.out else None
-    prof = profile(load_traces(args.positional[0]), capacity=capacity, rounding=args.rounding,
+    prof = profile(load_traces(args.positional), capacity=capacity, rounding=args.rounding,
                    recency=args.lru_recency, layer=layer)
     if args.format == "json":
         text = json.dumps(prof, indent=1) + "\n"

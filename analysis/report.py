@@ -25,21 +25,22 @@ import dataclasses
 import hashlib
 import json
 import math
-import os
-import platform
-import re
+import shlex
 import subprocess
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from analysis import (arm_m, run_args, complementarity, decode, figures, formatting, intervals, stall_section, summary,
-                      tables, verdict)
+from analysis import (arm_m, balancing, run_args, complementarity, decode, figures, formatting, intervals,
+                      stall_section, summary, tables, verdict)
 from analysis.runs import AnalysisError, Run
-from cachesim import headline
+from cachesim import cli_util, headline
+from cachesim.files import write_together
 from moe import rundir
+from moe.rundir import sweep_root
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -106,17 +107,30 @@ def data_manifests(runs: Sequence[Run]) -> list[dict[str, Any]]:
     return list(found.values())
 
 
-def machine() -> str:
-    """CPU model and core count of this machine, and the Python/platform (the page states where it ran)."""
-    model = platform.processor() or "unknown CPU"
+def sweep_machine(root: Path) -> str:
+    """The machines the root's sweeps ran on, as status.json records them (launch.status.machine_line)."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{model}, {os.cpu_count()} cores, {platform.system()} {platform.machine()}, Python {platform.python_version()}"
+        sweeps = sweep_root.read_status(root, table=False)["sweeps"]
+    except (OSError, ValueError):
+        sweeps = []
+    machines = list(dict.fromkeys(s["machine"] for s in sweeps if isinstance(s.get("machine"), str) and s["machine"]))
+    return "; ".join(machines) or "not recorded (the sweep's status.json names no machine)"
+
+
+
+
+def recorded_manifests(root: Path, runs: Sequence[Run]) -> list[dict[str, Any]]:
+    """The data lines' manifests: those ROOT/analysis/data_manifests.json keeps, else this machine's
+    (``data_manifests``), which are kept there when every corpus was found, so a page regenerated from the
+    committed evidence on another machine names the same bytes."""
+    path = root / sweep_root.DATA_MANIFESTS
+    if path.is_file():
+        return rundir.read_json(path)["manifests"]
+    found = data_manifests(runs)
+    if found and not any(m["missing"] for m in found):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        rundir.write_json(path, {"manifests": found})
+    return found
 
 
 def run_timings(runs: Sequence[Run]) -> pd.DataFrame:
@@ -139,14 +153,10 @@ def sweep_wall_s(root: Path) -> float | None:
     runs a study step trained (fine-tunes, counted with the steps) aside."""
     import pandas as pd  # here, not at the top: --help need not wait for pandas and matplotlib
 
-    try:
-        status = json.loads((root / "status.json").read_text())
-    except (OSError, ValueError):
-        return None
-    started = status.get("first_started", status.get("started"))
+    started = sweep_root.first_started(root)
     ends = []
-    for path in root.iterdir():
-        if not path.is_dir() or any(a.get("executor") == "study" for a in rundir.read_attempts(path)):
+    for path in sweep_root.run_dirs(root):
+        if any(a.get("executor") == "study" for a in rundir.read_attempts(path)):
             continue
         done = rundir.read_done(path)
         if done and done.get("completed_at"):
@@ -154,12 +164,9 @@ def sweep_wall_s(root: Path) -> float | None:
     return max(ends) - started if started is not None and ends else None
 
 
-STEP_TIMES = Path("analysis") / "study_steps.json"  # under a sweep root (launch.sweep.STEP_TIMES_FILE)
-
-
 def study_steps_s(root: Path) -> dict[str, float]:
     """Wall seconds of each study step after the runs (fine-tune, frontier, stall, decode); {} if none ran."""
-    path = root / STEP_TIMES
+    path = root / sweep_root.STEP_TIMES
     return rundir.read_json(path) if path.is_file() else {}
 
 
@@ -217,78 +224,82 @@ def code_lines(root_label: str, commits: Mapping[str, Any]) -> list[str]:
 
 
 # -- findings (pure) ------------------------------------------------------------------------------
-def _rq1_b(results: Sequence[verdict.CriterionResult]) -> list[verdict.CriterionResult]:
-    """The verdict's judged arm-B RQ1 configurations of the budget with most λ values, ordered by λ."""
-    judged = [r for r in results if r.criterion == "RQ1" and r.verdict != "NO BASELINE" and r.config.startswith("B ")]
-    budgets: dict[str, list[verdict.CriterionResult]] = {}
-    for r in judged:
-        budgets.setdefault(" ".join(r.config.split(" ")[-2:]), []).append(r)  # "<tokens> <size>"
-    if not budgets:
-        return []
-    chosen = max(budgets.values(), key=len)
-    return sorted(chosen, key=lambda r: float(r.config.split(" ")[1].removeprefix("λ=")))
+def b_grids(found: Sequence[verdict.Verdict]) -> dict[str, list[verdict.Verdict]]:
+    """{series: its counted arm-B RQ1 configurations with a baseline, by λ}: the λ grids the findings judge."""
+    out: dict[str, list[verdict.Verdict]] = {}
+    for v in found:
+        if v.criterion == "RQ1" and v.arm == "B" and v.counted and v.state != "NO BASELINE" and v.lam > 0:
+            out.setdefault(v.series, []).append(v)
+    return {k: sorted(g, key=lambda v: v.lam) for k, g in out.items()}
 
 
-def _lam(r: verdict.CriterionResult) -> str:
-    return r.config.split(" ")[1]
+def _judged(j: verdict.Judged, digits: int, signed: bool) -> str:
+    """'+56.2% (95% CI [+7.1%, +84.0%], own 3 seeds)': a confidence-verdict gate's point and interval."""
+    if j.interval is None:
+        return f"{_pct(j.point, digits, signed)} (no interval: {j.note.split(';')[0]})"
+    where = {"own": "own seeds", "borrowed": "pooled seed-paired SD"}.get(j.noise, j.noise)
+    return f"{_pct(j.point, digits, signed)} ({_ci(*j.interval, digits)}, {where})"
 
 
-def _judged_ci(g: verdict.Gate, digits: int = 1) -> str:
-    """The interval the verdict judged the gate at, labelled (it always contains the point it is printed beside)."""
-    if g.interval is None:
-        return "no interval"
-    kind = "seed-level t" if g.seed_ci is not None else "window bootstrap"
-    return f"95% CI [{_pct(g.interval[0], digits)}, {_pct(g.interval[1], digits)}], {kind}"
+def _step(lo: verdict.Judged, hi: verdict.Judged) -> str:
+    """'up', 'down' or 'open': whether the larger λ's interval lies wholly above (below) the smaller λ's."""
+    if lo.interval is None or hi.interval is None:
+        return "open"
+    if hi.interval[0] > lo.interval[1]:
+        return "up"
+    if hi.interval[1] < lo.interval[0]:
+        return "down"
+    return "open"
 
 
-def dose_response_finding(results: Sequence[verdict.CriterionResult]) -> Finding:
+def dose_response_finding(found: Sequence[verdict.Verdict]) -> Finding:
     claim = "The dose-response is monotone: a larger λ gives fewer misses and a higher PPL."
-    b = _rq1_b(results)
-    if len(b) < 2:
-        return Finding(claim, "not tested", "fewer than two λ values of arm B with an arm-A baseline")
-    miss = [r.metric_gate for r in b]
-    ppl = [r.quality_gate for r in b]
-    misses_up = all(hi.point > lo.point for lo, hi in zip(miss, miss[1:]))
-    ppl_up = all(hi.point > lo.point for lo, hi in zip(ppl, ppl[1:]))
-    steps = " → ".join(f"{_lam(r)} ({len(r.runs)} seed{'s' if len(r.runs) > 1 else ''}, {r.pairing}-paired): "
-                       f"miss red. {_pct(r.metric_gate.point)} ({_judged_ci(r.metric_gate)}), "
-                       f"ΔPPL {_pct(r.quality_gate.point, 2)} ({_judged_ci(r.quality_gate, 2)})" for r in b)
-    # A step is separated when every seed of the larger λ lies above every seed of the smaller one
-    # and the intervals the verdict judges at do not overlap.
-    separated = sum(1 for lo, hi in zip(miss, miss[1:])
-                    if min(hi.per_seed) > max(lo.per_seed) and hi.interval is not None and lo.interval is not None
-                    and hi.interval[0] > lo.interval[1])
-    status = ("replicates" if misses_up and ppl_up else "partly replicates" if misses_up or ppl_up
-              else "does not replicate")
-    words = (f"misses fall monotonically with λ: {'yes' if misses_up else 'no'}; PPL rises monotonically: "
-             f"{'yes' if ppl_up else 'no'}; {separated} of {len(b) - 1} adjacent λ steps in miss reduction are "
-             f"separated at 95% (every seed above every seed of the smaller λ, and the intervals apart). "
-             f"Seed means of the seed-paired effects, each beside the interval it was judged at. {steps}.")
-    return Finding(claim, status, words)
+    criterion = ("Criterion: between adjacent λ of one grid, both the seed-paired miss reduction and ΔPPL rise, "
+                 "a step counting as a rise (or a fall) only when the confidence verdict's two 95% intervals lie "
+                 "apart; overlapping intervals leave the step open.")
+    grids = {k: g for k, g in b_grids(found).items() if len(g) >= 2}
+    if not grids:
+        return Finding(claim, "not tested", f"{criterion} No grid of counted arm-B configurations has two or more "
+                                            "λ values.")
+    steps, parts = [], []
+    for series, grid in grids.items():
+        points = " → ".join(f"λ={v.lam:g} ({len(v.runs)} seed{'s' if len(v.runs) > 1 else ''}): miss red. "
+                            f"{_judged(v.metric, 1, True)}, ΔPPL {_judged(v.quality, 2, True)}" for v in grid)
+        moves = []
+        for lo, hi in zip(grid, grid[1:]):
+            miss, ppl = _step(lo.metric, hi.metric), _step(lo.quality, hi.quality)
+            steps += [miss, ppl]
+            moves.append(f"{lo.lam:g}→{hi.lam:g}: misses {'fall' if miss == 'up' else 'rise' if miss == 'down' else 'open'}, "
+                         f"PPL {'rises' if ppl == 'up' else 'falls' if ppl == 'down' else 'open'}")
+        parts.append(f"{series}: {points}. Steps: {'; '.join(moves)}")
+    status = ("does not replicate" if "down" in steps else "replicates" if set(steps) == {"up"} else "not resolved")
+    return Finding(claim, status, f"{criterion} {steps.count('up')} of {len(steps)} step-wise comparisons rise, "
+                                  f"{steps.count('down')} fall. " + " ".join(p + "." for p in parts))
 
 
-def gates_finding(results: Sequence[verdict.CriterionResult]) -> Finding:
+def gates_finding(conf: Sequence[verdict.Verdict], pre: Sequence[verdict.Verdict]) -> Finding:
     claim = (f"The gates are coupled: no λ meets both the miss gate (≥ {verdict.RQ1_MIN_MISS_REDUCTION:.0%} fewer "
              f"LRU misses @25%) and the quality gate (ΔPPL ≤ +{verdict.RQ1_MAX_PPL_COST:.0%}).")
-    b = _rq1_b(results)
-    if not b:
-        return Finding(claim, "not tested", "no arm-B run with an arm-A baseline")
-    # The verdict's gates (its slack, its intervals): this finding never re-judges them.
-    at_point = [r for r in b if r.metric_gate.met_at_point and r.quality_gate.met_at_point]
-    at_interval = [r for r in b if r.metric_gate.state == r.quality_gate.state == "met"]
-    parts = [f"{_lam(r)}: miss gate {r.metric_gate.state}, quality gate {r.quality_gate.state} "
-             f"({r.quality_gate.interval_label if r.quality_gate.interval is not None else 'at the point'}); "
-             f"verdict {r.verdict} ({r.reason})" for r in b]
-    if not at_point:
-        status, lead = "replicates", "No λ meets both gates at the point estimate."
-    elif not at_interval:
-        status = "not resolved"
-        lead = (f"{', '.join(_lam(r) for r in at_point)} meets both gates at the point but not over the whole "
-                "interval the verdict judges at.")
-    else:
-        status = "does not replicate"
-        lead = f"{', '.join(_lam(r) for r in at_interval)} meets both gates over the whole interval judged at."
-    return Finding(claim, status, f"{lead} " + "; ".join(parts) + ".")
+    criterion = ("Criterion: a λ meets both gates when the confidence verdict PASSes both over their whole 95% "
+                 "intervals, and misses them when either gate FAILs over its whole interval; otherwise it is open.")
+    grids = b_grids(conf)
+    if not grids:
+        return Finding(claim, "not tested", f"{criterion} No counted arm-B configuration has an arm-A baseline.")
+    at_point = {(v.series, v.lam): v for v in pre}
+    states, parts = [], []
+    for series, grid in grids.items():
+        for v in grid:
+            both = v.metric.state == v.quality.state == "PASS"
+            state = ("meets both" if both else "misses" if "FAIL" in (v.metric.state, v.quality.state) else "open")
+            states.append(state)
+            p = at_point.get((series, v.lam))
+            point = (f"; at the points (pre-registered verdict): miss gate {p.metric.state}, ΔPPL gate "
+                     f"{p.quality.state}" if p is not None and p.metric is not None else "")
+            parts.append(f"{series}, λ={v.lam:g}: miss gate {v.metric.state} at {_judged(v.metric, 1, True)}, "
+                         f"ΔPPL gate {v.quality.state} at {_judged(v.quality, 2, True)}: {state}{point}")
+    status = ("does not replicate" if "meets both" in states else
+              "replicates" if set(states) == {"misses"} else "not resolved")
+    return Finding(claim, status, f"{criterion} " + "; ".join(parts) + ".")
 
 
 def _frontier_points(points: Sequence[Mapping[str, Any]], *, epsilon: float = 0.0, prime: bool = False,
@@ -303,13 +314,11 @@ def _frontier_points(points: Sequence[Mapping[str, Any]], *, epsilon: float = 0.
     return out
 
 
-_FRONTIER_NO_CI = "no CI: this finding reads the frontier's means over its evaluation windows"
-
-
 def rerouting_finding(frontiers: Mapping[str, Sequence[Mapping[str, Any]]], a_run: str, b_run: str) -> Finding:
     claim = "τ-rerouting costs less PPL on B than on A (the trained locality and the inference-time steering stack)."
     if a_run not in frontiers or b_run not in frontiers:
-        return Finding(claim, "not tested", f"no frontier.json for {a_run if a_run not in frontiers else b_run}")
+        missing = a_run if a_run not in frontiers else b_run
+        return Finding(claim, "not tested", f"no frontier.json for {missing or 'an arm-A or arm-B run'}")
     a, b = _frontier_points(frontiers[a_run]), _frontier_points(frontiers[b_run])
     taus = sorted(t for t in a.keys() & b.keys() if t > 0)
     if not taus:
@@ -319,8 +328,9 @@ def rerouting_finding(frontiers: Mapping[str, Sequence[Mapping[str, Any]]], a_ru
         ca, cb = a[t]["ppl_cost_vs_tau0"], b[t]["ppl_cost_vs_tau0"]
         ma, mb = a[t]["miss_reduction_vs_tau0"], b[t]["miss_reduction_vs_tau0"]
         series = [_window_series(p, "ce") for p in (a[0.0], a[t], b[0.0], b[t])] if 0.0 in a and 0.0 in b else [None]
-        where = "no per-window values in frontier.json, so no interval"
-        if all(x is not None for x in series):
+        few = _too_few_windows(series) if all(x is not None for x in series) else None
+        where = few or "no per-window values in frontier.json, so no interval"
+        if all(x is not None for x in series) and not few:
             per_domain = {d: np.array([x[d] for x in series]) for d in series[0]}
 
             def difference(means: Mapping[str, np.ndarray]) -> np.ndarray:
@@ -349,6 +359,11 @@ def _window_series(p: Mapping[str, Any], key: str) -> dict[str, list[float]] | N
     return {d: w[key] for d, w in windows.items()} if windows and all(key in w for w in windows.values()) else None
 
 
+def _too_few_windows(series: Sequence[Mapping[str, Sequence[float]]]) -> str | None:
+    """Why these frontier points' per-window values allow no window interval (intervals.too_few_windows)."""
+    return intervals.too_few_windows({d: len(v) for d, v in series[0].items()})
+
+
 def elision_finding(frontiers: Mapping[str, Sequence[Mapping[str, Any]]], a_run: str, b_run: str) -> Finding:
     claim = (f"ε-elision (ε = {ELISION_EPSILON:g}) drops more expert loads on B than on A. Criterion: B's miss "
              "reduction from elision (against its own ε = 0) exceeds A's at the same ε over the whole "
@@ -369,6 +384,8 @@ def elision_finding(frontiers: Mapping[str, Sequence[Mapping[str, Any]]], a_run:
     if any(s is None for s in series):
         return Finding(claim, "not resolved", f"{words}; no per-window values in frontier.json, so the "
                                               "difference has no interval")
+    if _too_few_windows(series):
+        return Finding(claim, "not resolved", f"{words}; {_too_few_windows(series)}")
     per_domain = {d: np.array([s[d] for s in series]) for d in series[0]}
 
     def difference(means: Mapping[str, np.ndarray]) -> np.ndarray:
@@ -384,7 +401,10 @@ def elision_finding(frontiers: Mapping[str, Sequence[Mapping[str, Any]]], a_run:
 
 def priming_finding(frontiers: Mapping[str, Sequence[Mapping[str, Any]]], runs: Sequence[str]) -> Finding:
     claim = "Domain priming (prefetching a domain's experts at a domain switch) gives no gain in total loads."
-    parts, gains = [], []
+    criterion = (f"Criterion: priming saves at most {NO_GAIN:.0%} of the mixed stream's loads (misses + prefetches "
+                 "per token) against the same run unprimed, over the whole window-bootstrap 95% CI of the saving; "
+                 "more than that over the whole interval is a gain.")
+    parts, judged = [], []
     for name in runs:
         if name not in frontiers:
             continue
@@ -394,26 +414,37 @@ def priming_finding(frontiers: Mapping[str, Sequence[Mapping[str, Any]]], runs: 
             continue
         loads = {k: p["misses_per_token"] + p["prefetch_loads_per_token"] for k, p in (("plain", plain), ("primed", primed))}
         gain = 1 - loads["primed"] / loads["plain"] if loads["plain"] > 0 else float("nan")
-        gains.append(gain)
+        series = [_window_series(p, "loads") for p in (plain, primed)]
+        where = "no per-window values in frontier.json, so no interval"
+        state = "open"
+        if all(x is not None for x in series):
+            per_part = {d: np.array([x[d] for x in series]) for d in series[0]}
+            low, high = intervals.paired_bootstrap(
+                per_part, lambda means: 1 - np.mean([m[1] for m in means.values()], axis=0)
+                / np.mean([m[0] for m in means.values()], axis=0))
+            where = f"window-bootstrap 95% CI [{_pct(low)}, {_pct(high)}]"
+            state = "no gain" if high <= NO_GAIN else "gain" if low > NO_GAIN else "open"
+        judged.append(state)
         parts.append(f"{name}: loads/token (misses + prefetches) {loads['plain']:.3f} unprimed vs "
-                     f"{loads['primed']:.3f} primed ({_pct(gain)} saved; demand misses "
+                     f"{loads['primed']:.3f} primed ({_pct(gain)} saved, {where}; demand misses "
                      f"{plain['misses_per_token']:.3f} → {primed['misses_per_token']:.3f})")
-    if not gains:
-        return Finding(claim, "not tested", "no arm-C run with primed and unprimed mixed-stream frontier points "
-                                            "(priming is judged on arm C against its unprimed self)")
-    status = "replicates" if all(g <= NO_GAIN for g in gains) else "does not replicate"
-    return Finding(claim, status, f"a gain counts if it saves more than {NO_GAIN:.0%} of loads; "
-                                  + "; ".join(parts) + f"; {_FRONTIER_NO_CI}.")
+    if not judged:
+        return Finding(claim, "not tested", f"{criterion} No arm-C run with primed and unprimed mixed-stream "
+                                            "frontier points (priming is judged on arm C against its unprimed self).")
+    status = ("replicates" if set(judged) == {"no gain"} else "does not replicate" if "gain" in judged
+              else "not resolved")
+    return Finding(claim, status, f"{criterion} " + "; ".join(parts) + ".")
 
 
-def findings(rows: Sequence[Mapping[str, Any]], results: Sequence[verdict.CriterionResult],
+def findings(rows: Sequence[Mapping[str, Any]], conf: Sequence[verdict.Verdict], pre: Sequence[verdict.Verdict],
              frontiers: Mapping[str, Sequence[Mapping[str, Any]]], frontier_runs: Sequence[str]) -> list[Finding]:
-    """The paper's claims the page checks. ``frontier_runs``: [arm-A run, arm-B run]. Priming is judged on
-    arm C, whose domain slices are its own (arms A and B have none, so "no gain" would be guaranteed there);
+    """The paper's claims the page checks, judged on the confidence verdict (``conf``; the pre-registered
+    verdict's points, ``pre``, beside). ``frontier_runs``: [arm-A run, arm-B run]. Priming is judged on arm C,
+    whose domain slices are its own (arms A and B have none, so "no gain" would be guaranteed there);
     collapse at high λ is no claim of the paper: the verdict's collapse lines report it."""
     a_run, b_run = (list(frontier_runs) + ["", ""])[:2]
     c_runs = [r["run"] for r in rows if r["arm"] == "C"]
-    return [dose_response_finding(results), gates_finding(results), rerouting_finding(frontiers, a_run, b_run),
+    return [dose_response_finding(conf), gates_finding(conf, pre), rerouting_finding(frontiers, a_run, b_run),
             elision_finding(frontiers, a_run, b_run), priming_finding(frontiers, c_runs)]
 
 
@@ -461,20 +492,34 @@ def deviations(runs: Sequence[Run], frontier_runs: Sequence[str]) -> list[tuple[
                            f"{', '.join(frontier_runs) or 'none'}" if with_frontier else "no frontier.json"),
         "collapse": f"experts under {headline.COLLAPSE_PERCENT} of the run's evaluation tokens pooled over domains",
     }
+    balancings = sorted({r.balancing for r in complete})
+    if balancings != [""]:  # a run balanced otherwise than the paper's arms (loss.balance, loss.router_z)
+        here["balancing"] = "; ".join(
+            f"{b or 'the Switch loss'} ({sum(r.balancing == b for r in complete)} runs)" for b in balancings)
     # The protocol rows read the run records; the verdicts' own departures follow, from the same list.
     rows = [(verdict.deviation(key).aspect, verdict.deviation(key).paper, text) for key, text in here.items()]
     return rows + [(d.aspect, d.paper, d.here) for d in map(verdict.deviation, verdict.deviations_used(runs))]
 
 
 # -- figures --------------------------------------------------------------------------------------
+def deciding(conf: Sequence[verdict.Verdict]) -> verdict.Verdict | None:
+    """The configuration that decides RQ1's gates: on the counted arm-B grid with the most λ (from scratch
+    before branched, the Switch loss before another balancing), the smallest λ whose seed-paired miss
+    reduction reaches the miss gate, else its largest λ."""
+    grids = b_grids(conf)
+    if not grids:
+        return None
+    grid = max(grids.values(), key=lambda g: (len(g), not g[0].fork_step, not g[0].balancing))
+    return next((v for v in grid if verdict.passes(v.metric.point, verdict.RQ1_MIN_MISS_REDUCTION, True)), grid[-1])
+
+
 def write_figures(runs: Sequence[Run], out: Path, frontier_runs: Sequence[str],
-                  results: Sequence[verdict.CriterionResult] = ()) -> dict[str, Path]:
+                  conf: Sequence[verdict.Verdict] = ()) -> dict[str, Path]:
     """{caption: PNG path} of the page's figures, drawn into ``out``."""
-    from analysis import plots, study  # here, not at the top: --help need not wait for pandas and matplotlib
+    from analysis import study  # here, not at the top: --help need not wait for pandas and matplotlib
 
     drawn: dict[str, Path] = {}
     complete = [r for r in runs if r.complete]
-    by_name = {r.name: r for r in complete}
 
     def attempt(caption: str, draw) -> None:
         try:
@@ -482,34 +527,33 @@ def write_figures(runs: Sequence[Run], out: Path, frontier_runs: Sequence[str],
         except AnalysisError:
             pass  # the figure's inputs are absent (e.g. no arm-B run); the page lists what it has
 
-    attempt("Dose-response: seed-paired LRU miss reduction @25% and PPL cost vs λ (arm B vs arm A), with the "
-            "intervals the verdict judged at, each seed, arm A's seed range (shaded) and the RQ1 gates (dashed)",
+    attempt("Dose-response: the confidence verdict's seed-paired LRU miss reduction @25% and PPL cost of arm B "
+            "vs arm A at each tested λ (no line joins them). Filled circles with solid bars: the seed mean and "
+            "its 95% t-interval over its own seeds; open squares with dashed bars: one seed, judged at the "
+            "study's pooled seed-paired SD; small dots: each seed. Shaded: the 95% range of one seed pair's "
+            "effect when there is none (the pooled seed-paired SD); dashed: the RQ1 gates",
             lambda: study.write_dose_response(complete, out / "dose_response.png"))
-    attempt("Training curves: training LM loss and validation PPL per domain vs tokens (lines: validation during "
-            "training on the windows the panel titles name; stars: the final evaluation on every window)",
+    attempt("Training curves: training LM loss and validation PPL per domain vs tokens, one colour per run and "
+            "one line style per arm (lines: validation during training on the windows the panel titles name; "
+            "stars: the final evaluation on every window; an arm-M run starts at its base's tokens)",
             lambda: study.write_training_curves(runs, out / "training_curves.png"))
-    for name in frontier_runs:
-        run = by_name.get(name)
-        frontier = figures.read_frontier(run, with_tau=True) if run is not None else None
-        if frontier is not None:
-            series, reference = frontier
-            drawn[f"τ frontier of {name}: PPL cost vs miss reduction (vs {reference})"] = plots.frontier(
-                series, out / f"frontier_{name}.png", title=f"{name}: PPL cost vs miss reduction (vs {reference})",
-                miss_gate=verdict.RQ1_MIN_MISS_REDUCTION, ppl_gate=verdict.RQ1_MAX_PPL_COST)[0]
-    largest = _largest_effect(results)
-    attempt(f"Hit rate vs cache budget: arm B at the λ with the largest miss reduction ({largest or 'none'}) "
-            "over arm A",
-            lambda: study.write_hit_vs_budget_a_vs_b(complete, out / "hit_vs_budget.png", config=largest))
-    attempt("Expert usage per layer (one log colour scale for every run; red: under the "
-            f"{headline.COLLAPSE_PERCENT} collapse threshold)",
-            lambda: study.write_usage_heatmaps(complete, out / "usage.png"))
+    names = [n for n in frontier_runs if n]
+    attempt(f"τ/ε frontier of {' and '.join(names) or 'the frontier runs'} on shared axes: PPL cost vs LRU "
+            "miss reduction on the domains stream, one colour per run, one line style per intervention, "
+            "τ written beside the rerouting points where it fits",
+            lambda: study.write_frontier(complete, out / "frontier.png", names=names))
+    decide = deciding(conf)
+    if decide is not None:
+        attempt(f"Hit rate vs cache budget at the deciding λ ({decide.config}: the smallest λ whose "
+                f"seed-paired miss reduction reaches {verdict.RQ1_MIN_MISS_REDUCTION:.0%}, else the largest "
+                "tested), its seeds' mean over arm A's",
+                lambda: study.write_hit_vs_budget_a_vs_b(complete, out / "hit_vs_budget.png", config=decide.config))
+    counts = ", ".join(f"{r.name}: {summary.pooled_collapsed(r)[0]}" for r in complete)
+    attempt(f"Expert usage per layer, pooled over each run's evaluation tokens of every domain (one log colour "
+            f"scale for every run). x: an expert under {headline.COLLAPSE_PERCENT} of the pooled tokens, the "
+            f"experts the verdicts count as collapsed ({counts})",
+            lambda: study.write_pooled_usage(complete, out / "usage.png"))
     return drawn
-
-
-def _largest_effect(results: Sequence[verdict.CriterionResult]) -> str | None:
-    """The arm-B configuration with the largest seed-paired miss reduction (where A and B differ most)."""
-    b = _rq1_b(results)
-    return max(b, key=lambda r: r.metric_gate.point).config if b else None
 
 
 # -- the page -------------------------------------------------------------------------------------
@@ -545,7 +589,7 @@ def render_page(*, name: str, root_label: str, command: str, rows, found: Sequen
                 manifests: Sequence[Mapping[str, Any]], commits: Mapping[str, Any], machine_line: str,
                 training: Sequence[str], timings: pd.DataFrame, wall_s: float | None, steps_s: Mapping[str, float],
                 melinoe: Sequence[str] = (), stall_md: Sequence[str] = (), decode_md: Sequence[str] = (),
-                plan_md: Sequence[str] = ()) -> str:
+                plan_md: Sequence[str] = (), balance_md: Sequence[str] = ()) -> str:
     """The markdown page (pure: every input given)."""
     import pandas as pd  # here, not at the top: --help need not wait for pandas and matplotlib
 
@@ -557,12 +601,15 @@ def render_page(*, name: str, root_label: str, command: str, rows, found: Sequen
            "with the noise it covers: window-bootstrap 95% CIs cover the choice of evaluation windows only; "
            "seed-level 95% t-intervals (2 or more seeds) cover training noise; the verdict states which one it "
            "judged at.", ""]
+    # The overall words of the verdict below, first: each names the rule it answers by.
+    overall = [line for line in verdict_txt.splitlines() if line.startswith(("RQ1 overall", "RQ2 overall"))]
+    out += ["## Answer", "", *[f"* {line}" for line in overall], ""]
     if figure_paths:
         caption, path = next(iter(figure_paths.items()))
         out += [f"![{caption}]({path})", ""]
     out += ["## How this page was made", "", "```", command, "```", "",
             *code_lines(root_label, commits),
-            f"* Machine: {machine_line}."]
+            f"* Machine (where the sweep ran): {machine_line}."]
     for m in manifests:
         if m["missing"]:
             out.append(f"* Data ({m['corpus']}): the prepared corpus is not on this machine; no hashes.")
@@ -573,6 +620,8 @@ def render_page(*, name: str, root_label: str, command: str, rows, found: Sequen
     if plan_md:
         out += ["", "## Pre-registration", "", *plan_md]
     out += ["", "## Training", "", *training, ""]
+    if balance_md:
+        out += [balancing.HEADING, "", *balance_md, ""]
     out += ["## Findings", "", "| claim | here | evidence |", "|---|---|---|"]
     out += [f"| {f.claim} | **{f.status}** | {f.evidence} |" for f in found]
     out += ["", "## Can this scale answer the questions?", "", *testability, ""]
@@ -580,7 +629,7 @@ def render_page(*, name: str, root_label: str, command: str, rows, found: Sequen
     out += [f"| {aspect} | {paper} | {here} |" for aspect, paper, here in deviation_rows]
     out += ["", "## ΔPPL and miss reduction vs arm A, per run", "",
             "Seed-paired first: each run against the arm-A run of its own seed (same batches), an arm-M run against "
-            "its base; the pooled columns compare with arm A's mean over its seeds. Every interval is a 95% "
+            "its control (else its base); the pooled columns compare with arm A's mean over its seeds (none for arm M). Every interval is a 95% "
             "window-bootstrap CI of the number beside it: it covers the choice of evaluation windows, not training "
             "noise (the verdict below gives seed-level intervals where a configuration has 2 or more seeds).", "",
             "| run | λ | μ | seed | paired with | ΔPPL (paired) | 95% CI (windows) | miss red. @25% (paired) | "
@@ -600,7 +649,7 @@ def render_page(*, name: str, root_label: str, command: str, rows, found: Sequen
         out.append(f"| {r['run']} | {r['lam']:g} | {r['mu']:g} | {r['seed']} | {paired} | {first} | "
                    f"{cell('delta_ppl_pooled', 2)} | {cell('miss_reduction_25_pooled', 1)} |")
     if melinoe:
-        out += ["", "## MELINOE (arm M): expert transfers", "", *melinoe]
+        out += ["", "## MELINOE (arm M): its own question, against its control", "", *melinoe]
     if stall_md:
         out += ["", "## Stall (timed tier)", "", *stall_md]
     if decode_md:
@@ -673,35 +722,40 @@ def _decode(root: Path) -> list[str]:
 
 
 def build(root: Path, name: str, out: Path, *, command: str, frontier_runs: Sequence[str],
-          cache_dir: str | None = None, jobs: int | None = None) -> Path:
-    """Writes out/<name>.md and out/<name>/*.png; returns the page's path."""
+          cache_dir: str | None = None, jobs: int | None = None, skip_broken: bool = False) -> Path:
+    """Writes out/<name>.md and out/<name>/*.png together (a failure keeps the old ones whole); returns the
+    page's path."""
     from analysis import study  # here, not at the top: --help need not wait for pandas and matplotlib
 
-    runs = study.load_study(root, cache_dir=cache_dir, jobs=jobs)
+    runs = study.load_study(root, cache_dir=cache_dir, jobs=jobs, skip_broken=skip_broken)
     complete = [r for r in runs if r.complete]
     if not complete:
         raise AnalysisError(f"no complete runs under {root}; run the sweep first")
     rows = tables.main_rows(runs)
-    results = verdict.evaluate(runs)
+    conf, pre = verdict.confidence(runs), verdict.preregistered(runs)
     frontiers = complementarity.load_frontiers(complete)
-    found = findings(rows, results, frontiers, frontier_runs)
+    found = findings(rows, conf, pre, frontiers, frontier_runs)
     built = tables.build_tables(runs, ["main", "per_domain", "complementarity"] if frontiers else
                                 ["main", "per_domain"], frontiers, {})
     figure_dir = out / name
-    drawn = write_figures(runs, figure_dir, frontier_runs, results)
+    from analysis import plots
+    with plots.held() as figure_files:  # published with the page below, all or none
+        drawn = write_figures(runs, figure_dir, frontier_runs, conf)
     figure_paths = {c: f"{name}/{p.name}" for c, p in drawn.items()}
     commits = code_commits(complete)
     page = render_page(name=name, root_label=root.name, command=command, rows=rows, found=found,
-                       testability=verdict.testability(runs, results),
+                       testability=verdict.testability(runs),
                        deviation_rows=deviations(runs, frontier_runs),
-                       table_md=[_table_md(t) for t in built], verdict_txt=verdict.verdict_text(runs, results),
-                       figure_paths=figure_paths, manifests=data_manifests(complete), commits=commits,
-                       machine_line=machine(), training=_training_lines(complete, rows),
+                       table_md=[_table_md(t) for t in built],
+                       verdict_txt=verdict.verdict_text(runs, verdict.registered_target(root), verdict.registered_decision(root)),
+                       figure_paths=figure_paths, manifests=recorded_manifests(root, complete), commits=commits,
+                       machine_line=sweep_machine(root), training=_training_lines(complete, rows),
                        timings=run_timings(complete), wall_s=sweep_wall_s(root), steps_s=study_steps_s(root),
                        melinoe=_melinoe(complete),
-                       stall_md=_stall(root), decode_md=_decode(root), plan_md=preregistration_lines(root))
+                       stall_md=_stall(root), decode_md=_decode(root), plan_md=preregistration_lines(root),
+                       balance_md=balancing.section_lines(complete))
     path = out / f"{name}.md"
-    rundir.write_atomic(path, page)
+    write_together({**figure_files, path: page})  # the page last: it never names a figure not yet in place
     return path
 
 
@@ -712,8 +766,8 @@ COMMAND.define("string", "out", None, "the folder of the page (e.g. docs/results
 COMMAND.define("string", "frontier_runs", "",
                "comma-separated [arm-A run, arm-B run] whose frontier.json the findings compare "
                "(default: the first arm-A and the first arm-B run under ROOT that hold a frontier.json)")
-COMMAND.define("string", "command", "", "the command line the page states (default: the sweep's, from "
-               "status.json)")
+COMMAND.define("string", "command", "", "the command lines the page states (default: every sweep command that "
+               "wrote ROOT, from its status.json, then this one, each exactly as run)")
 
 
 def _default_frontier_runs(root: Path) -> list[str]:
@@ -724,26 +778,32 @@ def _default_frontier_runs(root: Path) -> list[str]:
     return (a[:1] + b[:1]) if a or b else found[:2]
 
 
-def _sweep_command(root: Path, name: str, out: Path) -> str:
+def provenance(root: Path, report_argv: Sequence[str]) -> str:
+    """The commands that made the page, exactly as run: each sweep command that wrote ``root``, in the order
+    they first ran, with the folder it ran from (``(cd FOLDER && ...)``, whatever folder this report runs from,
+    so the page regenerated from the kept evidence anywhere states the same), then this report's."""
     try:
-        status = json.loads((root / "status.json").read_text())
-    except (OSError, ValueError):
-        status = {}
-    sweep = status.get("command") or f"python -m launch.sweep --root={root.name}"
-    sweep = re.sub(r"--root=\S+", f"--root={root.name}", sweep)
-    return f"{sweep}\npython -m analysis.report {root.name} --name={name} --out={out.name}"
+        sweeps = sweep_root.read_status(root, table=False)["sweeps"]
+    except FileNotFoundError:
+        sweeps = []
+    lines = [f"(cd {shlex.quote(s['cwd'])} && {s['command']})" if s.get("cwd") else s["command"] for s in sweeps]
+    if not lines:
+        lines = [f"# no sweep command recorded: {root / sweep_root.STATUS} is missing"]
+    return "\n".join([*lines, shlex.join(["python", "-m", "analysis.report", *report_argv])])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = run_args.parse_runs(COMMAND, argv)
     if not args.name or not args.out:
         raise ValueError("--name and --out are required: the page is written to OUT/<name>.md")
+    cli_util.check_writable(args.out, folder=True)
     if len(args.paths) != 1 or not Path(args.paths[0]).is_dir():
         raise ValueError(f"give one sweep root directory (got {' '.join(args.paths)})")
     root, out = Path(args.paths[0]), Path(args.out)
     frontier_runs = [n for n in args.frontier_runs.split(",") if n] or _default_frontier_runs(root)
-    path = build(root, args.name, out, command=args.command or _sweep_command(root, args.name, out),
-                 frontier_runs=frontier_runs, cache_dir=args.cache_dir, jobs=args.jobs)
+    path = build(root, args.name, out, command=args.command or provenance(root, argv),
+                 frontier_runs=frontier_runs, cache_dir=args.cache_dir, jobs=args.jobs, skip_broken=args.skip_broken)
     print(path)
     return 0
 

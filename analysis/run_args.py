@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cachesim import cli_util
 from cachesim.cli_util import CLI
-from moe import rundir
 from moe.runtime import CACHE_ENV
 
 if TYPE_CHECKING:
@@ -33,12 +32,9 @@ def run_command(prog: str, description: str) -> CLI:
                    "run directories are never written")
     command.deprecated("cache-dir", "cache_dir")
     command.define("integer", "jobs", default_jobs(), "worker processes for computing missing metrics")
+    command.define("bool", "skip_broken", False, "leave out run directories that cannot be read (no or a broken "
+                   "config.json, ...), naming each on stderr; without it they are an error")
     return command
-
-
-
-
-
 
 
 def parse_runs(command: CLI, argv: Sequence[str] | None):
@@ -66,9 +62,13 @@ def write_or_print(text: str, out_dir: Path | None, filename: str) -> None:
     if out_dir is None:
         sys.stdout.write(text)
         return
-    path = out_dir / filename
-    rundir.write_atomic(path, text)
-    print(path)
+    path = Path(out_dir) / filename
+    cli_util.write_files({path: text}, str(path))
+
+
+def write_all(files: Mapping[Path, str], out_dir: Path) -> None:
+    """A command's files into its ``--out`` folder together (all or none), each named; a failure is one line."""
+    cli_util.write_files(files, str(out_dir))
 
 
 def run_main(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None = None) -> int:

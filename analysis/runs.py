@@ -13,10 +13,12 @@ and figure CLIs stay thin.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import math
 import os
+import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -24,15 +26,10 @@ from typing import Any
 import numpy as np
 
 from analysis import cache
-from moe import rundir
+from moe import baselines, rundir
 
-# Order in which the paper lists its domains; other domains follow sorted.
-DOMAIN_ORDER = rundir.DOMAINS
-ARMS = rundir.ARMS
 # Reference final_eval.json lacks per-domain token counts: 488 windows of 1024.
 REFERENCE_EVAL_TOKENS = 499_712
-domain_sort_key = rundir.domain_sort_key
-trace_paths = rundir.trace_files
 
 
 class AnalysisError(ValueError):
@@ -98,6 +95,11 @@ class Run:
         return self.record.record
 
     @property
+    def balancing(self) -> str:
+        """How the run balanced its experts (moe.baselines.balancing): '' for the Switch loss, the default."""
+        return baselines.balancing(self.config)
+
+    @property
     def finetuned(self) -> bool:
         """A MELINOE fine-tune of another run (arm M: its record holds the L_cs / L_rm settings).
 
@@ -121,9 +123,10 @@ class Run:
 def discover(paths: Iterable[str | os.PathLike]) -> tuple[list[Path], list[Path]]:
     """(run dirs, trace dirs) under ``paths``, searched recursively, each sorted.
 
-    A run directory holds ``config.json`` and is not searched further (its
-    checkpoints are not runs). A trace directory holds ``*.npz`` traces but no
-    ``config.json`` (e.g. the real-model traces). Hidden folders are skipped.
+    A run directory holds ``config.json``, or a run's results without it (a
+    broken run, which :func:`load_runs` names), and is not searched further (its
+    checkpoints are not runs). A trace directory holds ``*.npz`` traces and
+    nothing else of a run (e.g. the real-model traces). Hidden folders are skipped.
     """
     runs: list[Path] = []
     trace_dirs: list[Path] = []
@@ -142,7 +145,7 @@ def discover(paths: Iterable[str | os.PathLike]) -> tuple[list[Path], list[Path]
 
 
 def _walk(root: Path, runs: list[Path], trace_dirs: list[Path]) -> None:
-    if rundir.is_run_dir(root):
+    if rundir.holds_run(root):
         runs.append(root)
         return
     if any(p.is_file() for p in root.glob("*.npz")):
@@ -167,24 +170,42 @@ def discover_run_dirs(paths: Iterable[str | os.PathLike]) -> list[Path]:
     return runs
 
 
-def read_step_documents(directory: Path, measure: str) -> dict[str, Any]:
-    """``{name: document}`` from a study step's ``directory/*.json`` ({} when the step did not run); a broken
-    file is one error naming it and how to ``measure`` it again."""
+def read_step_documents(root: Path, step_dir: os.PathLike, measure: str) -> dict[str, Any]:
+    """``{name: document}`` from a study step's ``ROOT/step_dir/*.json`` ({} when the step did not run), each
+    the report of the run ROOT/<name>; a broken file, one without its run, or one made before its run moved
+    on (stale: moe.rundir.provenance) is one error naming it and how to ``measure`` it again."""
+    root = Path(root)
+    directory = root / step_dir
+    again = f"rerun the sweep on {root} (python -m launch.sweep ... --root={root}): its study step will {measure} it"
     out = {}
-    for path in sorted(Path(directory).glob("*.json")):
+    for path in sorted(directory.glob("*.json")):
         try:
-            out[path.stem] = json.loads(path.read_text())
+            doc = json.loads(path.read_text())
         except ValueError as e:
             raise AnalysisError(f"{path}: not JSON ({e}); delete it and rerun the sweep to {measure} it again") from None
+        run = root / path.stem
+        if not run.is_dir():
+            raise AnalysisError(f"{path}: its run {run} is not there; delete it, or {again}")
+        stale = rundir.stale_line(path, doc, run, again)
+        if stale:
+            raise AnalysisError(stale)
+        out[path.stem] = doc
     return out
 
 
 def read_run_file(run_dir: Path, name: str) -> Any:
-    """A JSON file of a run directory, read by moe.rundir (None when absent); a broken one is an AnalysisError."""
+    """A JSON file of a run directory, read by moe.rundir (None when absent); a broken one is an AnalysisError,
+    and so is a derived file (frontier.json, transfers.json) made before the run moved on (stale)."""
     try:
-        return rundir.read_run_file(run_dir, name, "regenerate it or remove the run directory")
+        doc = rundir.read_run_file(run_dir, name, "regenerate it or remove the run directory")
     except rundir.RunDirError as e:
         raise AnalysisError(str(e)) from None
+    if doc is not None and name in rundir.RECOMPUTE_DERIVED:
+        stale = rundir.stale_line(Path(run_dir) / name, doc, run_dir,
+                                  rundir.RECOMPUTE_DERIVED[name].format(run=run_dir))
+        if stale:
+            raise AnalysisError(stale)
+    return doc
 
 
 def _number(config: dict, key: str, path: Path, default: float | None = None) -> float:
@@ -261,18 +282,22 @@ def load_run(run_dir: str | os.PathLike, *, store: cache.MetricsStore | None = N
     path = Path(run_dir)
     config_path = path / rundir.CONFIG
     config = read_run_file(path, rundir.CONFIG)
+    if config is None:
+        held = ", ".join(n for n in rundir.RUN_RESULTS if (path / n).exists())
+        raise AnalysisError(f"{path}: no {rundir.CONFIG}, though it holds {held}; restore {rundir.CONFIG} (it records "
+                            "the run's settings), or move the folder out of the analysed ones")
     if not isinstance(config, dict):
         raise AnalysisError(f"{config_path}: expected a JSON object; regenerate config.json")
     arm = config.get("arm")
-    if arm not in ARMS:
-        raise AnalysisError(f"{config_path}: 'arm' must be one of {', '.join(ARMS)}, got {arm!r}; fix config.json")
+    if arm not in rundir.ARMS:
+        raise AnalysisError(f"{config_path}: 'arm' must be one of {', '.join(rundir.ARMS)}, got {arm!r}; fix config.json")
     tokens = _number(config, "tokens", config_path)
     if tokens <= 0:
         raise AnalysisError(f"{config_path}: 'tokens' must be positive, got {tokens}; fix config.json")
     seed = config.get("seed")
     params = config.get("params")
     problems: list[str] = []
-    traces = trace_paths(path)
+    traces = rundir.trace_files(path)
     evals = _parse_final_eval(path)
     if not evals:
         problems.append("missing final_eval.json")
@@ -288,7 +313,7 @@ def load_run(run_dir: str | os.PathLike, *, store: cache.MetricsStore | None = N
     domains = {
         d: DomainEval(val_loss=loss, val_ppl=ppl, tokens=n, tokens_assumed=assumed, trace_path=traces.get(d),
                       facts=None, window_ce=window_ce.get(d))
-        for d, (loss, ppl, n, assumed) in sorted(evals.items(), key=lambda kv: domain_sort_key(kv[0]))
+        for d, (loss, ppl, n, assumed) in sorted(evals.items(), key=lambda kv: rundir.domain_sort_key(kv[0]))
     }
     run = Run(
         record=rundir.RunRecord(path, config),
@@ -325,20 +350,51 @@ def with_facts(run: Run, store: cache.MetricsStore) -> Run:
 
 
 def load_runs(paths: Sequence[str | os.PathLike], *, store: cache.MetricsStore | None = None,
-              with_metrics: bool = True) -> list[Run]:
+              with_metrics: bool = True, skip_broken: bool = False) -> list[Run]:
     """Discovers and loads every run under ``paths``, names made unique.
 
-    Two runs with the same ``run_name`` (e.g. the same sweep launched into two
-    folders) get their parent folder prefixed so rows stay distinguishable.
+    A run directory that cannot be read (no or a broken ``config.json``, a
+    malformed evaluation) is an AnalysisError naming each such run, or, with
+    ``skip_broken``, left out with one line on stderr naming it. Two runs with
+    the same ``run_name`` are labelled by their paths (:func:`labels`).
     """
     store = store or cache.MetricsStore()
-    runs = [load_run(d, with_metrics=False) for d in discover_run_dirs(paths)]
+    runs, broken = [], {}
+    for d in discover_run_dirs(paths):
+        try:
+            runs.append(load_run(d, with_metrics=False))
+        except AnalysisError as e:
+            broken[d] = str(e)
+    if broken and not skip_broken:
+        raise AnalysisError(f"{len(broken)} run director{'y' if len(broken) == 1 else 'ies'} cannot be read: "
+                            + "; ".join(broken.values()) + "; fix them, or pass --skip_broken to analyse the others")
+    for why in broken.values():
+        print(f"skipped (--skip_broken): {why}", file=sys.stderr)
+    if not runs:
+        raise AnalysisError(f"no readable run directory under {', '.join(str(p) for p in paths)}; every one was "
+                            "skipped (above)")
     if with_metrics:
         # One batch for every missing metric, so worker processes share the load.
         store.prefetch([(_traces(r), r.window_tokens, _fits(r)) for r in runs if not r.problems])
         runs = [with_facts(r, store) for r in runs]
-    counts: dict[str, int] = {}
-    for r in runs:
-        counts[r.name] = counts.get(r.name, 0) + 1
-    return [dataclasses.replace(r, shown_name=f"{r.path.parent.name}/{r.name}") if counts[r.name] > 1 else r
-            for r in runs]
+    shown = labels([r.path for r in runs], [r.name for r in runs], paths)
+    return [dataclasses.replace(r, shown_name=label) if label != r.name else r for r, label in zip(runs, shown)]
+
+
+def labels(run_paths: Sequence[Path], names: Sequence[str], roots: Sequence[str | os.PathLike]) -> list[str]:
+    """Each run's row label: its name, or, where runs share a name, its path under the root it was found in
+    (``int/x1``); runs whose paths under their roots also coincide (two roots given) get the path as found."""
+    counts = collections.Counter(names)
+    resolved = [Path(r).resolve() for r in roots]
+
+    def under_root(path: Path) -> str:
+        full = path.resolve()
+        for root in resolved:
+            if full != root and full.is_relative_to(root):
+                return full.relative_to(root).as_posix()
+        return path.as_posix()
+
+    out = [under_root(p) if counts[n] > 1 else n for p, n in zip(run_paths, names)]
+    clashes = collections.Counter(out)
+    return [p.as_posix() if counts[n] > 1 and clashes[label] > 1 else label
+            for p, n, label in zip(run_paths, names, out)]

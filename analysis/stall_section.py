@@ -17,15 +17,15 @@ from typing import Any
 import numpy as np
 
 from analysis.runs import read_step_documents
+from moe.rundir import sweep_root
 
-STALL_DIR = Path("analysis") / "stall"  # under a sweep root (launch.sweep.STALL_DIR, tested equal)
 DEMAND_ONLY = "none"
 ORACLE = "oracle"  # admission that knows the future: a bound, reported beside the real policies
 
 
 def load_stall(root: Path) -> dict[str, dict[str, Any]]:
     """``{run: its stall document}`` from ROOT/analysis/stall/*.json; {} when the study ran no stall step."""
-    return read_step_documents(Path(root) / STALL_DIR, "replay")
+    return read_step_documents(Path(root), sweep_root.STALL_DIR, "replay")
 
 
 def stall_rows(docs: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:

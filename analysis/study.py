@@ -30,12 +30,13 @@ from typing import Any
 
 import pandas as pd
 
-from analysis import figures, plots, tables
+from analysis import figures, plots, summary, tables, verdict
 from analysis.frame import ID_KEYS, load_study, runs_frame
 from analysis.runs import AnalysisError, Run
 
 __all__ = ["load_study", "frame", "comparisons", "delta_ppl_vs_a", "miss_reduction_vs_a", "write_training_curves",
-           "write_hit_vs_budget_a_vs_b", "write_usage_heatmaps", "write_dose_response", "write_trace_usage"]
+           "write_hit_vs_budget_a_vs_b", "write_usage_heatmaps", "write_pooled_usage", "write_dose_response",
+           "write_frontier", "write_trace_usage"]
 
 # main_rows key -> the column prefix of this module's frames.
 _STATISTICS = {"delta_ppl": "delta_ppl", "miss_reduction_25": "miss_reduction_25",
@@ -142,14 +143,39 @@ def write_hit_vs_budget_a_vs_b(runs: Sequence[Run], png: str | os.PathLike, *, c
         labels = ", ".join(o[0] for o in overlays) or "none"
         raise AnalysisError(f"no configuration {config or 'of arm B'} with a baseline among the runs "
                             f"(configurations with one: {labels})")
-    label, reference, series = chosen
-    return plots.hit_vs_budget_overlay(series, _png(png), title=figures.overlay_title(label, reference))[0]
+    _, title, series = chosen
+    return plots.hit_vs_budget_overlay(series, _png(png), title=title)[0]
 
 
 def write_usage_heatmaps(runs: Sequence[Run], png: str | os.PathLike) -> Path:
     """Every complete run's expert-usage maps (layer × expert, a row per run) on one shared colour scale."""
     usage, vmax = figures.run_usage(_complete(runs))
     return plots.expert_usage(usage, _png(png), title=figures.USAGE_TITLE, vmax=vmax)[0]
+
+
+def write_pooled_usage(runs: Sequence[Run], png: str | os.PathLike) -> Path:
+    """Every complete run's usage map pooled over its domains, the experts the verdicts count as collapsed
+    crossed (summary.pooled_usage: the same rule, so each panel's count is the verdict's)."""
+    complete = _complete(runs)
+    pooled = {r.name: summary.pooled_usage(r) for r in complete}
+    return plots.pooled_usage({n: u for n, (u, _) in pooled.items()}, {n: m for n, (_, m) in pooled.items()},
+                              _png(png), title=figures.POOLED_USAGE_TITLE)[0]
+
+
+def write_frontier(runs: Sequence[Run], png: str | os.PathLike, *, names: Sequence[str],
+                   stream: str = "domains") -> Path:
+    """The τ/ε frontiers of the named runs (frontier.json) on one pair of axes, ``stream``'s points only."""
+    by_name = {r.name: r for r in _complete(runs)}
+    found = {name: figures.read_frontier(by_name[name], with_tau=True, stream=stream)
+             for name in names if name in by_name}
+    found = {name: f for name, f in found.items() if f is not None and f[0]}
+    if not found:
+        raise AnalysisError(f"none of {', '.join(names) or 'the named runs'} holds a frontier.json with "
+                            f"{stream}-stream points")
+    references = {reference for _, reference in found.values()}
+    return plots.frontier_runs({name: series for name, (series, _) in found.items()}, _png(png),
+                               title=f"PPL cost vs miss reduction, {stream} stream (vs {' / '.join(sorted(references))})",
+                               miss_gate=verdict.RQ1_MIN_MISS_REDUCTION, ppl_gate=verdict.RQ1_MAX_PPL_COST)[0]
 
 
 def write_dose_response(runs: Sequence[Run], png: str | os.PathLike) -> Path:
@@ -159,7 +185,7 @@ def write_dose_response(runs: Sequence[Run], png: str | os.PathLike) -> Path:
     points = figures.dose_response_points(complete)
     if not points:
         raise AnalysisError("no arm-B run with λ > 0 and a matching arm-A baseline: no dose-response figure")
-    return figures.draw_dose_response(points, _png(png), figures.a_seed_bands(complete))[0]
+    return figures.draw_dose_response(points, _png(png), figures.paired_noise_bands(complete))[0]
 
 
 def write_trace_usage(trace_dir: str | os.PathLike, png: str | os.PathLike) -> Path:

@@ -18,9 +18,12 @@ Conventions (SPEC §6, §9 and the paper's tables):
 * the matching baseline of a run is every complete arm-A run with the same
   train-token budget and model size, averaged over seeds; runs of different
   budgets are never compared.
-* an arm-M run is fine-tuned from a finished run, so its baseline is that run
-  (the one it was initialised from), not an arm-A run of its own small
-  fine-tuning budget: see :func:`base_run_lookup`.
+* an arm-M run is fine-tuned from a finished run, so its baseline is never an
+  arm-A run of its own small fine-tuning budget. It is its control where the
+  study ran one (:func:`melinoe_control`: the same base, seed and tokens, so
+  the same batches, fine-tuned without MELINOE's losses), else the run it was
+  initialised from (:func:`base_run_lookup`), where the extra training is
+  confounded with the losses.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from analysis.runs import Run
+from analysis.runs import DomainEval, Run
 from cachesim.headline import COLLAPSE_THRESHOLD, LRU_FRACTION
 from moe import baselines, rundir
 
@@ -81,24 +84,55 @@ def token_weighted_ppl(run: Run) -> float:
     return float(math.exp(float(np.sum(tokens * losses) / np.sum(tokens))))
 
 
-def pooled_collapsed(run: Run, threshold: float = COLLAPSE_THRESHOLD) -> tuple[int, list[int]]:
-    """(total, per-layer) experts used by < threshold of all the run's eval tokens."""
+def pooled_usage(run: Run, threshold: float = COLLAPSE_THRESHOLD) -> tuple[np.ndarray, np.ndarray]:
+    """((L, E) share of all the run's eval tokens routed to each expert, (L, E) True where under threshold).
+
+    The mask is the collapse rule the verdicts count: count / tokens < threshold in exact integers, as
+    cachesim counts per-domain collapse."""
     counts = sum(np.asarray(d.facts["expert_counts"], dtype=np.int64) for d in run.domains.values())
     tokens = sum(int(d.facts["paper_metrics"]["num_tokens"]) for d in run.domains.values())
-    # count / tokens < threshold in exact integers, as cachesim counts per-domain collapse.
     limit = Fraction(repr(float(threshold)))
-    per_layer = (counts * limit.denominator < limit.numerator * tokens).sum(axis=1)
+    return counts / tokens, counts * limit.denominator < limit.numerator * tokens
+
+
+def pooled_collapsed(run: Run, threshold: float = COLLAPSE_THRESHOLD) -> tuple[int, list[int]]:
+    """(total, per-layer) experts used by < threshold of all the run's eval tokens."""
+    per_layer = pooled_usage(run, threshold)[1].sum(axis=1)
     return int(per_layer.sum()), [int(x) for x in per_layer]
 
 
+def max_violation(counts: np.ndarray) -> np.ndarray:
+    """SPEC §3's load MaxVio of each layer's expert loads (..., E): max_e n_e / mean_e n_e − 1, 0 for no load.
+
+    The numpy twin of losses.router.load_max_violation (which training and validation log, under jit);
+    analysis may not import losses, and tests hold the two equal.
+    """
+    counts = np.asarray(counts, dtype=np.float64)
+    mean = counts.mean(axis=-1)
+    return np.where(mean > 0, counts.max(axis=-1) / np.where(mean > 0, mean, 1.0) - 1.0, 0.0)
+
+
+def pooled_max_vio(run: Run) -> tuple[float, list[float]]:
+    """(worst layer, per layer) load MaxVio over all the run's evaluation tokens: the loads collapse counts."""
+    counts = sum(np.asarray(d.facts["expert_counts"], dtype=np.int64) for d in run.domains.values())
+    per_layer = max_violation(counts)
+    return float(per_layer.max()), [float(x) for x in per_layer]
+
+
+def domain_max_vio(domain: DomainEval) -> float:
+    """The worst layer's load MaxVio over one domain's evaluation tokens."""
+    return float(max_violation(np.asarray(domain.facts["expert_counts"], dtype=np.int64)).max())
+
+
 def run_values(run: Run) -> dict[str, float | int]:
-    """Run-level metrics: PPLs, domain means of the cache metrics, pooled collapse."""
+    """Run-level metrics: PPLs, domain means of the cache metrics, pooled collapse and load MaxVio."""
     per_domain = [domain_values(d.metrics) for d in run.domains.values()]
     out: dict[str, float | int] = {"ppl": mean_ppl(run), "ppl_token_weighted": token_weighted_ppl(run)}
     for key in METRIC_KEYS:
         if key != "collapsed":
             out[key] = complete_mean([v[key] for v in per_domain])  # None when a domain lacks it
     out["collapsed"] = pooled_collapsed(run)[0]
+    out["max_vio"] = pooled_max_vio(run)[0]
     return out
 
 
@@ -118,19 +152,21 @@ class Baseline:
 
 
 def matching_baseline_runs(run: Run, runs: Sequence[Run]) -> list[Run]:
-    """Complete arm-A runs with the same token budget and model size as ``run`` (moe.baselines' rule)."""
+    """Complete arm-A runs with the same token budget, model size and balancing as ``run`` (moe.baselines' rule)."""
     return [r for r in runs if r.complete
-            and baselines.is_arm_a_match(r.arm, r.size, r.tokens, of_size=run.size, of_tokens=run.tokens)]
+            and baselines.is_arm_a_match(r.arm, r.size, r.tokens, of_size=run.size, of_tokens=run.tokens,
+                                         balance=r.balancing, of_balance=run.balancing)]
 
 
 def paired_baseline_run(run: Run, runs: Sequence[Run]) -> Run | None:
-    """The run ``run`` is compared with seed for seed: arm A of its seed (same batches), an arm-M run's base.
+    """The run ``run`` is compared with seed for seed: arm A of its seed (same batches), an arm-M run's
+    control (else its base).
 
     None for arm A itself (it is the baseline) and where no such run exists (the pooled baseline then
     stands alone, and the tables say so).
     """
     if run.finetuned:
-        return base_run_lookup(run, runs)[0]
+        return arm_m_references([run], runs)[0]
     if run.arm == "A":
         return None
     return baselines.same_seed(matching_baseline_runs(run, runs), run.seed, lambda r: r.seed)
@@ -173,6 +209,11 @@ def _config_number(run: Run, key: str) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
+def base_tokens(run: Run) -> float | None:
+    """The training tokens of the run an arm-M run was fine-tuned from (its config's base_tokens), or None."""
+    return _config_number(run, "base_tokens")
+
+
 def base_run_lookup(run: Run, runs: Sequence[Run]) -> tuple[Run | None, str]:
     """(the run an arm-M run was fine-tuned from, or None; why not found).
 
@@ -203,11 +244,36 @@ def base_run_lookup(run: Run, runs: Sequence[Run]) -> tuple[Run | None, str]:
     return base, ""
 
 
+def is_melinoe_control(run: Run) -> bool:
+    """An arm-M fine-tune without MELINOE's losses (λ_cs = λ_rm = 0): the control of the runs that have them."""
+    return run.finetuned and not _config_number(run, "lambda_cs") and not _config_number(run, "lambda_rm")
+
+
+def melinoe_control(run: Run, runs: Sequence[Run]) -> Run | None:
+    """The control of an arm-M run: the complete fine-tune of the same base run, seed, size and tokens (so the
+    same batches) without MELINOE's losses; None for a control itself, or where the study ran none."""
+    if not run.finetuned or is_melinoe_control(run):
+        return None
+    base, _ = base_run_lookup(run, runs)
+    if base is None:
+        return None
+    found = [r for r in runs if r.complete and is_melinoe_control(r) and (r.seed, r.size, r.tokens) ==
+             (run.seed, run.size, run.tokens) and base_run_lookup(r, runs)[0] is base]
+    return found[0] if len(found) == 1 else None
+
+
+def arm_m_references(group: Sequence[Run], runs: Sequence[Run]) -> list[Run | None]:
+    """Each arm-M seed's reference run: its control where every seed of ``group`` has one, else its base."""
+    controls = [melinoe_control(r, runs) for r in group]
+    if all(c is not None for c in controls):
+        return controls
+    return [base_run_lookup(r, runs)[0] for r in group]
+
+
 def baseline_runs_for(run: Run, runs: Sequence[Run]) -> list[Run]:
-    """What ``run`` is compared against: its base run for arm M, else the matching arm-A runs."""
+    """What ``run`` is compared against: its control (else its base) for arm M, else the matching arm-A runs."""
     if run.finetuned:
-        base, _ = base_run_lookup(run, runs)
-        return [base] if base is not None else []
+        return [r for r in arm_m_references([run], runs) if r is not None]
     return matching_baseline_runs(run, runs)
 
 
@@ -217,7 +283,8 @@ def baseline_for(run: Run, runs: Sequence[Run]) -> Baseline | None:
 
 
 def group_baseline_runs(group: Sequence[Run], runs: Sequence[Run]) -> list[Run]:
-    """What a configuration's seeds are compared against: arm A's matching runs, or the seeds' base runs.
+    """What a configuration's seeds are compared against: arm A's matching runs, or the seeds' controls (else
+    their base runs, ``arm_m_references``).
 
     Empty when any arm-M seed lacks its base (a mean over some seeds' bases
     would compare unlike sets) or the bases differ in arm, budget or size.
@@ -225,8 +292,7 @@ def group_baseline_runs(group: Sequence[Run], runs: Sequence[Run]) -> list[Run]:
     if not group[0].finetuned:
         return matching_baseline_runs(group[0], runs)
     bases: dict[Path, Run] = {}
-    for r in group:
-        base, _ = base_run_lookup(r, runs)
+    for base in arm_m_references(group, runs):
         if base is None:
             return []
         bases.setdefault(base.path.resolve(), base)
@@ -246,7 +312,7 @@ def no_baseline_reason(run: Run, runs: Sequence[Run] | None = None) -> str:
     if run.finetuned and runs is not None:
         return base_run_lookup(run, runs)[1] or "no base run: the seeds' base runs differ in arm, tokens or size"
     return (f"no matching baseline: no complete arm-A run with tokens={rundir.format_tokens(run.tokens)} "
-            f"and size={run.size}")
+            f"and size={run.size}" + (f" and {run.balancing}" if run.balancing else ""))
 
 
 def relative_change(value: float, reference: float) -> float:
@@ -273,21 +339,25 @@ def run_row(run: Run, runs: Sequence[Run]) -> dict[str, Any]:
     and ``miss_reduction_25`` (relative change of mean PPL, and 1 − LRU
     miss/token@25% / the baseline's, against the paired baseline, else the
     pooled one), ``baseline`` (the pooled arm-A runs, or None) with
-    ``delta_ppl_pooled`` and ``miss_reduction_25_pooled`` against their mean.
+    ``delta_ppl_pooled`` and ``miss_reduction_25_pooled`` against their mean (None for an arm-M run: it is
+    compared with its control or base, never with arm A's mean, so no "vs pooled A" number is printed for it),
+    ``balancing`` (moe.baselines.balancing: '' for the Switch loss) and
+    ``max_vio`` (the worst layer's load MaxVio over the evaluation's pooled
+    loads, the loads ``collapsed`` counts; per domain: that domain's loads).
     Values are never rounded here.
     """
     if not run.complete:
         raise ValueError(f"{run.name} is incomplete ({'; '.join(run.problems)})")
-    base = baseline_for(run, runs)  # arm M: the base run it was fine-tuned from
+    base = baseline_for(run, runs)  # arm M: its control, else the base run it was fine-tuned from
     paired = paired_baseline_run(run, runs)
     vals = run_values(run)
-    pooled = effects(vals, {"ppl": base.ppl, **base.values}) if base else (None, None)
+    pooled = effects(vals, {"ppl": base.ppl, **base.values}) if base and not run.finetuned else (None, None)
     first = effects(vals, run_values(paired)) if paired is not None else pooled
     row: dict[str, Any] = {
         "run": run.name, "arm": run.arm, "lam": run.lam, "mu": run.mu, "seed": run.seed,
-        "tokens": run.tokens, "size": run.size,
+        "tokens": run.tokens, "size": run.size, "balancing": run.balancing,
         "ppl": vals["ppl"], "ppl_token_weighted": vals["ppl_token_weighted"],
-        **{k: vals[k] for k in METRIC_KEYS},
+        **{k: vals[k] for k in METRIC_KEYS}, "max_vio": vals["max_vio"],
         "paired_baseline": paired.name if paired is not None else None,
         "pairing": "seed" if paired is not None else "pooled",
         "delta_ppl": first[0], "miss_reduction_25": first[1],
@@ -303,23 +373,27 @@ def run_row(run: Run, runs: Sequence[Run]) -> dict[str, Any]:
         domains[name] = {
             # One domain's token-weighted PPL is exp of its own mean CE.
             "ppl": ev.val_ppl, "ppl_token_weighted": math.exp(ev.val_loss), "eval_tokens": ev.tokens, **dv,
+            "max_vio": domain_max_vio(ev),
             "delta_ppl": relative_change(ev.val_ppl, first_ppl) if first_ppl is not None else None,
-            "delta_ppl_pooled": relative_change(ev.val_ppl, pooled_ppl) if pooled_ppl is not None else None,
+            "delta_ppl_pooled": (relative_change(ev.val_ppl, pooled_ppl) if pooled_ppl is not None and not run.finetuned
+                                 else None),
         }
     row["domains"] = domains
     return row
 
 
 def sort_key(run: Run) -> tuple:
-    """The order of the tables' rows (and the figures' runs): size, budget, arm, λ, μ, seed."""
-    return (run.size, run.tokens, run.arm, run.lam, run.mu, run.seed if run.seed is not None else -1, run.name)
+    """The order of the tables' rows (and the figures' runs): size, budget, arm, λ, μ, balancing, seed."""
+    return (run.size, run.tokens, run.arm, run.lam, run.mu, run.balancing, run.seed if run.seed is not None else -1,
+            run.name)
 
 
 def config_key(run: Run) -> tuple:
-    """Identifies a configuration across seeds (arm, λ, μ, budget, size, arm-M knobs)."""
+    """Identifies a configuration across seeds (arm, λ, μ, budget, size, arm-M knobs, balancing)."""
     extra = tuple((k, run.config.get(k)) for k in (*ARM_M_KEYS, *_ARM_M_BASE_KEYS) if k in run.config)
     return (run.arm, run.lam, run.mu, run.tokens, run.size, extra) + ((("fork_step", run.fork_step),)
-                                                                      if run.fork_step else ())
+                                                                      if run.fork_step else ()) + (
+        (("balancing", run.balancing),) if run.balancing else ())
 
 
 def config_label(run: Run) -> str:
@@ -332,6 +406,8 @@ def config_label(run: Run) -> str:
         parts.append(f"from {run.config.get('base_arm', '?')} {rundir.format_tokens(base_tokens)}")
     if run.fork_step:  # a branch of an arm-A trunk (moe.fork)
         parts.append(f"branched at step {run.fork_step}")
+    if run.balancing:  # not the Switch loss: compared only with arm A balanced the same way
+        parts.append(run.balancing)
     return " ".join(parts + [rundir.format_tokens(run.tokens), run.size])
 
 

@@ -41,6 +41,7 @@ from analysis import arm_m, run_args, complementarity, formatting, intervals, su
 from analysis.formatting import (Column, Table, fixed, general, percent, percent_interval, percent_spread,
                                  signed_percent)
 from analysis.runs import Run, load_runs
+from cachesim import cli_util
 from cachesim.headline import COLLAPSE_PERCENT
 from moe import rundir
 
@@ -51,6 +52,10 @@ NO_TRANSFERS_NOTE = ("note: transfers table skipped: no arm-M run directory hold
                      "run arm M with config.predictor.enabled=True")
 # Tables that only exist when their inputs do (the default output leaves them out otherwise).
 _OPTIONAL = ("complementarity", "transfers", "ablation")
+
+# Where the tables' MaxVio comes from (the training log's max_vio is the last step's batch, not this).
+MAX_VIO_NOTE = ("MaxVio = load MaxVio (SPEC §3: max_e load_e / mean load − 1; 0 is even) of the layer with the "
+                "largest, over the same pooled evaluation loads as collapsed (the final evaluation's traces).")
 
 _ID_COLUMNS = (
     Column("run", "run", align="l"),
@@ -71,21 +76,32 @@ _METRIC_COLUMNS = (
 )
 
 
+def _arm_m_reference(runs: Sequence[Run], possessive: bool = False) -> str:
+    """What the notes say arm M is compared with: its base run, or its control where the study ran one."""
+    controlled = any(summary.melinoe_control(r, runs) is not None for r in runs if r.complete)
+    if not controlled:
+        return "its base run's" if possessive else "its base run"
+    return ("its control's (the same base fine-tuned without MELINOE's losses), else its base run's" if possessive
+            else "its control (the same base fine-tuned without MELINOE's losses), else its base run")
+
+
 def _baseline_note(runs: Sequence[Run]) -> str:
     lines = []
     seen = set()
     for r in sorted(runs, key=summary.sort_key):
-        if r.complete and r.finetuned:  # compared with its own base run, not with arm A at its budget
+        if r.complete and r.finetuned:  # compared with its control or base run, not with arm A at its budget
             base = summary.baseline_for(r, runs)
+            kind = ("its control (the same base, seed and tokens without MELINOE's losses)"
+                    if summary.melinoe_control(r, runs) is not None else "its base run")
             lines.append(f"{r.name} (arm M): " + (summary.no_baseline_reason(r, runs) if base is None else
-                         f"baseline = its base run {base.runs[0]}, mean PPL {base.ppl:.3f}, "
+                         f"baseline = {kind} {base.runs[0]}, mean PPL {base.ppl:.3f}, "
                          f"LRU miss/tok@25% {base.values['lru_miss_25']:.3f}"))
             continue
-        if not r.complete or (r.tokens, r.size) in seen:
+        if not r.complete or (r.tokens, r.size, r.balancing) in seen:
             continue
-        seen.add((r.tokens, r.size))
+        seen.add((r.tokens, r.size, r.balancing))
         base = summary.baseline_for(r, runs)
-        where = f"{rundir.format_tokens(r.tokens)} tokens, {r.size}"
+        where = f"{rundir.format_tokens(r.tokens)} tokens, {r.size}" + (f", {r.balancing}" if r.balancing else "")
         if base is None:
             lines.append(f"{where}: {summary.no_baseline_reason(r)}")
         else:
@@ -131,7 +147,7 @@ def _main_rows(runs: Sequence[Run]) -> tuple[list[dict[str, Any]], list[interval
         for key, interval in (("delta_ppl", ci.delta_ppl), ("miss_reduction_25", ci.miss_reduction),
                               ("delta_ppl_pooled", ci_pooled.delta_ppl),
                               ("miss_reduction_25_pooled", ci_pooled.miss_reduction)):
-            row[f"{key}_ci"] = [interval.low, interval.high] if interval.available else None
+            row[f"{key}_ci"] = [interval.low, interval.high] if interval.available and row[key] is not None else None
             row[f"{key}_ci_note"] = interval.note
         row.update(spreads[row["run"]])
     return rows, found
@@ -148,7 +164,7 @@ def _interval_notes(found: Sequence[intervals.ComparisonIntervals]) -> str:
     for label, pick in (("ΔPPL", lambda c: c.delta_ppl), ("miss-reduction", lambda c: c.miss_reduction)):
         missing = [pair for c in found for pair in pick(c).missing]
         if missing:
-            text += f" No {label} CI (—) where a run lacks per-window data: {intervals.missing_note(missing)}."
+            text += f" No {label} CI (—) where a run lacks the per-window data for one: {intervals.missing_note(missing)}."
     return text
 
 
@@ -169,16 +185,19 @@ def main_table(runs: Sequence[Run]) -> Table:
                Column("seeds_miss_reduction_25", "miss red. over seeds", percent_spread(1)),
                *_METRIC_COLUMNS,
                Column("static_hit_50_oos", "static hit@50% (fit on train)", percent()),
-               Column("collapsed", "collapsed", general))
+               Column("collapsed", "collapsed", general),
+               Column("max_vio", "MaxVio", fixed(3)))
     notes = ["Mean PPL = arithmetic mean of the domain PPLs; cache metrics = mean over domains, capacity = "
              "ceil(fraction × E) per layer; static w=1 pins by frequency over the whole evaluation trace "
              "(in-sample), w=0.2 over its first 20%, 'fit on train' over the training-split trace "
              "(out-of-sample; — without trace_<d>_train.npz); collapsed = experts used by < "
              f"{COLLAPSE_PERCENT} of all the run's "
-             "evaluation tokens (pooled over domains), summed over layers. ΔPPL and miss reduction are seed-paired: "
+             f"evaluation tokens (pooled over domains), summed over layers; {MAX_VIO_NOTE} "
+             "ΔPPL and miss reduction are seed-paired: "
              "against the arm-A run of the same seed, token budget and size ('paired with'; seed s of every arm "
-             "reads the same batches), an arm-M run against its base run; where no such run exists, against the "
-             "pooled baseline (arm A's mean over its seeds), which the 'vs pooled A' columns give for every run.",
+             f"reads the same batches), an arm-M run against {_arm_m_reference(runs)}; where no such run exists, "
+             "against the pooled baseline (arm A's mean over its seeds), which the 'vs pooled A' columns give for "
+             f"every run{' but arm M' if any(r.finetuned for r in runs) else ''}.",
              _interval_notes(found)]
     incomplete = [r for r in runs if not r.complete]
     if incomplete:
@@ -201,10 +220,13 @@ def per_domain_table(runs: Sequence[Run]) -> Table:
                Column("ppl", "PPL", fixed(2)),
                Column("delta_ppl", "ΔPPL vs A", signed_percent()),
                *_METRIC_COLUMNS,
-               Column("collapsed", "collapsed", general))
+               Column("collapsed", "collapsed", general),
+               Column("max_vio", "MaxVio", fixed(3)))
     notes = ["ΔPPL = PPL / (the domain's PPL of arm A of the same seed, budget and size where that run exists, "
-             "else of arm A's mean over its seeds; for arm M, its base run's) − 1. " + _baseline_note(runs),
-             f"collapsed = experts used by < {COLLAPSE_PERCENT} of this domain's tokens, summed over layers."]
+             f"else of arm A's mean over its seeds; for arm M, {_arm_m_reference(runs, possessive=True)}) − 1. "
+             + _baseline_note(runs),
+             f"collapsed = experts used by < {COLLAPSE_PERCENT} of this domain's tokens, summed over layers; "
+             "MaxVio = the worst layer's max_e load_e / mean load − 1 over this domain's evaluation tokens."]
     return Table("per_domain", "Per-domain results", columns, tuple(rows), tuple(notes))
 
 
@@ -336,6 +358,7 @@ COMMAND.define("string", "tables", None, f"comma-separated subset of {', '.join(
 
 def _parse_args(argv: Sequence[str] | None):
     args = run_args.parse_runs(COMMAND, argv)
+    cli_util.check_writable(args.out, folder=True)
     args.out = Path(args.out) if args.out else None
     args.explicit_tables = args.tables is not None
     args.table_names = [t.strip() for t in (args.tables or ",".join(TABLE_NAMES)).split(",") if t.strip()]
@@ -377,14 +400,18 @@ def _json_main(args, runs: Sequence[Run], frontiers: Mapping[str, Any],
                          "transfers or ablation, or --out DIR to write them all")
     for note in _skip_notes(args, available):
         print(note, file=sys.stderr)  # stdout stays parseable JSON
-    for filename, rows in payloads:
-        run_args.write_or_print(json.dumps(rows, indent=1) + "\n", args.out, filename)
+    if args.out is None:
+        for _, rows in payloads:
+            run_args.write_or_print(json.dumps(rows, indent=1) + "\n", None, "")
+    else:
+        run_args.write_all({args.out / filename: json.dumps(rows, indent=1) + "\n" for filename, rows in payloads},
+                           args.out)
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse_args(argv)
-    runs = load_runs(args.paths, store=run_args.make_store(args))
+    runs = load_runs(args.paths, store=run_args.make_store(args), skip_broken=args.skip_broken)
     names = list(args.table_names)
     frontiers = complementarity.load_frontiers(runs) if "complementarity" in names else {}
     studies = arm_m.load_transfers(runs) if {"transfers", "ablation"} & set(names) else {}
@@ -401,8 +428,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if tables:
             run_args.write_or_print(formatting.render_all(tables, args.format), None, "")
     else:
-        for t in tables:
-            run_args.write_or_print(formatting.render(t, args.format), args.out, f"{t.name}.{ext}")
+        run_args.write_all({args.out / f"{t.name}.{ext}": formatting.render(t, args.format) for t in tables}, args.out)
     for note in notes:
         print(note)
     return 0

@@ -1,43 +1,28 @@
-"""The pre-registered verdict (SPEC §9) from run directories: the one module that judges.
+"""The two verdicts of SPEC §9 from run directories: the one module that judges.
 
 Usage::
 
     python -m analysis.verdict RUN_DIR [RUN_DIR ...] [--format text|json]
 
 Everything that decides a verdict lives here, and the report, tables and
-figures call it: the gates and their slack (:func:`passes`), the state of a
-gate at an interval (:func:`gate_state`), the collapse clause
-(:func:`collapse_fires`, the threshold is ``cachesim.metrics.COLLAPSE_THRESHOLD``)
-and the baseline (``summary``'s seed pairing over ``moe.baselines``' match).
+figures read it: the gates and their slack (:func:`passes`), the state of a
+gate at an interval (:func:`gate_state`), the baselines (``summary``'s seed
+pairing over ``moe.baselines``' match), the list of departures from SPEC §9
+(:data:`DEVIATIONS`) and the two verdicts:
 
-* RQ1 (locality; arms B, D, M): LRU miss/token at 25% capacity at least 30%
-  lower (relative) than arm A, with mean PPL within +1% of arm A.
-* RQ2 (domain; arms C, D): static-pin hit rate at 50% capacity of at least
-  90%, with mean PPL within +2% of arm A; judged on the pin fitted on the
-  training split (out-of-sample, ``static_train``) where the runs saved their
-  training-split traces, the in-sample pin (the paper's number) printed beside.
-* Baseline: each seed of a configuration is compared with arm A of its own
-  seed at the same size and budget (seed s of every arm reads the same
-  batches); a configuration's effect is the mean of its seed-paired effects.
-  Where a seed has no same-seed arm-A run, every seed is compared with the
-  pooled baseline (arm A's mean over its seeds), and the line says so. Arm M
-  is compared with the run it was fine-tuned from.
-* Intervals: with 2 or more seeds a gate is judged at the seed-level 95%
-  t-interval over the seed-paired effects (training noise); with one seed at
-  the window-bootstrap 95% CI (evaluation noise only; analysis.intervals);
-  without either at the point. A gate is "met" when its whole interval lies on
-  the passing side, "missed" when it lies on the failing side, else "not
-  resolved". Every line names the interval it judged at; a gate not resolved
-  at the seed-level interval also says how many seed pairs would resolve it if
-  the mean and spread held (``intervals.seeds_to_resolve``).
-* Collapse clause: SPEC §9 reports any expert under 1% (pooled, marginal)
-  usage as expert collapse. Read literally it fails arm A itself wherever a
-  small model leaves an expert idle, so it cannot tell arms apart; this
-  verdict fails a configuration whose collapse exceeds arm A's at the same
-  size and budget (the most collapsed experts among A's runs), and prints the
-  verdict without the clause and with the literal clause beside it.
-* Each verdict line ends with its binding reason: the gate that failed (or is
-  not resolved), or "meets both gates; fails the collapse clause: ...".
+* :func:`preregistered`: SPEC §9 as written. Point estimates, a configuration's
+  seed mean against arm A's seed mean (``effects.ratio_of_means``), any
+  collapsed expert fails.
+* :func:`confidence`: the same gates over training noise. Seed-paired effects
+  (``effects.paired_ratio``), a 95% t-interval on the log (ratios) or logit
+  (hit rates) scale from the configuration's own seeds or the study's pooled
+  seed-paired SD; PASS / FAIL only when the whole interval is on one side,
+  NOT RESOLVED when it straddles, NOT TESTABLE when the scale cannot answer.
+
+Both judge only the configurations the pre-registration names (the arm-A
+budget of each size and the paper's arms); other budgets and arm M are printed
+beside, labelled, never counted. RQ1's joint question (ΔPPL at matched miss
+reduction, ``analysis.matched``) is printed with the confidence verdict.
 """
 
 from __future__ import annotations
@@ -53,6 +38,7 @@ import numpy as np
 
 from analysis import run_args, effects, intervals, matched, summary
 from analysis.runs import Run, load_runs
+from cachesim import cli_util
 from cachesim.headline import COLLAPSE_PERCENT
 from moe import rundir
 
@@ -64,14 +50,6 @@ RQ2_MAX_PPL_COST = 0.02
 CRITERIA_BY_ARM = {"B": ("RQ1",), "C": ("RQ2",), "D": ("RQ1", "RQ2"), "M": ("RQ1",)}
 # A value exactly on a gate passes; the slack absorbs float rounding of e.g. 101/100 - 1.
 GATE_SLACK = 1e-12
-# What each interval covers (every printed interval carries one of these labels).
-SEED_LABEL = "seed-level 95% t-interval over {n} seed-paired effects (training noise: init and data order)"
-WINDOW_LABEL = "window-bootstrap 95% CI (evaluation windows only, not training noise)"
-COLLAPSE_CHOICE = (f"SPEC §9 reports any expert under {COLLAPSE_PERCENT} usage as expert collapse and names no "
-                   "baseline; read literally, the clause fails arm A itself wherever a small model leaves an "
-                   "expert idle, so it cannot tell the arms apart. The verdict therefore fails a configuration on collapse only "
-                   "beyond arm A's at the same size and budget, and prints the verdict without the clause and with "
-                   "the literal clause beside it.")
 
 
 # -- the rules ------------------------------------------------------------------------------------
@@ -98,237 +76,6 @@ def collapse_fires(collapsed: int, baseline_collapsed: Sequence[int]) -> bool:
     return collapsed > max(baseline_collapsed, default=0)
 
 
-@dataclasses.dataclass(frozen=True)
-class Gate:
-    """One gate of one criterion: the point, the interval it was judged at (labelled) and its state."""
-
-    name: str          # e.g. "miss reduction", "ΔPPL"
-    point: float
-    gate: float
-    at_least: bool
-    per_seed: tuple[float, ...]
-    interval: tuple[float, float] | None  # the one judged at (None: judged at the point)
-    interval_label: str                    # what that interval covers, or why there is none
-    window_ci: tuple[float, float] | None = None
-    window_ci_note: str = ""
-    seed_ci: tuple[float, float] | None = None
-    state: str = ""
-
-    @property
-    def met_at_point(self) -> bool:
-        return passes(self.point, self.gate, self.at_least)
-
-
-def make_gate(name: str, per_seed: Sequence[float], gate: float, at_least: bool,
-              window: intervals.Interval | None, window_note: str = "") -> Gate:
-    """The gate judged at the seed-level interval (2+ seeds), else the window interval, else the point."""
-    per_seed = tuple(float(v) for v in per_seed)
-    point = float(np.mean(per_seed))
-    seed = intervals.seed_interval(per_seed)
-    seed_ci = (seed.low, seed.high) if seed.available else None
-    window_ci = (window.low, window.high) if window is not None and window.available else None
-    note = window.note if window is not None and not window.available else window_note
-    if seed_ci is not None:
-        judged, label = seed_ci, SEED_LABEL.format(n=len(per_seed))
-    elif window_ci is not None:
-        judged, label = window_ci, f"{WINDOW_LABEL}, 1 seed"
-    else:
-        judged, label = None, f"no interval ({note or '1 seed'}); judged at the point"
-    return Gate(name, point, gate, at_least, per_seed, judged, label, window_ci, note, seed_ci,
-                gate_state(point, judged, gate, at_least))
-
-
-def judge(metric: Gate, quality: Gate, collapsed: int, baseline_collapsed: Sequence[int],
-          clause: str = "baseline") -> tuple[str, str]:
-    """(PASS / FAIL / NOT RESOLVED, the binding reason) of one criterion.
-
-    ``clause``: "baseline" (collapse beyond the baseline's fails), "literal"
-    (SPEC §9 read literally: any collapsed expert fails) or "none".
-    """
-    bad = [g for g in (metric, quality) if g.state == "missed"]
-    open_ = [g for g in (metric, quality) if g.state == "not resolved"]
-    low, high = (min(baseline_collapsed), max(baseline_collapsed)) if baseline_collapsed else (0, 0)
-    seen = f"{low}" if low == high else f"{low}–{high}"
-    fires = {"baseline": collapse_fires(collapsed, baseline_collapsed), "literal": collapsed > 0, "none": False}[clause]
-    collapse = f"{collapsed} collapsed vs {seen} in the baseline" if clause != "literal" else \
-        f"{collapsed} collapsed (any counts)"
-    if bad:
-        reason = "; ".join(f"fails the {g.name} gate: {_gate_value(g)}" for g in bad)
-        return "FAIL", reason + (f"; also fails the collapse clause: {collapse}" if fires else "")
-    if fires:
-        lead = "meets both gates" if not open_ else "; ".join(_open_gate(g) for g in open_)
-        return "FAIL", f"{lead}; fails the collapse clause: {collapse}"
-    if open_:
-        return "NOT RESOLVED", "; ".join(_open_gate(g) for g in open_)
-    tail = {"baseline": f"; no collapse beyond the baseline's ({collapse})",
-            "literal": "; no collapsed expert", "none": ""}[clause]
-    return "PASS", "meets both gates" + tail
-
-
-def _open_gate(g: Gate) -> str:
-    """'ΔPPL not resolved: ... vs ≤ +1.00%; 3 seed pairs would resolve it ...' for a reason."""
-    text = f"{g.name} not resolved: {_gate_value(g)}"
-    if g.seed_ci is None:
-        return text + "; a seed-level interval needs 2 or more seeds"
-    needed = intervals.seeds_to_resolve(g.per_seed, g.gate)
-    return text + (f"; {needed} seed pairs would resolve it if the mean and spread held" if needed else
-                   "; more than 100 seed pairs would be needed at this mean and spread")
-
-
-def _gate_value(g: Gate) -> str:
-    """'9.3% (95% CI [9.2%, 9.5%], window bootstrap, 1 seed) vs ≥ 30.0%' for a reason."""
-    signed = g.name == "ΔPPL"
-    op = "≥" if g.at_least else "≤"
-    where = "" if g.interval is None else f" (95% CI {_interval(g.interval, signed)}, {_kind(g)})"
-    return f"{_pct(g.point, signed)}{where} vs {op} {_pct(g.gate, signed)}"
-
-
-def _kind(g: Gate) -> str:
-    """The short name of the interval a gate was judged at."""
-    return "seed-level t" if g.seed_ci is not None else "window bootstrap, 1 seed"
-
-
-@dataclasses.dataclass(frozen=True)
-class CriterionResult:
-    """One criterion applied to one configuration (seed-paired effects), with every number shown."""
-
-    criterion: str  # "RQ1" or "RQ2"
-    config: str
-    runs: tuple[str, ...]
-    baseline_runs: tuple[str, ...] | None  # arm A at the size and budget (or arm M's bases)
-    paired_runs: tuple[str, ...] | None    # the baseline run of each seed (None: pooled)
-    metric: str
-    value: float  # the configuration's metric, mean over seeds (RQ1: miss/token; RQ2: static hit)
-    baseline_value: float | None
-    ppl: float
-    baseline_ppl: float | None
-    collapsed: int  # most collapsed experts among the configuration's seeds
-    baseline_collapsed: tuple[int, ...]  # the baseline runs' counts
-    verdict: str  # "PASS", "FAIL", "NOT RESOLVED" or "NO BASELINE"
-    reason: str   # the binding reason
-    baseline_kind: str = "A"  # "A" or "base" (arm M's base run)
-    metric_gate: Gate | None = None
-    quality_gate: Gate | None = None
-    verdict_without_collapse: str = ""
-    verdict_literal_collapse: str = ""
-    in_sample_value: float | None = None  # RQ2: the paper's in-sample pin, printed beside
-    note: str = ""
-
-    # Shorthands the tables and tests read.
-    @property
-    def effect(self) -> float | None:
-        return None if self.metric_gate is None else self.metric_gate.point
-
-    @property
-    def ppl_cost(self) -> float | None:
-        return None if self.quality_gate is None else self.quality_gate.point
-
-    @property
-    def pairing(self) -> str:
-        return "seed" if self.paired_runs else "pooled"
-
-
-def _refs(group: Sequence[Run], runs: Sequence[Run]) -> tuple[list[Run], list[Run] | None]:
-    """(the pooled baseline runs, each seed's paired baseline run or None when any seed lacks one)."""
-    pooled = summary.group_baseline_runs(group, runs)
-    paired = [summary.paired_baseline_run(r, runs) for r in group]
-    return pooled, (paired if pooled and all(p is not None for p in paired) else None)
-
-
-def _rq(criterion: str, group: Sequence[Run], runs: Sequence[Run], window: intervals.ComparisonIntervals
-        ) -> CriterionResult:
-    head = group[0]
-    vals = [summary.run_values(r) for r in group]
-    pooled, paired = _refs(group, runs)
-    common = dict(criterion=criterion, config=summary.config_label(head), runs=tuple(r.name for r in group),
-                  ppl=float(np.mean([v["ppl"] for v in vals])),
-                  collapsed=max(int(v["collapsed"]) for v in vals), baseline_kind="base" if head.finetuned else "A")
-    if not pooled:
-        return CriterionResult(**common, baseline_runs=None, paired_runs=None, metric="", value=float("nan"),
-                               baseline_value=None, baseline_ppl=None, baseline_collapsed=(), verdict="NO BASELINE",
-                               reason=summary.no_baseline_reason(head, runs))
-    if paired is not None:
-        refs = [summary.run_values(p) for p in paired]
-    else:
-        base = summary.make_baseline(pooled)
-        refs = [{"ppl": base.ppl, **base.values}] * len(group)
-    costs = [summary.relative_change(v["ppl"], ref["ppl"]) for v, ref in zip(vals, refs)]
-    max_cost = RQ1_MAX_PPL_COST if criterion == "RQ1" else RQ2_MAX_PPL_COST
-    quality = make_gate("ΔPPL", costs, max_cost, False, window.delta_ppl)
-    in_sample = None
-    if criterion == "RQ1":
-        metric = "LRU miss/token@25%"
-        values = [v["lru_miss_25"] for v in vals]
-        base_value = float(np.mean([ref["lru_miss_25"] for ref in refs]))
-        effects = [1.0 - v / ref["lru_miss_25"] for v, ref in zip(values, refs)]
-        metric_gate = make_gate("miss reduction", effects, RQ1_MIN_MISS_REDUCTION, True, window.miss_reduction)
-    else:
-        oos = all(v["static_hit_50_oos"] is not None for v in vals)
-        key = "static_hit_50_oos" if oos else "static_hit_50"
-        metric = "static hit@50% (pin fitted on the training split)" if oos else \
-            "static hit@50% (w=1.0, in-sample: no training-split trace)"
-        values = [v[key] for v in vals]
-        ref_values = [ref[key] for ref in refs]
-        base_value = float(np.mean(ref_values)) if all(x is not None for x in ref_values) else None
-        in_sample = float(np.mean([v["static_hit_50"] for v in vals]))
-        metric_gate = make_gate(metric.split(" (")[0], values, RQ2_MIN_STATIC_HIT, True, None,
-                                STATIC_NO_CI if not oos else STATIC_OOS_NO_CI)
-    baseline_collapsed = tuple(summary.pooled_collapsed(r)[0] for r in pooled)
-    verdicts = {c: judge(metric_gate, quality, common["collapsed"], baseline_collapsed, c)
-                for c in ("baseline", "none", "literal")}
-    return CriterionResult(
-        **common, baseline_runs=tuple(r.name for r in pooled),
-        paired_runs=tuple(p.name for p in paired) if paired is not None else None, metric=metric,
-        value=float(np.mean(values)), baseline_value=base_value,
-        baseline_ppl=float(np.mean([ref["ppl"] for ref in refs])), baseline_collapsed=baseline_collapsed,
-        verdict=verdicts["baseline"][0], reason=verdicts["baseline"][1], metric_gate=metric_gate,
-        quality_gate=quality, verdict_without_collapse=verdicts["none"][0],
-        verdict_literal_collapse=verdicts["literal"][0], in_sample_value=in_sample,
-        note="" if paired is not None else "pooled baseline: not every seed has a same-seed baseline run")
-
-
-STATIC_NO_CI = ("the w = 1.0 pin is chosen from the whole evaluation trace (in-sample), so resampling "
-                "windows does not apply")
-STATIC_OOS_NO_CI = "per-window static hits are not computed"
-
-
-def evaluate(runs: Sequence[Run]) -> list[CriterionResult]:
-    """Every applicable criterion for every non-A configuration among the complete runs."""
-    groups = sorted(summary.group_by_config(runs), key=lambda g: (g[0].size, g[0].tokens, g[0].arm, g[0].lam, g[0].mu))
-    todo = [(group, criterion) for group in groups for criterion in CRITERIA_BY_ARM.get(group[0].arm, ())]
-    comparisons = []
-    for group, _ in todo:
-        pooled, paired = _refs(group, runs)
-        comparisons.append((group, paired, True) if paired is not None else (group, pooled))
-    found = intervals.comparison_intervals(comparisons)
-    results = [_rq(criterion, group, runs, ci) for (group, criterion), ci in zip(todo, found)]
-    return sorted(results, key=lambda r: r.criterion)  # stable: keeps the group order within a criterion
-
-
-def overall(results: Sequence[CriterionResult], criterion: str, clause: str = "baseline") -> tuple[str, str]:
-    """Study-level answer: PASS if any configuration passes; NOT RESOLVED if none passes but one is open;
-    else REFUTED, with each configuration's binding reason."""
-    mine = [r for r in results if r.criterion == criterion]
-    judged = [r for r in mine if r.verdict != "NO BASELINE"]
-    if not judged:
-        return "NOT TESTED", ("no configuration with a matching arm-A baseline" if mine
-                              else "no run of an arm this criterion tests")
-
-    def verdict_of(r: CriterionResult) -> tuple[str, str]:
-        if clause == "baseline":
-            return r.verdict, r.reason
-        return judge(r.metric_gate, r.quality_gate, r.collapsed, r.baseline_collapsed, clause)
-
-    found = [(r.config, *verdict_of(r)) for r in judged]
-    passed = [c for c, v, _ in found if v == "PASS"]
-    if passed:
-        return "PASS", f"passed by {', '.join(passed)}"
-    why = "; ".join(f"{c}: {reason}" for c, _, reason in found)
-    if any(v == "NOT RESOLVED" for _, v, _ in found):
-        return "NOT RESOLVED", f"no configuration passes, some are not resolved ({len(judged)} tested): {why}"
-    return "REFUTED", f"no tested configuration passes ({len(judged)} tested): {why}"
-
-
 def collapse_report(runs: Sequence[Run]) -> list[dict[str, Any]]:
     """Per complete run: experts under 1% pooled usage, total and per layer, and the excess over arm A's."""
     out = []
@@ -348,6 +95,8 @@ def collapse_report(runs: Sequence[Run]) -> list[dict[str, Any]]:
 PREREGISTERED = "pre-registered verdict"
 CONFIDENCE_VERDICT = "confidence verdict"
 STATES = ("PASS", "FAIL", "NOT RESOLVED", "NOT TESTABLE")
+# A gate's state at its interval (gate_state) as the confidence verdict words it.
+GATE_WORDS = {"met": "PASS", "missed": "FAIL", "not resolved": "NOT RESOLVED"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -391,9 +140,14 @@ DEVIATIONS: dict[str, Deviation] = {
         "collapse reading (diagnostic)", f"any expert under {COLLAPSE_PERCENT} usage fails the configuration",
         "both verdicts use the clause as written; a labelled diagnostic line also counts collapse beyond "
         "arm A's at the same size and budget"),
-    "arm-M baseline": Deviation(
-        "arm M baseline", "not in the paper (MELINOE fine-tunes a trained model)",
-        "each arm-M run against the run it was fine-tuned from; reported beside RQ1, never counted"),
+    "arm-M control": Deviation(
+        "arm M's control", "not in the paper (MELINOE fine-tunes a trained model)",
+        "each arm-M run against its control: the same base run fine-tuned for the same tokens on the same "
+        "batches without MELINOE's losses; its base printed beside; reported beside RQ1, never counted"),
+    "arm-M without control": Deviation(
+        "arm M without a control", "not in the paper (MELINOE fine-tunes a trained model)",
+        "an arm-M run with no control run is compared with the run it was fine-tuned from, so its effects are "
+        "confounded with the extra training; reported beside RQ1, never counted"),
     "model": Deviation("model", "137m: 137,319,168 parameters, d_model 384, 8 layers, E = 16, k = 2", ""),
     "training tokens": Deviation("training tokens", "200M (main arms), 50M (triage)", ""),
     "corpus": Deviation("corpus", "WikiText-103 (prose), codeparrot-clean (code), OpenWebMath (math)", ""),
@@ -404,6 +158,7 @@ DEVIATIONS: dict[str, Deviation] = {
     "evaluation": Deviation("evaluation", "500k tokens per domain: 488 windows of 1024 tokens", ""),
     "frontier (τ/ε)": Deviation("frontier (τ/ε)", "not stated in the spec", ""),
     "collapse": Deviation("collapse", f"any expert under {COLLAPSE_PERCENT} usage", ""),
+    "balancing": Deviation("balancing", "the Switch auxiliary loss, α = 0.01", ""),
 }
 
 
@@ -425,6 +180,8 @@ class Judged:
     interval: tuple[float, float] | None
     state: str  # one of STATES
     note: str = ""
+    per_seed: tuple[float, ...] = ()  # each seed's effect on the gate's scale, back-transformed
+    noise: str = "point"  # what the interval covers: "own" seeds, "borrowed" pooled SD, "none", or "point"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -444,6 +201,12 @@ class Verdict:
     reason: str
     line: str
     deviations: tuple[str, ...] = ()
+    baseline: tuple[str, ...] = ()  # the runs it was compared with (arm A's, or arm M's control or base)
+    arm: str = ""
+    lam: float = 0.0
+    series: str = ""  # its size and budget (and fork step): configurations of one series form a λ grid
+    fork_step: int = 0
+    balancing: str = ""  # moe.baselines.balancing ('' for the Switch loss)
 
 
 def counted_reason(group: Sequence[Run], runs: Sequence[Run]) -> str:
@@ -460,7 +223,24 @@ def counted_reason(group: Sequence[Run], runs: Sequence[Run]) -> str:
 
 
 def _baselines(group: Sequence[Run], runs: Sequence[Run]) -> tuple[list[Run], list[Run] | None]:
-    return _refs(group, runs)
+    """(the pooled baseline runs, each seed's paired baseline run or None when any seed lacks one)."""
+    pooled = summary.group_baseline_runs(group, runs)
+    paired = [summary.paired_baseline_run(r, runs) for r in group]
+    return pooled, (paired if pooled and all(p is not None for p in paired) else None)
+
+
+def series_label(run: Run) -> str:
+    """'409.6k tokens, cpu' (', branched at step 50', the balancing): the runs whose configurations form a λ grid."""
+    return (f"{rundir.format_tokens(run.tokens)} tokens, {run.size}"
+            + (f", branched at step {run.fork_step}" if run.fork_step else "")
+            + (f", {run.balancing}" if run.balancing else ""))
+
+
+def _identity(group: Sequence[Run], pooled: Sequence[Run]) -> dict[str, Any]:
+    """The Verdict fields that name a configuration and its baseline."""
+    head = group[0]
+    return {"baseline": tuple(r.name for r in pooled), "arm": head.arm, "lam": float(head.lam),
+            "series": series_label(head), "fork_step": head.fork_step, "balancing": head.balancing}
 
 
 def _collapsed(group: Sequence[Run]) -> int:
@@ -508,7 +288,8 @@ def preregistered(runs: Sequence[Run]) -> list[Verdict]:
         if not pooled:
             reason = summary.no_baseline_reason(group[0], runs)
             out.append(Verdict(PREREGISTERED, criterion, summary.config_label(group[0]), tuple(r.name for r in group),
-                               not why, why, None, None, 0, "NO BASELINE", reason, f"{head}: {reason} -> NO VERDICT"))
+                               not why, why, None, None, 0, "NO BASELINE", reason, f"{head}: {reason} -> NO VERDICT",
+                               **_identity(group, pooled)))
             continue
         vals = [summary.run_values(r) for r in group]
         refs = [summary.run_values(r) for r in pooled]
@@ -526,18 +307,45 @@ def preregistered(runs: Sequence[Run]) -> list[Verdict]:
             metric_text = f"static hit@50% (w=1.0 pin, in-sample) {_pct(hit)} {_fmt_gate(metric)}"
         collapsed = _collapsed(group)
         state, reason = _combine(metric, quality, collapsed)
-        ref_kind = "base" if group[0].finetuned else "A"
+        ref_kind = _reference_kind(group, runs)
         line = (f"{head} vs {ref_kind} averaged over {', '.join(r.name for r in pooled)}: {metric_text}; "
                 f"mean PPL {ppl.x:.3f} vs {ppl.y:.3f} = {_pct(quality.point, True)} {_fmt_gate(quality)}; "
-                f"collapsed {collapsed} -> {state} ({reason})" + (f" [not counted: {why}]" if why else ""))
+                f"collapsed {collapsed} -> {state} ({reason})" + _beside_base(group, runs, "mean")
+                + (f" [not counted: {why}]" if why else ""))
         out.append(Verdict(PREREGISTERED, criterion, summary.config_label(group[0]), tuple(r.name for r in group),
                            not why, why, metric, quality, collapsed, state, reason, line,
-                           ("arm-M baseline",) if group[0].finetuned else ()))
+                           _arm_m_deviation(group, runs), **_identity(group, pooled)))
     return out
 
 
+def _reference_kind(group: Sequence[Run], runs: Sequence[Run]) -> str:
+    """What a configuration is compared with: "A", or arm M's "control" (else its "base")."""
+    if not group[0].finetuned:
+        return "A"
+    return "control" if summary.melinoe_control(group[0], runs) in summary.arm_m_references(group, runs) else "base"
+
+
+def _arm_m_deviation(group: Sequence[Run], runs: Sequence[Run]) -> tuple[str, ...]:
+    kind = _reference_kind(group, runs)
+    return {"A": (), "control": ("arm-M control",), "base": ("arm-M without control",)}[kind]
+
+
+def _beside_base(group: Sequence[Run], runs: Sequence[Run], mean: str) -> str:
+    """'; beside, against its base a-s1: mean PPL X vs Y = Z' for arm M judged against its control."""
+    if _reference_kind(group, runs) != "control":
+        return ""
+    bases = [summary.base_run_lookup(r, runs)[0] for r in group]
+    ppl = [summary.run_values(r)["ppl"] for r in group]
+    base_ppl = [summary.run_values(b)["ppl"] for b in bases]
+    ratio = (effects.ratio_of_means(ppl, base_ppl) if mean == "mean" else effects.paired_ratio(ppl, base_ppl))
+    return (f"; beside, against its base {', '.join(dict.fromkeys(b.name for b in bases))}: mean PPL "
+            f"{ratio.x:.3f} vs {ratio.y:.3f} = {_pct(ratio.ratio - 1.0, True)}")
+
+
 def _todo(runs: Sequence[Run]) -> list[tuple[list[Run], str]]:
-    groups = sorted(summary.group_by_config(runs), key=lambda g: (g[0].size, g[0].tokens, g[0].arm, g[0].lam, g[0].mu))
+    """(configuration, criterion) pairs the verdicts judge; arm M's controls are baselines, not configurations."""
+    groups = [g for g in summary.group_by_config(runs) if not summary.is_melinoe_control(g[0])]
+    groups = sorted(groups, key=lambda g: (g[0].size, g[0].tokens, g[0].arm, g[0].lam, g[0].mu))
     todo = [(group, criterion) for group in groups for criterion in CRITERIA_BY_ARM.get(group[0].arm, ())]
     return sorted(todo, key=lambda t: t[1])
 
@@ -600,26 +408,33 @@ def study_noise(runs: Sequence[Run]) -> dict[tuple[str, float, str], effects.Noi
 
 
 def _noise_gate(name: str, values: Sequence[float], noise: effects.Noise | None, gate: float, at_least: bool,
-                back, detect: float | None, note_open: str = "") -> Judged:
-    """A gate judged on a transformed scale: mean ± t·SD/√n there, back-transformed (``back``), with its state."""
+                back, gate_z: float, detect: float | None) -> Judged:
+    """A gate judged on a transformed scale: mean ± t·SD/√n there, back-transformed (``back``), with its state.
+
+    ``gate_z`` is the gate on that scale, ``detect`` the gate's size there (None: no testability clause)."""
     mean = float(np.mean(values))
     point = back(mean)
+    per_seed = tuple(back(float(v)) for v in values)
     if noise is None:
         return Judged(name, point, gate, at_least, None, "NOT RESOLVED",
                       "no training-noise estimate: one seed and no configuration at this budget with 2 seeds to "
-                      "pool; a window interval cannot decide it")
+                      "pool; a window interval cannot decide it", per_seed, "none")
     half = effects.t_half_width(noise, len(values))
     ends = sorted((back(mean - half), back(mean + half)))
     interval = (ends[0], ends[1])
-    state = {"met": "PASS", "missed": "FAIL", "not resolved": "NOT RESOLVED"}[
-        gate_state(point, interval, gate, at_least)]
+    state = GATE_WORDS[gate_state(point, interval, gate, at_least)]
+    kind = "borrowed" if noise.borrowed else "own"
     source = (f"SD {noise.sd:.4f} borrowed from the study's pooled seed-paired SD, df {noise.df}" if noise.borrowed
               else f"own {len(values)} seeds, df {noise.df}")
     if state == "NOT RESOLVED" and detect is not None and half >= detect:
         return Judged(name, point, gate, at_least, interval, "NOT TESTABLE",
                       f"{source}; the interval's half-width {half:.3f} on its scale exceeds the gate's size "
-                      f"{detect:.3f}, so no effect of the gate's size can be detected")
-    return Judged(name, point, gate, at_least, interval, state, source + (f"; {note_open}" if note_open else ""))
+                      f"{detect:.3f}, so no effect of the gate's size can be detected", per_seed, kind)
+    if state == "NOT RESOLVED" and not noise.borrowed:
+        needed = intervals.seeds_to_resolve(values, gate_z)
+        source += (f"; {needed} seed pairs would resolve it if this mean and SD held" if needed else
+                   "; more than 100 seed pairs would be needed at this mean and SD")
+    return Judged(name, point, gate, at_least, interval, state, source, per_seed, kind)
 
 
 def confidence(runs: Sequence[Run]) -> list[Verdict]:
@@ -637,7 +452,8 @@ def confidence(runs: Sequence[Run]) -> list[Verdict]:
         if found is None:
             reason = summary.no_baseline_reason(head_run, runs)
             out.append(Verdict(CONFIDENCE_VERDICT, criterion, label, tuple(r.name for r in group), not why, why,
-                               None, None, 0, "NO BASELINE", reason, f"{head}: {reason} -> NO VERDICT"))
+                               None, None, 0, "NO BASELINE", reason, f"{head}: {reason} -> NO VERDICT",
+                               **_identity(group, ())))
             continue
         vals, refs, paired = found
         q = _quantities(group, runs, criterion)
@@ -650,11 +466,12 @@ def confidence(runs: Sequence[Run]) -> list[Verdict]:
         max_cost = RQ1_MAX_PPL_COST if criterion == "RQ1" else RQ2_MAX_PPL_COST
         ppl = effects.paired_ratio([v["ppl"] for v in vals], [r["ppl"] for r in refs])
         quality = _noise_gate("ΔPPL", q["log_ppl"], noise_of("log_ppl"), max_cost, False,
-                              lambda z: math.exp(z) - 1.0, math.log1p(max_cost))
+                              math.expm1, math.log1p(max_cost), math.log1p(max_cost))
         if criterion == "RQ1":
             miss = effects.paired_ratio([v["lru_miss_25"] for v in vals], [r["lru_miss_25"] for r in refs])
             metric = _noise_gate("miss reduction", q["log_miss"], noise_of("log_miss"), RQ1_MIN_MISS_REDUCTION,
-                                 True, lambda z: 1.0 - math.exp(z), -math.log(1.0 - RQ1_MIN_MISS_REDUCTION))
+                                 True, lambda z: -math.expm1(z), math.log1p(-RQ1_MIN_MISS_REDUCTION),
+                                 -math.log1p(-RQ1_MIN_MISS_REDUCTION))
             metric_text = (f"LRU miss/token@25% {miss.x:.3f} vs {miss.y:.3f} = {_pct(metric.point)} reduction "
                            f"(geometric means over seeds) {_fmt_gate(metric)}")
         else:
@@ -664,34 +481,38 @@ def confidence(runs: Sequence[Run]) -> list[Verdict]:
             a_hits = _hits([summary.run_values(r) for r in _baselines(group, runs)[0]])[0]
             a_hit = float(np.mean(a_hits))
             metric = _noise_gate("static hit@50%", q["logit_hit"], noise_of("logit_hit"), RQ2_MIN_STATIC_HIT,
-                                 True, effects.expit, None)
+                                 True, effects.expit, effects.logit(RQ2_MIN_STATIC_HIT), None)
             if passes(a_hit, RQ2_MIN_STATIC_HIT, True):
                 metric = dataclasses.replace(metric, state="NOT TESTABLE", note=(
                     f"arm A already has {_pct(a_hit)} ≥ {_pct(RQ2_MIN_STATIC_HIT)}, so passing says nothing about "
                     "the confinement loss"))
             metric_text = (f"static hit@50% ({'pin fitted on the training split' if oos else 'w=1.0 pin, in-sample'}) "
                            f"{_pct(metric.point)} (logit mean over seeds; arm A's mean {_pct(a_hit)}) {_fmt_gate(metric)}")
-        if any(g.note.startswith("SD ") for g in (metric, quality)):
+        if any(g.noise == "borrowed" for g in (metric, quality)):
             used.append("borrowed variance")
         collapsed = _collapsed(group)
         state, reason = _combine(metric, quality, collapsed)
-        against = ("vs base" if head_run.finetuned else "vs A of the same seed" if paired else
-                   "vs A's geometric mean (no same-seed pair)")
+        refs_named = ", ".join(dict.fromkeys(r.name for r in summary.arm_m_references(group, runs) if r is not None))
+        against = {"control": f"vs its control ({refs_named})", "base": f"vs base ({refs_named})"}.get(
+            _reference_kind(group, runs), "vs A of the same seed" if paired else "vs A's geometric mean (no same-seed pair)")
         line = (f"{head} {against}: {metric_text}; mean PPL {ppl.x:.3f} vs {ppl.y:.3f} = {_pct(quality.point, True)} "
                 f"(geometric means over seeds) {_fmt_gate(quality)}; collapsed {collapsed} -> {state} ({reason})"
-                + (f" [not counted: {why}]" if why else ""))
-        if head_run.finetuned:
-            used.append("arm-M baseline")
+                + _beside_base(group, runs, "geometric") + (f" [not counted: {why}]" if why else ""))
+        used += _arm_m_deviation(group, runs)
         out.append(Verdict(CONFIDENCE_VERDICT, criterion, label, tuple(r.name for r in group), not why, why,
-                           metric, quality, collapsed, state, reason, line, tuple(used)))
+                           metric, quality, collapsed, state, reason, line, tuple(used),
+                           **_identity(group, _baselines(group, runs)[0])))
     return out
 
 
-def overall_word(verdicts: Sequence[Verdict], criterion: str) -> tuple[str, str]:
+def overall_word(verdicts: Sequence[Verdict], criterion: str, untestable: str = "") -> tuple[str, str]:
     """An RQ's word over its counted configurations: REFUTED only when every one FAILs; SUPPORTED when one
-    PASSes; else NOT TESTABLE when one is not testable (it propagates), else NOT RESOLVED."""
+    PASSes; else NOT TESTABLE when one is not testable (it propagates), else NOT RESOLVED. With no counted
+    configuration: NOT TESTABLE when ``untestable`` says why the scale cannot answer it, else NOT TESTED."""
     mine = [v for v in verdicts if v.criterion == criterion and v.counted and v.state != "NO BASELINE"]
     if not mine:
+        if untestable:
+            return "NOT TESTABLE", untestable
         return "NOT TESTED", "no counted configuration with a baseline"
     why = "; ".join(f"{v.config}: {v.state}" for v in mine)
     states = {v.state for v in mine}
@@ -704,11 +525,39 @@ def overall_word(verdicts: Sequence[Verdict], criterion: str) -> tuple[str, str]
     return "NOT RESOLVED", why
 
 
-def verdict_block(name: str, rule: str, verdicts: Sequence[Verdict], extra: Sequence[str] = ()) -> list[str]:
+def _main_arm_a(runs: Sequence[Run]) -> list[list[Run]]:
+    """Arm A's runs at the pre-registered budget of each size (the largest arm-A budget run there)."""
+    out = []
+    for size in sorted({r.size for r in runs if r.complete and r.arm == "A"}):
+        mine = [r for r in runs if r.complete and r.arm == "A" and r.size == size and not r.finetuned]
+        main = max(r.tokens for r in mine)
+        out.append([r for r in mine if r.tokens == main])
+    return out
+
+
+def rq2_untestable(runs: Sequence[Run]) -> str:
+    """Why RQ2 cannot be tested at this scale when no counted configuration tests it: arm A at the
+    pre-registered budget already clears the static-hit gate; '' where it does not (or there is no arm A)."""
+    parts = []
+    for group in _main_arm_a(runs):
+        hits, key = _hits([summary.run_values(r) for r in group])
+        hit = float(np.mean(hits))
+        if not passes(hit, RQ2_MIN_STATIC_HIT, True):
+            return ""
+        where = "out-of-sample" if key == "static_hit_50_oos" else "in-sample"
+        parts.append(f"arm A ({', '.join(r.name for r in group)}) already has {_pct(hit)} {where} static "
+                     f"hit@50% ≥ {_pct(RQ2_MIN_STATIC_HIT)}")
+    if not parts:
+        return ""
+    return "; ".join(parts) + ", so no confinement loss could show an effect (and no arm-C or arm-D run is judged)"
+
+
+def verdict_block(name: str, rule: str, verdicts: Sequence[Verdict], extra: Sequence[str] = (),
+                  untestable: dict[str, str] | None = None) -> list[str]:
     """The lines of one verdict: its name and rule, one line per configuration, then each RQ's overall word."""
     lines = [f"{name.capitalize()} ({rule}):"] + [v.line for v in verdicts] + list(extra)
     for criterion in ("RQ1", "RQ2"):
-        word, why = overall_word(verdicts, criterion)
+        word, why = overall_word(verdicts, criterion, (untestable or {}).get(criterion, ""))
         lines.append(f"{criterion} overall, {name}: {word} ({why})")
     return lines
 
@@ -757,11 +606,13 @@ def detectable_ppl_cost(sd: float, n: int, confidence: float = intervals.CONFIDE
     return effects.t_half_width(effects.Noise(math.sqrt(2.0) * sd, n - 1, False), n, confidence)
 
 
-def testability(runs: Sequence[Run], results: Sequence[CriterionResult]) -> list[str]:
-    """Per arm-A budget that a judged configuration uses: A against each gate, A's seed spread against the
-    quality gate, tokens per parameter against the paper's, and whether each RQ can be tested here."""
+def testability(runs: Sequence[Run]) -> list[str]:
+    """Per arm-A budget that a counted configuration is judged against (else arm A's pre-registered budget):
+    A against each gate, A's seed spread against the quality gate, tokens per parameter against the paper's,
+    and whether each RQ can be tested here."""
     lines = []
-    used = {r.baseline_runs for r in results if r.baseline_runs and r.baseline_kind == "A"}
+    used = {v.baseline for v in confidence(runs) if v.counted and v.baseline and v.arm != "M"}
+    used = used or {tuple(r.name for r in group) for group in _main_arm_a(runs)}
     for names in sorted(used, key=lambda t: (len(t), t), reverse=True):
         a_runs = [r for r in runs if r.name in names]
         vals = [summary.run_values(r) for r in a_runs]
@@ -824,57 +675,6 @@ def _interval(ci: tuple[float, float], signed: bool) -> str:
     return f"[{_pct(ci[0], signed)}, {_pct(ci[1], signed)}]"
 
 
-def _seeds(values: Sequence[float], signed: bool) -> str:
-    return f" (seeds: {', '.join(_pct(v, signed) for v in values)})" if len(values) > 1 else ""
-
-
-def format_result(r: CriterionResult) -> str:
-    """One line with the numbers, the verdict and its binding reason."""
-    head = f"{r.criterion} [{r.config}] {', '.join(r.runs)}"
-    if r.verdict == "NO BASELINE":
-        return f"{head}: {r.reason} -> NO VERDICT"
-    ref = r.baseline_kind  # "A" or "base"
-    if ref == "base":  # each seed against the run it was fine-tuned from
-        against = f"vs base {', '.join(dict.fromkeys(r.paired_runs or r.baseline_runs))}"
-    elif r.paired_runs is not None:
-        against = f"vs A of the same seed ({', '.join(r.paired_runs)})"
-    else:
-        against = f"vs pooled A ({', '.join(r.baseline_runs)}; no same-seed pair)"
-    m, q = r.metric_gate, r.quality_gate
-    if r.criterion == "RQ1":
-        metric = (f"{r.metric} {r.value:.3f} vs {r.baseline_value:.3f} = {_pct(m.point)} reduction"
-                  f"{_seeds(m.per_seed, False)}")
-    else:
-        metric = (f"{r.metric} {_pct(r.value)}{_seeds(m.per_seed, False)} ({ref} {_pct(r.baseline_value)}; "
-                  f"in-sample w=1.0 pin {_pct(r.in_sample_value)})")
-    quality = f"mean PPL {r.ppl:.3f} vs {r.baseline_ppl:.3f} = {_pct(q.point, True)}{_seeds(q.per_seed, True)}"
-    lo, hi = min(r.baseline_collapsed), max(r.baseline_collapsed)
-    collapse = f"collapsed {r.collapsed} (baseline {lo if lo == hi else f'{lo}–{hi}'})"
-    return (f"{head} {against}: {metric}; {quality}; {collapse} -> {r.verdict} ({r.reason}); "
-            f"without the collapse clause: {r.verdict_without_collapse}; "
-            f"with SPEC §9's clause read literally: {r.verdict_literal_collapse}")
-
-
-def gate_lines(r: CriterionResult) -> list[str]:
-    """Each gate: its state, the interval it was judged at (labelled with the noise it covers), and the others."""
-    if r.verdict == "NO BASELINE":
-        return []
-    lines = []
-    for g in (r.metric_gate, r.quality_gate):
-        signed = g.name == "ΔPPL"
-        op = "≥" if g.at_least else "≤"
-        judged = (f"judged at {_interval(g.interval, signed)}, the {g.interval_label}" if g.interval is not None
-                  else g.interval_label)
-        extra = []
-        if g.window_ci is not None and g.interval != g.window_ci:
-            extra.append(f"{WINDOW_LABEL} {_interval(g.window_ci, signed)}")
-        elif g.window_ci is None and g.seed_ci is not None:
-            extra.append(f"no window interval: {g.window_ci_note}")
-        lines.append(f"  {r.criterion} {g.name} {op} {_pct(g.gate, signed)}: {g.state} (point {_pct(g.point, signed)}"
-                     f"{_seeds(g.per_seed, signed)}; {judged}" + "".join(f"; {e}" for e in extra) + ")")
-    return lines
-
-
 def format_collapse(entry: dict[str, Any]) -> str:
     against = ""
     if entry.get("excess") is not None:
@@ -898,16 +698,19 @@ class Joint:
     line: str
 
 
-def joint(runs: Sequence[Run]) -> list[Joint]:
-    """RQ1's joint question per λ grid, judged on its seed-level interval (analysis.matched)."""
+def joint(runs: Sequence[Run], target_points: float | None = None) -> list[Joint]:
+    """RQ1's joint question per λ grid, judged on its seed-level interval (analysis.matched), with the
+    interval's half-width (against ``target_points``, the registered half-width in percentage points, when
+    given) and the seeds that would decide it."""
     out = []
     for g in matched.grids(runs):
-        head = next(r for r in runs if r.arm == "B" and r.complete and (r.size, r.tokens, r.fork_step) ==
-                    (g.size, g.tokens, g.fork_step))
+        head = next(r for r in runs if r.arm == "B" and r.complete and (r.size, r.tokens, r.fork_step, r.balancing)
+                    == (g.size, g.tokens, g.fork_step, g.balancing))
         why = counted_reason([head], runs)
         e = matched.matched_effect(g.lams, g.log_miss, g.log_ppl, RQ1_MIN_MISS_REDUCTION)
         label = (f"[{g.size}, {rundir.format_tokens(g.tokens)} tokens, λ grid {', '.join(f'{x:g}' for x in g.lams)}"
-                 + (f", branched at step {g.fork_step}" if g.fork_step else "") + f", seeds "
+                 + (f", branched at step {g.fork_step}" if g.fork_step else "")
+                 + (f", {g.balancing}" if g.balancing else "") + f", seeds "
                  f"{', '.join(map(str, g.seeds))}]")
         if e.crossing is None:
             state, text = "NOT RESOLVED", ("no λ of the grid reaches the miss gate at the seed means; the crossing "
@@ -917,10 +720,9 @@ def joint(runs: Sequence[Run]) -> list[Joint]:
             text = (f"{e.delta_ppl:+.2%} at {e.n_seeds} seed{'s' if e.n_seeds != 1 else ''}; no seed-level interval (it needs 2 or more seeds "
                     "whose leave-one-out curves all reach the gate)")
         else:
-            state = {"met": "PASS", "missed": "FAIL", "not resolved": "NOT RESOLVED"}[
-                gate_state(e.delta_ppl, (e.low, e.high), RQ1_MAX_PPL_COST, False)]
+            state = GATE_WORDS[gate_state(e.delta_ppl, (e.low, e.high), RQ1_MAX_PPL_COST, False)]
             text = (f"{e.delta_ppl:+.2%} (95% CI [{e.low:+.2%}, {e.high:+.2%}], {e.method}, {e.n_seeds} seeds) vs "
-                    f"≤ {RQ1_MAX_PPL_COST:+.2%}")
+                    f"≤ {RQ1_MAX_PPL_COST:+.2%}" + _joint_precision(g, e, state, target_points))
         counted = not why
         line = (f"RQ1 joint question, ΔPPL at {RQ1_MIN_MISS_REDUCTION:.0%} miss reduction {label}: {text} -> "
                 f"{state}" + ("" if counted else f" (not counted: {why})"))
@@ -928,16 +730,68 @@ def joint(runs: Sequence[Run]) -> list[Joint]:
     return out
 
 
-def verdict_text(runs: Sequence[Run], results: Sequence[CriterionResult] | None = None) -> str:
-    """Both verdicts, each named, then the collapse counts and the labelled 'beyond arm A's' diagnostic."""
+def _joint_precision(g: matched.Grid, e: matched.MatchedEffect, state: str, target_points: float | None) -> str:
+    """'; half-width ±0.62 points (target ±0.5: wider); 9 seeds would decide it ...' for the joint line.
+
+    The seeds are planned at the per-seed SD of the linearised estimand (``matched.per_seed_values``, the
+    spread the jackknife's leave-one-out values have to first order), as ``analysis.power`` plans a study."""
+    half = 100 * (e.high - e.low) / 2
+    text = f"; half-width ±{half:.2f} points"
+    if target_points is not None:
+        text += (f" against the registered ±{target_points:g}-point target: "
+                 + ("within it" if half <= target_points + 1e-9 else "wider than it"))
+    values = matched.per_seed_values(g.lams, g.log_miss, g.log_ppl, RQ1_MIN_MISS_REDUCTION)
+    noise = effects.own_noise(values) if values is not None else None
+    if noise is None:
+        return text
+    centre = math.log1p(e.delta_ppl)
+    plan = f"at the estimate and its per-seed SD {noise.sd:.4f} on the log scale (df {noise.df})"
+    if state == "NOT RESOLVED":
+        needed = intervals.seeds_to_resolve(values, math.log1p(RQ1_MAX_PPL_COST), most=effects.MOST_SEEDS)
+        text += (f"; {needed} seeds would decide it (an interval clear of {RQ1_MAX_PPL_COST:+.2%}) {plan}"
+                 if needed else f"; more than {effects.MOST_SEEDS} seeds would be needed to decide it {plan}")
+    if target_points is not None:
+        needed = effects.seeds_for(noise.sd, effects.log_half_for_points(centre, target_points))
+        text += (f"; the ±{target_points:g}-point target needs {needed if needed else f'more than {effects.MOST_SEEDS}'}"
+                 f" seeds {plan}")
+    return text
+
+
+# What a joint line's state says of RQ1 when the study registered the joint estimand as its decision rule.
+JOINT_WORDS = {"PASS": "SUPPORTED", "FAIL": "REFUTED", "NOT RESOLVED": "NOT RESOLVED"}
+
+
+def registered_rule_line(joints: Sequence[Joint]) -> str:
+    """RQ1's word under a study's registered decision rule (its joint estimand): SUPPORTED / REFUTED only when
+    every counted joint line PASSes / FAILs, else NOT RESOLVED; the per-λ gates and collapse stay beside it."""
+    counted = [j for j in joints if j.counted]
+    if not counted:
+        word, why = "NOT TESTED", "no counted λ grid reaches a joint estimate"
+    else:
+        states = {j.state for j in counted}
+        word = JOINT_WORDS[states.pop()] if len(states) == 1 else "NOT RESOLVED"
+        why = "; ".join(f"{j.grid.size}, {rundir.format_tokens(j.grid.tokens)} tokens: {j.state}" for j in counted)
+    return (f"RQ1 overall, the study's registered decision rule (ΔPPL at {RQ1_MIN_MISS_REDUCTION:.0%} miss "
+            f"reduction, its 95% interval against ≤ {RQ1_MAX_PPL_COST:+.2%}; the per-λ gates and the collapse "
+            f"clause are the two verdicts above): {word} ({why})")
+
+
+def verdict_text(runs: Sequence[Run], target_points: float | None = None, decides_rq1: bool = False) -> str:
+    """Both verdicts, each named, then the collapse counts and the labelled 'beyond arm A's' diagnostic.
+    ``target_points``: the registered half-width of RQ1's joint estimand (percentage points), if any;
+    ``decides_rq1``: the study registered that estimand as RQ1's decision rule (its word is printed last)."""
+    untestable = {"RQ2": rq2_untestable(runs)}
     lines = verdict_block(PREREGISTERED, "SPEC §9 as written: point estimates against arm A averaged over its "
                           "seeds, any collapsed expert fails", preregistered(runs))
     noise = study_noise(runs)
     pooled = [f"Pooled seed-paired SD at size {size}, {rundir.format_tokens(tokens)} tokens, {name}: "
               f"{n.sd:.4f} (df {n.df})" for (size, tokens, name), n in sorted(noise.items())]
+    joints = joint(runs, target_points)
     lines += [""] + verdict_block(CONFIDENCE_VERDICT, "training noise: seed-paired effects, 95% t-intervals on "
                                   "the log or logit scale; any collapsed expert fails", confidence(runs),
-                                  pooled + [j.line for j in joint(runs)])
+                                  pooled + [j.line for j in joints], untestable)
+    if decides_rq1:
+        lines += ["", registered_rule_line(joints)]
     lines += ["", *collapse_diagnostic(runs)]
     lines += [format_collapse(e) for e in collapse_report(runs)]
     return "\n".join(lines) + "\n"
@@ -948,23 +802,40 @@ def _verdict_json(v: Verdict) -> dict[str, Any]:
             for k, val in ((f.name, getattr(v, f.name)) for f in dataclasses.fields(v))}
 
 
-def _result_json(r: CriterionResult) -> dict[str, Any]:
-    out = dataclasses.asdict(r)
-    out.update(effect=r.effect, ppl_cost=r.ppl_cost, pairing=r.pairing)
-    return out
+def registered_target(root: Path) -> float | None:
+    """The half-width (percentage points) a study's registered plan sets for RQ1's joint estimand
+    (``estimands.rq1_matched.target_points`` in ROOT/preregistration.json); None without one."""
+    from moe.rundir import preregistration
+
+    doc = preregistration.read(root) if Path(root).is_dir() else None
+    target = ((doc or {}).get("plan", {}).get("estimands", {}).get("rq1_matched") or {}).get("target_points")
+    return float(target) if isinstance(target, (int, float)) and not isinstance(target, bool) else None
+
+
+def registered_decision(root: Path) -> bool:
+    """Whether a study's registered plan (ROOT/preregistration.json) decides RQ1 on its joint estimand
+    (``estimands.rq1_matched``)."""
+    from moe.rundir import preregistration
+
+    doc = preregistration.read(root) if Path(root).is_dir() else None
+    return "rq1_matched" in ((doc or {}).get("plan", {}).get("estimands") or {})
 
 
 def verdict_json(runs: Sequence[Run]) -> dict[str, Any]:
     """Both verdicts, their overall words and the deviations they use, as JSON."""
     both = {PREREGISTERED: preregistered(runs), CONFIDENCE_VERDICT: confidence(runs)}
+    untestable = {"RQ2": rq2_untestable(runs)}
     return {
         "verdicts": {name: {"configurations": [_verdict_json(v) for v in found],
-                            "overall": {c: dict(zip(("verdict", "reason"), overall_word(found, c)))
+                            "overall": {c: dict(zip(("verdict", "reason"), overall_word(
+                                found, c, untestable.get(c, "") if name == CONFIDENCE_VERDICT else "")))
                                         for c in ("RQ1", "RQ2")}}
                      for name, found in both.items()},
         "rq1_joint": [{"size": j.grid.size, "tokens": j.grid.tokens, "fork_step": j.grid.fork_step,
                        "lams": j.grid.lams, "seeds": j.grid.seeds, "delta_ppl": j.effect.delta_ppl,
                        "interval": [j.effect.low, j.effect.high], "method": j.effect.method, "state": j.state,
+                       "half_width_points": (None if j.effect.low is None else
+                                             100 * (j.effect.high - j.effect.low) / 2),
                        "counted": j.counted} for j in joint(runs)],
         "deviations": deviations_used(runs),
         "collapse": collapse_report(runs),
@@ -974,16 +845,20 @@ def verdict_json(runs: Sequence[Run]) -> dict[str, Any]:
     }
 
 
-COMMAND = run_args.run_command("python -m analysis.verdict", "The pre-registered verdict (SPEC §9) from run "
-                               "directories: the one module that judges.")
+COMMAND = run_args.run_command("python -m analysis.verdict", "The two verdicts of SPEC §9 from run directories: "
+                               "the one module that judges.")
 COMMAND.define_format("text", ["text", "json"])
 COMMAND.define("string", "out", None, "write the verdict to this file instead of stdout")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = run_args.parse_runs(COMMAND, argv)
-    runs = load_runs(args.paths, store=run_args.make_store(args))
-    text = json.dumps(verdict_json(runs), indent=1) + "\n" if args.format == "json" else verdict_text(runs)
+    cli_util.check_writable(args.out)
+    runs = load_runs(args.paths, store=run_args.make_store(args), skip_broken=args.skip_broken)
+    root = Path(args.paths[0]) if len(args.paths) == 1 else None
+    target, decides = (registered_target(root), registered_decision(root)) if root else (None, False)
+    text = (json.dumps(verdict_json(runs), indent=1) + "\n" if args.format == "json"
+            else verdict_text(runs, target, decides))
     run_args.write_or_print(text, Path(args.out).parent if args.out else None, Path(args.out).name if args.out else "")
     return 0
 

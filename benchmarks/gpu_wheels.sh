@@ -18,7 +18,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DEST=${1:-.whl}
-PY=$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )
+# The project's Python: its .venv, else the one scripts/pick_python.sh finds (never a failing pyenv shim).
+source scripts/pick_python.sh
+PY=$( [ -x .venv/bin/python ] && echo .venv/bin/python || pick_python ) || {
+  echo "gpu_wheels: Python >= 3.12 is required; set PYTHON=/path/to/python3.12" >&2; exit 2; }
 
 pin() {  # the exact pin of package $1 in the lock files
   local line

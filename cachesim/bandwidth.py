@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from cachesim.cli_util import CLI, check_writable, comma_list, stop_on_interrupt, write_output
+from cachesim.cli_util import CLI, check_writable, error, comma_list, stop_on_interrupt, write_output
 
 # cachesim.timed (numpy) is imported in main: `--help` starts without it (benchmarks/help_bench.py).
 
@@ -98,8 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                      stream_tier=args.stream_tier, hit_rate=args.hit_rate, experts=experts,
                      trace_name=name)
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return error(exc)
     write_output(json.dumps(rep, indent=2) if args.format == "json" else _format_table(rep), args.out)
     return 0
 

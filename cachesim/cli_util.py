@@ -31,12 +31,12 @@ import pathlib
 import shutil
 import sys
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn
 
 from absl import flags
 
-from cachesim.files import write_atomic
+from cachesim.files import write_atomic, write_together
 
 # Exceptions that are the user's input, reported as one line (anything else is a bug: a traceback).
 USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError)
@@ -184,9 +184,14 @@ class CLI:
             self.flags[old].present for old, new in self._deprecated.items() if new == name)
 
 
-def fail(message: str) -> NoReturn:
+def error(message: object) -> int:
+    """Prints ``error: message`` on stderr and returns exit code 2: a command's ``return error(e)``."""
     print(f"error: {message}", file=sys.stderr)
-    sys.exit(2)
+    return 2
+
+
+def fail(message: str) -> NoReturn:
+    sys.exit(error(message))
 
 
 def flags_only(remaining: Sequence[str], prog: str) -> list[str]:
@@ -207,8 +212,7 @@ def run(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None 
         try:
             return main(argv)
         except errors as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
+            return error(os_error_text(e) if isinstance(e, OSError) else e)
     return stop_on_interrupt(body, argv)
 
 
@@ -241,32 +245,70 @@ def comma_list(text: str, kind: type, what: str) -> list:
     return values
 
 
-def check_writable(out: str | None) -> None:
-    """Refuses an ``--out`` that cannot be written, before any computation: one ``error:`` line, exit 2."""
+def check_writable(out: str | None, *, folder: bool = False, flag: str = "--out") -> None:
+    """Refuses an ``--out`` that cannot be written, before any computation: one ``error:`` line, exit 2.
+
+    ``folder``: ``out`` is a folder the command writes its files into (made if missing, with its parents).
+    """
     if not out:
         return
-    path = pathlib.Path(out)
+    problem = _folder_problem(pathlib.Path(out)) if folder else _file_problem(pathlib.Path(out), flag)
+    if problem:
+        fail(f"{flag}={out} {problem}")
+
+
+def _file_problem(path: pathlib.Path, flag: str) -> str | None:
     folder = path.parent
     if path.is_dir():
-        problem = "is a directory; give a file path"
-    elif not folder.is_dir():
-        problem = f"folder {str(folder)!r} does not exist; create it or choose another --out"
-    elif path.exists() and not os.access(path, os.W_OK):
-        problem = "is read-only; make it writable or choose another --out"
-    elif not os.access(folder, os.W_OK | os.X_OK):
-        problem = f"folder {str(folder)!r} is read-only; choose another --out"
-    else:
-        return
-    fail(f"--out={out} {problem}")
+        return "is a directory; give a file path"
+    if not folder.is_dir():
+        return f"folder {str(folder)!r} does not exist; create it or choose another {flag}"
+    if path.exists() and not os.access(path, os.W_OK):
+        return f"is read-only; make it writable or choose another {flag}"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"folder {str(folder)!r} is read-only; choose another {flag}"
+    return None
 
 
-def write_error_line(out: str, error: OSError) -> str:
-    """``--out=PATH: cannot write (No space left on device; 4,096 bytes free in DIR) ...``."""
+def _folder_problem(path: pathlib.Path) -> str | None:
+    if path.exists() and not path.is_dir():
+        return "is a file; give a folder"
+    existing = next(p for p in (path, *path.parents) if p.exists())  # the folder, or the ancestor it is made in
+    if not existing.is_dir():
+        return f"cannot be made: {str(existing)!r} is a file; choose another folder"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        where = "is read-only" if existing == path else f"cannot be made: {str(existing)!r} is read-only"
+        return f"{where}; choose another folder"
+    return None
+
+
+def free_space_text(path: str | os.PathLike) -> str:
+    """``4,096 bytes free in 'DIR'``: the free space of the filesystem ``path`` (or its nearest folder) is on."""
+    path = pathlib.Path(path)
+    folder = next((p for p in (path, *path.parents) if p.is_dir()), pathlib.Path("."))
+    return f"{shutil.disk_usage(folder).free:,} bytes free in {str(folder)!r}"
+
+
+def _cause(error: OSError, where: str | os.PathLike) -> str:
+    """Why a file operation failed; on a full disk, with the free space where it failed (else at ``where``)."""
     reason = error.strerror or str(error)
-    if error.errno == errno.ENOSPC:
-        folder = pathlib.Path(out).parent
-        reason += f"; {shutil.disk_usage(folder).free:,} bytes free in {str(folder)!r}"
-    return f"--out={out}: cannot write ({reason}); the old file, if any, is kept; free space or choose another --out"
+    full = error.errno in (errno.ENOSPC, errno.EDQUOT)
+    return f"{reason}; {free_space_text(error.filename or where)}" if full else reason
+
+
+def os_error_text(error: OSError) -> str:
+    """A failed file operation as one line: the path, the cause and, on a full disk, the free space there."""
+    reason = _cause(error, ".")
+    return f"{error.filename}: {reason}" if error.filename else reason
+
+
+def write_error_line(out: str, error: OSError, flag: str = "--out") -> str:
+    """``--out=PATH: cannot write (No space left on device; 4,096 bytes free in 'DIR') ...``; the file that
+    failed is named too when ``out`` is a folder."""
+    reason = _cause(error, out)
+    failed = f" {error.filename}" if error.filename and str(error.filename) != str(out) else ""
+    return (f"{flag}={out}: cannot write{failed} ({reason}); the old files, if any, are kept whole; free space "
+            f"or choose another {flag}")
 
 
 def write_output(text: str, out: str | None) -> None:
@@ -281,6 +323,17 @@ def write_output(text: str, out: str | None) -> None:
     except OSError as e:
         fail(write_error_line(out, e))
     print(out)
+
+
+def write_files(files: Mapping[pathlib.Path, Any], out: str, *, flag: str = "--out") -> None:
+    """Writes a command's files into its ``--out`` folder together (cachesim.files.write_together: all or
+    none), then names each; a failed write is one ``error:`` line and exit 2, the old files kept whole."""
+    try:
+        write_together(files, mode=None)
+    except OSError as e:
+        fail(write_error_line(out, e, flag))
+    for path in files:
+        print(path)
 
 
 def app_help(prog: str, description: str, flag_values: flags.FlagValues, names: Sequence[str],

@@ -1,14 +1,16 @@
-"""A trace's cache facts, the one code path that computes them, and the fingerprint of that code.
+"""A trace's cache facts: the one code path that computes them, and the one judge of stored facts.
 
 The *facts* of a trace are everything the analysis reads of it: ``paper_metrics``
 (optionally with the pin fitted on the training split), the per-layer expert
 usage counts (pooled collapse, heat-maps) and the LRU@25% demand misses of each
 evaluation window (the bootstrap's unit). A run computes them at the end of its
 evaluation from the trace files it wrote and records them in ``metrics.json``
-with each file's SHA-256 (:func:`run_metrics`); the analysis reads them
-there while the fingerprint of this code and the traces' hashes still match
-(:func:`facts_from_record`), else computes them with :func:`file_facts` into
-the user's cache (``analysis.cache``).
+with each file's SHA-256 (:func:`run_metrics`, given the hashes its evaluation
+manifest takes); the analysis reads them there (:func:`facts_from_record`), else
+computes them with :func:`file_facts` into the user's cache (``analysis.cache``,
+whose entries :func:`cache_entry` stamps and :func:`facts_from_entry` judges).
+Stored facts are current while their version and the fingerprint of this code
+match (:func:`is_current`) and the trace's hash is the file's.
 
 JAX-free at import: the simulator loads when facts are computed.
 """
@@ -19,7 +21,7 @@ import ast
 import functools
 import hashlib
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -146,17 +148,24 @@ def file_facts(trace_path: str | os.PathLike, fit_path: str | os.PathLike | None
 _FILE_KEYS = ("trace_sha256", "fit_sha256")
 
 
-def run_metrics(traces: Mapping[str, Path], fits: Mapping[str, Path], segment_tokens: int | None) -> dict[str, Any]:
+def run_metrics(traces: Mapping[str, Path], fits: Mapping[str, Path], segment_tokens: int | None,
+                sha256: Callable[[Path], str] = file_sha256) -> dict[str, Any]:
     """metrics.json's cache part for a run's trace files: ``{"domains": {d: paper_metrics}, RECORD_KEY: record}``.
 
     ``fits``: ``{domain: training-split trace file}`` (domains without one: in-sample pin only).
+    ``sha256``: each file's hash (the run passes the ones its evaluation manifest lists).
     """
     facts = {d: file_facts(path, fits.get(d), segment_tokens) for d, path in traces.items()}
     record = {"version": VERSION, "cachesim": fingerprint(),
-              "domains": {d: {"trace_sha256": file_sha256(traces[d]),
-                              "fit_sha256": file_sha256(fits[d]) if d in fits else None,
+              "domains": {d: {"trace_sha256": sha256(traces[d]),
+                              "fit_sha256": sha256(fits[d]) if d in fits else None,
                               **{k: v for k, v in f.items() if k != "paper_metrics"}} for d, f in facts.items()}}
     return {"domains": {d: f["paper_metrics"] for d, f in facts.items()}, RECORD_KEY: record}
+
+
+def is_current(stamped: Any) -> bool:
+    """Whether stored facts (a metrics.json record or a user-cache entry) come from this code's version."""
+    return isinstance(stamped, dict) and stamped.get("version") == VERSION and stamped.get("cachesim") == fingerprint()
 
 
 def facts_from_record(metrics: Any, trace_sha256: str, fit_sha256: str | None) -> dict[str, Any] | None:
@@ -168,8 +177,7 @@ def facts_from_record(metrics: Any, trace_sha256: str, fit_sha256: str | None) -
     files (a replaced trace, another training-split trace, or none).
     """
     record = metrics.get(RECORD_KEY) if isinstance(metrics, dict) else None
-    if not (isinstance(record, dict) and record.get("version") == VERSION and record.get("cachesim") == fingerprint()
-            and isinstance(record.get("domains"), dict) and isinstance(metrics.get("domains"), dict)):
+    if not (is_current(record) and isinstance(record.get("domains"), dict) and isinstance(metrics.get("domains"), dict)):
         return None
     for domain, entry in record["domains"].items():
         paper = metrics["domains"].get(domain)
@@ -178,3 +186,30 @@ def facts_from_record(metrics: Any, trace_sha256: str, fit_sha256: str | None) -
                 and isinstance(entry.get("expert_counts"), list)):
             return {"paper_metrics": paper, **{k: v for k, v in entry.items() if k not in _FILE_KEYS}}
     return None
+
+
+# -- an entry of the analysis's user cache -----------------------------------------------------------
+# {"version": VERSION, "cachesim": fingerprint(), "trace_sha256": key, **facts}: ``key`` is the trace's
+# SHA-256 (with a training-split trace, the SHA-256 of both hashes).
+_ENTRY_KEYS = ("version", "cachesim", "trace_sha256")
+
+
+def cache_entry(key: str, facts: dict[str, Any]) -> dict[str, Any]:
+    """A user-cache entry of a trace's facts, stamped with this code's version and fingerprint."""
+    return {"version": VERSION, "cachesim": fingerprint(), "trace_sha256": key, **facts}
+
+
+def facts_from_entry(entry: Any, key: str) -> dict[str, Any] | None:
+    """The facts a user-cache entry holds for ``key``, or None when it is stale, another trace's or damaged."""
+    if not (is_current(entry) and entry.get("trace_sha256") == key and isinstance(entry.get("paper_metrics"), dict)
+            and isinstance(entry.get("expert_counts"), list)):
+        return None
+    return {k: v for k, v in entry.items() if k not in _ENTRY_KEYS}
+
+
+def has_windows(facts: dict[str, Any], segment_tokens: int | None) -> bool:
+    """Whether ``facts`` hold the per-window misses of ``segment_tokens``-token windows (None: not wanted)."""
+    if segment_tokens is None:
+        return True
+    windows = facts.get("window_misses")
+    return isinstance(windows, dict) and windows.get("segment_tokens") == segment_tokens

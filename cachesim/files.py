@@ -11,7 +11,7 @@ import hashlib
 import os
 import pathlib
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import IO
 
 PathLike = str | os.PathLike
@@ -32,9 +32,38 @@ def write_atomic(path: PathLike, data: Payload, *, mode: int | None = SHARED_MOD
 
     A reader never sees half a file, and a crash or a full disk leaves the old
     file or the new one, never a mix. ``mode=None``: what an ordinary ``open``
-    would give (the replaced file's mode, else the umask's).
+    would give (the replaced file's mode, else the umask's). A failed write's
+    OSError names ``path`` (``.filename``) when the system did not.
     """
-    path = pathlib.Path(path)
+    write_together({path: data}, mode=mode)
+
+
+def write_together(files: Mapping[PathLike, Payload], *, mode: int | None = SHARED_MODE) -> None:
+    """Writes several files as one result (a page and its figures): each to its hidden temporary sibling
+    first, then renames them in order, the last one last.
+
+    A failure while writing (a full disk, Ctrl-C) replaces none of them and
+    removes every temporary: the old files stay whole and together. Put the
+    file that refers to the others (the page) last, so it never names a figure
+    not yet in place.
+    """
+    staged: list[tuple[pathlib.Path, str]] = []
+    try:
+        for path, data in files.items():
+            path = pathlib.Path(path)
+            staged.append((path, _write_temporary(path, data, mode)))
+        for path, tmp in staged:
+            os.replace(tmp, path)
+    except BaseException as e:
+        for _, tmp in staged:
+            pathlib.Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.errno is not None and e.filename is None and staged:
+            e.filename = str(staged[-1][0])
+        raise
+
+
+def _write_temporary(path: pathlib.Path, data: Payload, mode: int | None) -> str:
+    """``data`` in a new, fsynced hidden sibling of ``path`` (removed again if writing fails); its name."""
     path.parent.mkdir(parents=True, exist_ok=True)
     if mode is None:
         mode = path.stat().st_mode & 0o7777 if path.exists() else 0o666 & ~_umask()
@@ -48,10 +77,12 @@ def write_atomic(path: PathLike, data: Payload, *, mode: int | None = SHARED_MOD
                 f.write(data.encode("utf-8") if isinstance(data, str) else data)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         pathlib.Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.errno is not None and e.filename is None:
+            e.filename = str(path)  # a system error (errno set) names the file; str() shows it then
         raise
+    return tmp
 
 
 def _umask() -> int:

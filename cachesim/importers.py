@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cachesim.cli_util import CLI
+from cachesim.cli_util import CLI, error
 from cachesim.trace import Trace, TraceError, load_error_detail, make_trace, save_trace
 
 _HEADER = np.dtype("<i4")
@@ -233,8 +233,7 @@ def main(argv: list[str] | None = None) -> int:
             trace = FORMATS[args.format](args.input, args.num_experts, model=args.model)
         save_trace(args.output, trace)
     except (TraceError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return error(exc)
     print(f"{args.output}: experts {trace.experts.shape} (layers, tokens, k), "
           f"num_experts {trace.num_experts}")
     return 0

@@ -13,15 +13,16 @@ import sys
 from collections.abc import Sequence
 
 from cachesim.simulate_cli import warn_collapse
-from cachesim.cli_util import (CLI, UsageError, check_writable, comma_list, stop_on_interrupt,
+from cachesim.cli_util import (CLI, UsageError, check_writable, comma_list, error, stop_on_interrupt,
                                write_output)
 from cachesim.headline import COLLAPSE_PERCENT
+from cachesim.trace_names import TRACE_HELP, TraceArgumentError, evaluation_traces
 
 # The metrics (numpy, jax) and the trace reader are imported where they are used: `--help` starts
 # without them (benchmarks/help_bench.py).
 
 COMMAND = CLI("python -m cachesim.profile", "Routing profile of router traces (SPEC §6).",
-              positional="TRACE.npz [TRACE.npz ...]", positional_help="trace .npz files (reference format)")
+              positional="TRACE [TRACE ...]", positional_help=TRACE_HELP)
 COMMAND.define("string", "lags", None, "reuse lags, comma-separated (default 1,2,4,... up to 1024, below T)")
 COMMAND.define_format("text", ["text", "json"])
 COMMAND.define("string", "out", None, "write the output to this file instead of stdout")
@@ -71,14 +72,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     from cachesim.trace import TraceError
 
     try:
-        if not args.positional:
+        paths = evaluation_traces(args.positional)
+        if not paths:
             raise UsageError("no trace given; pass one or more trace .npz files")
         lags = comma_list(args.lags, int, "--lags") if args.lags else None
-        report, traces = profile_report(args.positional, lags)
-    except (TraceError, UsageError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    for path, trace in zip(args.positional, traces):
+        report, traces = profile_report(paths, lags)
+    except (TraceError, UsageError, TraceArgumentError) as exc:
+        return error(exc)
+    for path, trace in zip(paths, traces):
         warn_collapse(path, trace)
     write_output(json.dumps(report, indent=1) if args.format == "json" else format_table(report), args.out)
     return 0

@@ -15,7 +15,8 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from cachesim.cli_util import CLI, UsageError, check_writable, comma_list, progress, write_output
+from cachesim.cli_util import CLI, UsageError, check_writable, error, comma_list, progress, write_output
+from cachesim.trace_names import TRACE_HELP, TraceArgumentError, evaluation_traces
 from cachesim.policies import (ALL_CAPACITIES, ALL_POLICIES, RECENCY_MODES, ROUNDING_MODES, CacheSpec, CacheSpecError,
                                parse_capacities, parse_scopes, parse_static_fits, spec_for)
 
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
 
 
 COMMAND = CLI("python -m cachesim", "Replay router traces through per-layer or global expert caches (SPEC §7).",
-           positional="TRACE.npz [TRACE.npz ...]", positional_help="trace .npz files (reference format)")
+           positional="TRACE [TRACE ...]", positional_help=TRACE_HELP)
 COMMAND.define("list", "cache_policy", ["lru", "lfu", "static", "belady"],
                "cache policies, comma-separated subset of " + ",".join(ALL_POLICIES)
                + " (all but lru,lfu,static,belady run through libCacheSim)")
@@ -248,8 +249,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from cachesim.simulate import SimulationError
     from cachesim.trace import TraceError, load_trace
 
-    paths = args.positional
     try:
+        paths = evaluation_traces(args.positional)
         if not paths:
             raise CacheSpecError("no trace given; pass one or more trace .npz files")
         specs = _specs(args)
@@ -262,9 +263,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             fits = {fit: load_trace(fit) for fit in {s.fit for s in specs} if fit is not None}
             records = cache_records(paths, traces, specs, args.layers or ["all"], fits, curves=_curves(args))
             bar.advance()
-    except (TraceError, CacheSpecError, SimulationError, UsageError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    except (TraceError, CacheSpecError, SimulationError, UsageError, TraceArgumentError) as exc:
+        return error(exc)
     for path, trace in zip(paths, traces):
         warn_collapse(path, trace)
     if args.format == "json":

@@ -32,9 +32,10 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from cachesim.cli_util import CLI, check_writable, progress, stop_on_interrupt, write_output
+from cachesim.cli_util import CLI, check_writable, error, os_error_text, progress, stop_on_interrupt, write_output
 from cachesim.headline import ADMISSIONS
 from cachesim.policies import parse_capacities
+from cachesim.trace_names import TRACE_HELP, evaluation_traces
 
 # cachesim.timed and cachesim.trace (numpy) are imported where they are used: `--help` starts without them
 # (benchmarks/help_bench.py). Their vocabularies for the flags, spelled out (tested equal):
@@ -83,8 +84,8 @@ def _format_rows(run: dict[str, Any], results: list[dict[str, Any]], header: boo
 
 
 COMMAND = CLI("python -m cachesim.stall", "Expected foreground stall per committed token of a router trace on a "
-              "modelled memory hierarchy (SPEC §8).", positional="TRACE.npz [TRACE.npz ...]",
-              positional_help="router traces (several: one run each)")
+              "modelled memory hierarchy (SPEC §8).", positional="TRACE [TRACE ...]",
+              positional_help=TRACE_HELP + " (each trace is replayed on its own)")
 COMMAND.define("multi_string", "trace", [], "deprecated: pass traces as positional arguments")
 COMMAND.define("string", "model", None, "model preset or JSON path: byte sizes (the trace's layers/experts/k are used)")
 COMMAND.define("string", "quant", None, "quantisation (default: the preset's)")
@@ -127,7 +128,7 @@ def _run_cli(args) -> list[dict[str, Any]]:
         print("warning: --backend is deprecated and ignored (one residency implementation)", file=sys.stderr)
     if args.trace:
         print("warning: --trace is deprecated; pass traces as positional arguments", file=sys.stderr)
-    args.trace = [*args.positional, *args.trace]
+    args.trace = evaluation_traces([*args.positional, *args.trace])
     if not args.trace:
         raise StallConfigError("no trace given; pass one or more router trace .npz files")
     if not args.model:
@@ -195,11 +196,11 @@ def _runs(args, admissions, speculation, hardware, base_model, bar) -> list[dict
 def main(argv: Sequence[str] | None = None) -> int:
     args = COMMAND.parse(argv)
     check_writable(args.out)
+    check_writable(args.jsonl, flag="--jsonl")
     try:
         runs = _run_cli(args)
     except (ValueError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return error(os_error_text(exc) if isinstance(exc, OSError) else exc)
     if args.format == "json":
         from cachesim.timed.stall_metrics import json_safe
 

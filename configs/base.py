@@ -11,8 +11,6 @@ any compile. Configs are pure data: nothing here imports the model.
 
 from __future__ import annotations
 
-import math
-
 import ml_collections
 
 from configs.data import data_config

@@ -1,31 +1,88 @@
 """Does locality training survive bias balancing? (issue 46): loss.balance ∈ {switch, bias} × arms A, B × 3 seeds.
 
-    python -m launch.sweep --config=configs/study_balance.py --root=sweeps/balance --parallel=2
+    python -m launch.sweep --config=configs/study_balance.py --root=sweeps/balance-study --parallel=2
 
-At the ``cpu`` size and main budget on the embedded corpus. Arm B trains at λ = 0.1, the first λ that met
-the miss gate in the CPU study (configs/study_cpu2.py's deciding λ). Within each balance method every seed
-has an A and a B run, so the miss reduction and the PPL cost of locality are seed-paired, and their
-intervals over seeds compare between the Switch loss and the auxiliary-loss-free bias (docs/balancing.md).
-Twelve runs: about 21 minutes on two idle cores at about 3.5 minutes a run. The runs are listed seed by
-seed, so a study cut short still holds whole pairs.
+At the ``cpu`` size and main budget on the embedded corpus. Arm B trains at λ = 0.1, the λ that cut LRU
+misses @25% by about half in the CPU studies (configs/study_cpu2.py's deciding λ). Within each balance
+method every seed has an A and a B run, and seed s of every run reads the same batches from the same
+initial weights (the bias starts at zero), so the miss reduction and PPL cost of locality are seed-paired
+within a method and again between methods; the page ``balance-study`` (analysis.balancing) answers the
+three questions with seed-level intervals. Twelve runs, two at a time: the third edition's pilot measured
+9.1-9.6 minutes a run at this size on two idle cores (docs/results/cpu3-pilot), so about 57 minutes, then
+the tables and the page. The runs are listed seed by seed, so a study cut short still holds whole sets.
+
+``:tiny`` rehearses the whole pipeline (sweep, tables, verdict, page) at the tiny size with seeds 1-2.
 """
 
-from configs.base import base_config
+from configs.base import base_config, parse_arg
 from configs.sweeps import grid
 
 BALANCES = ("switch", "bias")
 LAMBDA = 0.1
 SEEDS = (1, 2, 3)
+REHEARSAL_SEEDS = SEEDS[:2]  # :tiny: two seeds, the fewest that give a seed-level interval
+PAGE = "balance-study"
+
+
+def _size(arg: str | None) -> str:
+    return parse_arg(arg).get("size", "cpu")
+
+
+def _arg(arg: str | None) -> str:
+    """The config argument with the study's size (``cpu``) where it names none."""
+    return arg if arg and "size" in parse_arg(arg) else ",".join(filter(None, ["cpu", arg]))
+
+
+def seeds(arg: str | None = None) -> tuple[int, ...]:
+    return REHEARSAL_SEEDS if _size(arg) == "tiny" else SEEDS
 
 
 def get_config(arg: str | None = None):
-    return base_config("A", arg or "cpu")
+    return base_config("A", _arg(arg))
 
 
 def sweep(arg: str | None = None) -> list[dict]:
     runs = []
-    for seed in SEEDS:
+    for seed in seeds(arg):
         for balance in BALANCES:
             runs += [("main", {"arm": "A", "loss.balance": balance, "seed": seed}),
                      ("main", {"arm": "B", "loss.balance": balance, "loss.lambda_loc": LAMBDA, "seed": seed})]
-    return grid(arg or "cpu", runs)
+    return grid(_arg(arg), runs)
+
+
+def study(arg: str | None = None) -> dict:
+    """Once every run is done: the tables, the verdict and the page (no frontier, stall or decode step)."""
+    del arg
+    return {"page": PAGE}
+
+
+def plan(arg: str | None = None) -> dict:
+    judged = ("seed-level 95% t-interval over the seeds' paired effects (n − 1 df); PASS when the whole interval "
+              "is on the criterion's side, FAIL when the whole of it is on the other, NOT RESOLVED when it "
+              "straddles")
+    return {
+        "estimands": {
+            "miss_ratio_between": {
+                "gate": 0.0, "alpha": 0.05, "interval": judged + ", on the log scale",
+                "what": "log of arm B's LRU miss/token@25% ratio to arm A of its seed under bias, minus the same "
+                        "under the Switch loss; PASS (bias cuts misses as much) when at most 0"},
+            "ppl_ratio_between": {
+                "gate": 0.0, "alpha": 0.05, "interval": judged + ", on the log scale",
+                "what": "log of arm B's mean-PPL ratio to arm A of its seed under bias, minus the same under the "
+                        "Switch loss; PASS (no more PPL cost) when at most 0; each method's own ΔPPL against "
+                        "RQ1's +1% quality gate beside it"},
+            "max_vio_between": {
+                "gate": 0.0, "alpha": 0.05, "interval": judged,
+                "what": "arm B's MaxVio (worst layer, final evaluation's loads pooled over domains) under bias "
+                        "minus under the Switch loss; PASS when at most 0; SPEC §9's collapse clause on the same "
+                        "loads beside it"},
+        },
+        "design": {"size": _size(arg), "arms": ["A", "B"], "lambdas": [LAMBDA], "balances": list(BALANCES),
+                   "bias_rate": 0.001, "seeds": list(seeds(arg)), "budget": "main", "trunk_fraction": None},
+        "decision_rule": ("each question's word is its between-methods estimand's (analysis.balancing); within "
+                          "each method, locality's miss reduction is judged against 0 and its ΔPPL against +1%"),
+        "deviations": [
+            "the CPU size and budget (409.6k tokens, d_model 128, E = 16) stand in for a production MoE",
+            "bias balancing at DeepSeek-V3's γ = 0.001 only; no γ sweep",
+        ],
+    }

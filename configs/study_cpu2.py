@@ -20,8 +20,9 @@ command still reproduces it):
 The runs are listed in the order a 2-slot sweep starts them: the RQ1 pairs
 first (seed by seed), then arm C, then the dose-response, so a study cut
 short has its deciding runs done. When every run is done, :func:`study`'s
-steps run in order: arm M's fine-tune of ``a-s1`` (MELINOE's transfers,
-compared with its base run), the τ/ε frontier on the deciding B and its A
+steps run in order: arm M's fine-tune of ``a-s1`` (MELINOE's transfers) and
+its control (the same fine-tune without MELINOE's losses, which arm M is judged
+against, ``a-s1`` beside), the τ/ε frontier on the deciding B and its A
 seed, priming on arm C with the SPEC §3 domain table its loss trains, the
 timed tier's stall on every run (``cachesim.stall``: S, its tails, timely byte
 recall and unused prefetch bytes per admission policy at one byte budget), the
@@ -40,6 +41,8 @@ C_SEEDS = (1, 2)
 DOSE_LAMBDAS = (0.01, 0.03, 0.3)  # one seed each, beside the deciding λ
 DOSE_SEED = 1
 ARM_M_BASE = "a-s1"
+# Arm M's control: its config without MELINOE's losses (λ_cs = λ_rm = 0), everything else the same.
+ARM_M_CONTROL = (("loss.lambda_cs", 0.0), ("loss.lambda_rm", 0.0))
 FRONTIER_FLAGS = first_edition()["frontier"]["flags"]  # the first edition's grid, for comparable frontiers
 # Priming alone (the all-off point is always added): the mixed stream without and with domain-primed prefetch.
 PRIMING_FLAGS = ["--tau=0", "--capacity=0.25", "--prime", "--windows=32"]
@@ -76,8 +79,12 @@ def study(arg: str | None = None) -> dict:
     """What the sweep does once every run is done, besides the tables and the verdict."""
     deciding_b = f"b-lam{DECIDING_LAMBDA:g}-s1"
     return {
-        # Arm M fine-tuned from an A seed (launch.sweep's finetune step): transfers.json, compared with a-s1.
-        "finetune": [{"name": "m-s1", "config": f"configs/arm_m.py:{arm_m_arg(arg)}", "base": ARM_M_BASE}],
+        # Arm M fine-tuned from an A seed (launch.sweep's finetune step), and its control: the same base,
+        # tokens and batches (same seed) without MELINOE's losses, so arm M's ΔPPL and transfers are judged
+        # against equal extra training (analysis.summary.melinoe_control), a-s1 beside.
+        "finetune": [{"name": "m-s1", "config": f"configs/arm_m.py:{arm_m_arg(arg)}", "base": ARM_M_BASE},
+                     {"name": "m-control-s1", "config": f"configs/arm_m.py:{arm_m_arg(arg)}", "base": ARM_M_BASE,
+                      "overrides": dict(ARM_M_CONTROL)}],
         "frontier": [
             # Cache-coupled rerouting on the RQ1-deciding B and its A seed, with the first edition's flags.
             {"runs": ["a-s1", deciding_b], "flags": FRONTIER_FLAGS},

@@ -16,8 +16,13 @@ scratch; six seeds then give an expected 95% half-width of ±0.49 points, the fe
 * no arm C: arm A's out-of-sample static hit@50% is 93.5% over the pilot's three seeds (91.3-94.8%),
   above RQ2's 90% gate, so RQ2 is NOT TESTABLE at E = 16 and no arm-C run is spent on it.
 
-Twelve runs at about 9.5 minutes each, two at a time on two idle cores: about an hour, then the stall
-step on every run and the page ``cpu-study-3``.
+Twelve runs at the pilot's 9m21s each (the median wall of its runs from scratch finished in one attempt,
+two at a time), two at a time on two idle cores: 56 minutes, then the stall step on every run (24 minutes
+for twelve runs in the second edition) and the page ``cpu-study-3``: about 80 minutes of the 120 budgeted.
+The dry run prints the run time from the pilot's evidence:
+
+    python -m launch.sweep --config=configs/study_cpu3.py --root=sweeps/cpu-study-3 --parallel=2 --dry_run \
+        --time_from=docs/results/cpu3-pilot/runs
 """
 
 from configs.base import base_config
@@ -28,6 +33,8 @@ SEEDS = tuple(range(11, 17))
 LAMBDA = 0.1
 # The pilot's RQ1 estimand from scratch (python -m analysis.power docs/results/cpu3-pilot/runs).
 PILOT_RQ1 = {"estimate": 0.003089, "sd": 0.004612, "df": 2, "source": "docs/results/cpu3-pilot.md"}
+# The pilot's registered rule: the fewest seeds whose expected 95% half-width is at most this many points.
+TARGET_POINTS = 0.5
 
 
 def get_config(arg: str | None = None):
@@ -51,7 +58,7 @@ def plan(arg: str | None = None) -> dict:
     return {
         "estimands": {
             "rq1_matched": {
-                "gate": 0.01, "alpha": 0.05, "pilot": PILOT_RQ1,
+                "gate": 0.01, "alpha": 0.05, "pilot": PILOT_RQ1, "target_points": TARGET_POINTS,
                 "interval": "jackknife over seeds (each seed's λ series together), Student t at n − 1 df",
                 "what": "ΔPPL of arm B against the same seed's arm A at the λ where the LRU miss reduction at "
                         "25% capacity reaches 30% (analysis.matched), from scratch"},

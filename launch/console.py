@@ -29,7 +29,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bandwidth": ("cachesim.bandwidth", "first-principles and path-mapped decode throughput"),
     "tables": ("analysis.tables", "the study's tables from run directories"),
     "report": ("analysis.report", "the results page of a study (markdown and figures)"),
-    "verdict": ("analysis.verdict", "the pre-registered verdict"),
+    "verdict": ("analysis.verdict", "the two verdicts: pre-registered and confidence"),
+    "evidence": ("analysis.evidence", "keep a study's evidence: its sweep root without checkpoints"),
     "power": ("analysis.power", "size a study from a pilot: spreads, half-widths, seeds needed"),
     "figures": ("analysis.figures", "the study's figures"),
     "trace-profile": ("analysis.profile", "a model's routing profile from a folder of traces"),
@@ -49,9 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     name, rest = args[0], args[1:]
     if name not in COMMANDS:
-        print(f"error: unknown command {name!r}; choose one of {', '.join(COMMANDS)} (cacheable-moe --help)",
-              file=sys.stderr)
-        return 2
+        return cli_util.error(f"unknown command {name!r}; choose one of {', '.join(COMMANDS)} (cacheable-moe --help)")
     module = COMMANDS[name][0]
     sys.argv = [f"cacheable-moe {name}", *rest]
     cli_util.invoked_name = sys.argv[0]  # help pages and errors name the command as typed

@@ -12,7 +12,6 @@ import dataclasses
 import os
 import pathlib
 import re
-import sys
 import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping

@@ -36,7 +36,7 @@ _NAMED_KEYS = frozenset({"arm", "loss.lambda_loc", "loss.mu_dom", "seed", "run_n
                          "train.fork_from", "train.keep_period"})
 # Short labels for keys users commonly vary; others use their last dotted part.
 _SHORT = {"train.tokens": "", "loss.alpha_balance": "alpha", "optim.peak_lr": "lr", "train.batch_size": "bsz",
-          "model.dispatch": "", "model.remat": "remat-", "train.fork_step": "fork"}
+          "model.dispatch": "", "model.remat": "remat-", "train.fork_step": "fork", "loss.balance": ""}
 
 
 class PlanError(ValueError):

@@ -3,8 +3,9 @@
 :class:`RunState` is the scheduler's book-keeping for one run; :func:`observe`
 adds what the run directory says (newest log step, tokens/s, DONE summary);
 :func:`sweep_status` and :func:`format_table` are pure functions of those views.
-``python -m launch.status ROOT`` prints the table of a sweep root from another
-terminal.
+The file itself is read, written and merged with earlier sweeps' by
+``moe.rundir.sweep_root``. ``python -m launch.status ROOT`` prints the table of
+a sweep root from another terminal.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import pathlib
+import platform
 import statistics
 import sys
 import time
@@ -20,11 +23,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from moe import rundir
+from moe.rundir import sweep_root
+from moe.rundir.sweep_root import STATES
 from launch.plan import RunSpec
-from cachesim.cli_util import CLI
-
-STATES = ("done", "running", "failed", "pending")
-STATUS_FILE = "status.json"
+from cachesim.cli_util import CLI, error
 
 
 @dataclasses.dataclass
@@ -123,9 +125,14 @@ def sweep_status(views: Sequence[RunView], *, parallel: int, meta: dict[str, Any
 
 
 def format_table(status: dict[str, Any]) -> str:
-    """A table of the runs (through pandas), then one summary line."""
+    """A table of the runs (through pandas), then one summary line; where several sweeps wrote the root, a
+    column saying which sweep planned each run and, below, each sweep's command."""
     import pandas as pd  # here: a finished sweep's restart should not pay pandas' import
 
+    sweeps = status.get("sweeps", [])
+    columns = ["run", "state", "progress", "ETA", "tries", "note"]
+    if len(sweeps) > 1:
+        columns.insert(1, "sweep")
     rows = []
     for r in status["runs"]:
         pct = f"{100 * r['progress']:3.0f}%" if r["progress"] is not None else "   ?"
@@ -138,54 +145,67 @@ def format_table(status: dict[str, Any]) -> str:
             note = f"{r['tok_s']:,.0f} tok/s" if r.get("tok_s") else ""
         eta = rundir.format_duration(r["eta_s"]) if r["state"] == "running" else "-"
         rows.append({"run": r["name"], "state": r["state"], "progress": f"{r['step']}/{r['total_steps']} {pct}",
-                     "ETA": eta, "tries": r["attempts"], "note": note.lstrip(", ")})
-    frame = pd.DataFrame(rows, columns=["run", "state", "progress", "ETA", "tries", "note"])
+                     "ETA": eta, "tries": r["attempts"], "note": note.lstrip(", "),
+                     "sweep": r["sweep"] + 1 if isinstance(r.get("sweep"), int) else "?"})
+    frame = pd.DataFrame(rows, columns=columns)
     table = frame.to_string(index=False, justify="left", formatters={
-        c: (lambda v: f"{v}") for c in ("run", "state", "progress", "ETA", "note")}) if rows else ""
+        c: (lambda v: f"{v}") for c in ("run", "sweep", "state", "progress", "ETA", "note") if c in columns}
+    ) if rows else ""
     c = status["counts"]
     stopped = f", {c['stopped']} stopped (no live process)" if c.get("stopped") else ""
     summary = (f"{len(status['runs'])} runs: {c['done']} done, {c['running']} running{stopped}, {c['failed']} "
                f"failed, {c['pending']} pending; ETA {rundir.format_duration(status['eta_s'])}")
-    return "\n".join(line.rstrip() for line in [*table.splitlines(), summary]) + "\n"
+    if len(sweeps) > 1:
+        summary += " for the last sweep's runs" + "".join(
+            f"\nsweep {i}: {s['command']}" + (f"  (from {s['cwd']})" if s.get("cwd") else "")
+            for i, s in enumerate(sweeps, 1))
+    return "\n".join(line.rstrip() for line in [*table.splitlines(), *summary.splitlines()]) + "\n"
 
 
-def first_started(root: pathlib.Path) -> float | None:
-    """When the first sweep on ``root`` started (its status.json), so a resumed study's wall time counts from it."""
+def machine_line() -> str:
+    """CPU model and core count of this machine, and the Python/platform: where a sweep ran (status.json's
+    ``machine``, which a study page states)."""
+    model = platform.processor() or "unknown CPU"
     try:
-        status = read_status(root / STATUS_FILE)
-    except (OSError, ValueError):
-        return None
-    return status.get("first_started", status.get("started"))
-
-
-def write_status(root: pathlib.Path, status: dict[str, Any]) -> None:
-    rundir.write_json(root / STATUS_FILE, status)
+        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{model}, {os.cpu_count()} cores, {platform.system()} {platform.machine()}, Python {platform.python_version()}"
 
 
 class StatusWriter:
-    """Rewrites status.json when asked (throttled) and prints the table every ``print_every`` seconds."""
+    """Writes status.json when asked (throttled), this sweep's runs merged into ``previous`` (the root's
+    status.json before this sweep: its other sweeps' runs stay listed), and prints the table every
+    ``print_every`` seconds."""
 
     def __init__(self, root: pathlib.Path, runs: Sequence[RunState], *, parallel: int, meta: dict[str, Any],
-                 print_every: float = 60.0, write_every: float = 2.0, out=sys.stdout):
+                 previous: dict[str, Any] | None = None, print_every: float = 60.0, write_every: float = 2.0,
+                 out=sys.stdout):
         self.root, self.runs, self.parallel, self.meta = root, runs, parallel, meta
-        self.print_every, self.write_every, self.out = print_every, write_every, out
+        self.previous, self.print_every, self.write_every, self.out = previous, print_every, write_every, out
         self._written = self._printed = -math.inf
 
     def snapshot(self) -> dict[str, Any]:
+        """This sweep's status: its own runs only."""
         return sweep_status([observe(r) for r in self.runs], parallel=self.parallel, meta=self.meta)
 
     def update(self, *, force: bool = False, show: bool = False) -> dict[str, Any] | None:
+        """Writes (and maybe prints) the root's merged status; returns this sweep's own (None when throttled)."""
         now = time.monotonic()
         if not force and now - self._written < self.write_every:
             return None
-        status = self.snapshot()
-        write_status(self.root, status)
+        own = self.snapshot()
+        merged = sweep_root.merge_status(self.previous, own)
+        sweep_root.write_status(self.root, merged)
         self._written = now
         if show or (self.print_every > 0 and now - self._printed >= self.print_every):
-            self.out.write(format_table(status))
+            self.out.write(format_table(merged))
             self.out.flush()
             self._printed = now
-        return status
+        return own
 
 
 COMMAND = CLI("python -m launch.status", "The status table of a sweep, from its status.json.",
@@ -193,29 +213,14 @@ COMMAND = CLI("python -m launch.status", "The status table of a sweep, from its 
 COMMAND.define_format("text", ["text", "json"])
 
 
-def read_status(path: pathlib.Path) -> dict[str, Any]:
-    """A status.json, checked to have what the table shows; ValueError (one line) otherwise."""
-    status = json.loads(path.read_text())
-    if not isinstance(status, dict):
-        raise ValueError("not a JSON object")
-    missing = [k for k in ("counts", "runs", "eta_s") if k not in status]
-    if missing:
-        raise ValueError(f"no {', '.join(repr(k) for k in missing)}")
-    keys = ("name", "state", "step", "total_steps", "attempts", "progress", "eta_s")
-    for run in status["runs"]:
-        if not isinstance(run, dict) or any(k not in run for k in keys):
-            raise ValueError(f"a run entry lacks one of {', '.join(keys)}: {str(run)[:60]}")
-    if not isinstance(status["counts"], dict) or any(k not in status["counts"] for k in STATES):
-        raise ValueError(f"'counts' lacks one of {', '.join(STATES)}")
-    return status
-
-
 def with_live_check(status: dict[str, Any], root: pathlib.Path) -> dict[str, Any]:
     """status.json as it is now: a run it says is running but whose run directory no live process
-    holds (a killed sweep) is "stopped" (no live process), and no longer counts towards the ETA."""
+    holds (a killed sweep) is "stopped" (no live process), and no longer counts towards the ETA. A run of
+    a SLURM sweep runs on the cluster, where SLURM says how it is (launch.slurm_states)."""
     runs, stopped = [], 0
     for r in status["runs"]:
-        if r["state"] == "running" and not rundir.is_locked(root / r["name"]):
+        on_slurm = (sweep_root.sweep_of(status, r) or {}).get("executor") == "slurm"
+        if r["state"] == "running" and not on_slurm and not rundir.is_locked(root / r["name"]):
             r = {**r, "state": "stopped", "eta_s": None,
                  "error": "no live process (its sweep or worker was killed); rerun the sweep to resume it"}
             stopped += 1
@@ -231,21 +236,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``python -m launch.status ROOT``: the table from ROOT/status.json, with each running run's process checked."""
     args = COMMAND.parse(argv)
     if len(args.positional) != 1:
-        print(f"error: give exactly one SWEEP_ROOT (see {COMMAND.prog} --help)", file=sys.stderr)
-        return 2
+        return error(f"give exactly one SWEEP_ROOT (see {COMMAND.prog} --help)")
     root = pathlib.Path(args.positional[0])
-    path = root / STATUS_FILE
+    path = root / sweep_root.STATUS
     try:
-        status = read_status(path)
-        if status.get("executor") == "slurm":  # its jobs run on the cluster: SLURM says how they are
+        status = with_live_check(sweep_root.read_status(root), root)
+        if any(s.get("executor") == "slurm" for s in status["sweeps"]):  # SLURM says how its jobs are
             from launch.slurm_states import with_slurm_states
             status = with_slurm_states(status, root)
-        else:
-            status = with_live_check(status, root)
-    except (OSError, ValueError) as e:
-        print(f"error: cannot read {path}: {' '.join(str(e).split())}; is it a sweep root (python -m launch.sweep "
-              "--root=...)? rerun that sweep to rewrite it", file=sys.stderr)
-        return 2
+    except OSError as e:
+        return error(f"cannot read {path}: {' '.join(str(e).split())}; is it a sweep root (python -m launch.sweep "
+                     "--root=...)? rerun that sweep to rewrite it")
+    except ValueError as e:
+        return error(f"cannot read {' '.join(str(e).split())}")
     sys.stdout.write(json.dumps(status, indent=1) + "\n" if args.format == "json" else format_table(status))
     return 0
 

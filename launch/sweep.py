@@ -13,8 +13,10 @@ same command skips runs with ``DONE``, resumes unfinished ones from their newest
 checkpoint and retries failed ones; a run directory trained with other settings
 than planned is refused (``--rerun_changed``: moved to ``ROOT/.superseded/`` and
 trained afresh); ``ROOT/status.json`` (and
-``python -m launch.status ROOT``) shows progress. When every run is done the
-analysis tables and verdict are written to ``ROOT/analysis/``.
+``python -m launch.status ROOT``) shows progress, merged with every earlier
+sweep into the same root (``moe.rundir.sweep_root`` names the root's files).
+When every run is done the analysis tables and verdict are written to
+``ROOT/analysis/``.
 """
 
 from __future__ import annotations
@@ -34,9 +36,11 @@ from typing import Any
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from cachesim.cli_util import error
 from cachesim.files import write_atomic
 from launch.vmap_seeds import SEED_BATCHING
 from moe import lockfile
+from moe.rundir import sweep_root
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Arm config file with a sweep(), e.g. "
                                           "configs/arm_b.py:smoke.", lock_config=True)
@@ -60,6 +64,9 @@ _RERUN_CHANGED = flags.DEFINE_bool("rerun_changed", False, "Runs whose directory
 _ONLY = flags.DEFINE_list("only", [], "Only the runs whose names match these shell patterns, e.g. 'b-lam0.05-*'.")
 _REPLAN = flags.DEFINE_bool("replan", False, "Accept a study plan() that differs from ROOT/preregistration.json "
                             "after runs started, recording the change as a deviation (default: refused).")
+_TIME_FROM = flags.DEFINE_list("time_from", [], "With --dry_run: folders of finished runs (a pilot's sweep root or "
+                                "a study's evidence folder) whose recorded wall times estimate this sweep's, run by "
+                                "run (launch.timing); the root's own finished runs always count.")
 _ANALYSIS = flags.DEFINE_bool("analysis", True, "Write analysis tables and the verdict when the sweep is done.")
 _VERBOSE = flags.DEFINE_bool("verbose", False, "Echo every worker's output (prefixed with its run name).")
 _STATUS_EVERY = flags.DEFINE_float("status_every", 60.0, "Seconds between printed status tables (0: only at "
@@ -82,8 +89,6 @@ _SLURM_ADDITIONAL = flags.DEFINE_list("slurm_additional", [], "Further sbatch op
                                       "slurm_additional_parameters.")
 _SUBMITIT_CLUSTER = flags.DEFINE_string("submitit_cluster", "", "submitit cluster: '' (auto: slurm), 'local' or "
                                         "'debug' to exercise the slurm path on this machine.")
-
-LOCK_FILE = ".sweep.lock"
 
 
 class SweepError(ValueError):
@@ -154,8 +159,10 @@ def changed_runs(specs) -> dict[str, dict]:
     return changed
 
 
-def settle_changed(specs, root: pathlib.Path, rerun_changed: bool, echo=print) -> None:
-    """Refuses runs trained with other settings (one line), or with ``--rerun_changed`` moves them aside."""
+def settle_changed(specs, root: pathlib.Path, rerun_changed: bool, echo=print,
+                   owners: Mapping[str, str] | None = None) -> None:
+    """Refuses runs trained with other settings (one line, naming the other sweep command that wrote them,
+    from ``owners``: {run name: command}), or with ``--rerun_changed`` moves them aside."""
     from moe import rundir
 
     changed = changed_runs(specs)
@@ -164,7 +171,9 @@ def settle_changed(specs, root: pathlib.Path, rerun_changed: bool, echo=print) -
     if not rerun_changed:
         shown = "; ".join(f"{name}: {rundir.describe_diff(diff, limit=3)}" for name, diff in list(changed.items())[:3])
         more = f"; and {len(changed) - 3} more run(s)" if len(changed) > 3 else ""
-        raise SweepError(f"{len(changed)} run(s) under {root} were trained with other settings than this sweep "
+        others = sorted({(owners or {})[n] for n in changed if n in (owners or {})})
+        by = f" by another sweep ({'; '.join(others)})" if others else ""
+        raise SweepError(f"{len(changed)} run(s) under {root} were trained{by} with other settings than this sweep "
                          f"plans ({shown}{more}); pass --rerun_changed to keep them under "
                          f"{root / rundir.SUPERSEDED}/ and train them afresh, or use another --root")
     by_name = {s.name: s for s in specs}
@@ -223,9 +232,6 @@ def vmappable(spec) -> bool:
 # ---------------------------------------------------------------- analysis
 
 
-ANALYSIS_DIR = "analysis"
-
-
 def study_steps(config_file: str) -> dict:
     """The config file's ``study(arg)`` (what to do once every run is done), or {} when it has none."""
     return _config_hook(config_file, "study") or {}
@@ -258,19 +264,22 @@ def register_plan(config_file: str, root: pathlib.Path, specs, command: Sequence
 
 
 def finetune_command(root: pathlib.Path, entry: dict, overrides: Mapping[str, Any] | None = None) -> list[str]:
-    """main.py on a study's fine-tuning run: ``entry`` {"name", "config", "base"} names it, its config file
-    and the sweep run it starts from (ROOT/<base>); ``overrides``: the sweep's --config.x=y pairs."""
+    """main.py on a study's fine-tuning run: ``entry`` {"name", "config", "base"[, "overrides"]} names it, its
+    config file, the sweep run it starts from (ROOT/<base>) and its own --config.x=y pairs (e.g. arm M's
+    control, without MELINOE's losses); ``overrides``: the sweep's --config.x=y pairs, which come first."""
     from launch.plan import MAIN_MODULE, override_flags
     return [sys.executable, *MAIN_MODULE, f"--config={entry['config']}", f"--config.init_from={root / entry['base']}",
-            f"--workdir={root / entry['name']}", *override_flags((overrides or {}).items())]
+            f"--workdir={root / entry['name']}", *override_flags((overrides or {}).items()),
+            *override_flags(entry.get("overrides", {}).items()), f"--config.run_name={entry['name']}"]
 
 
 def run_finetunes(root: pathlib.Path, entries: Sequence[dict] | None, echo=print,
                   overrides: Mapping[str, Any] | None = None) -> int:
-    """The study's fine-tuning runs (arm M), one at a time once their base runs are done.
+    """The study's fine-tuning runs (arm M and its control), one at a time once their base runs are done.
 
     The sweep cannot plan them with its runs (its pre-check needs the base run
-    trained). A complete one is kept (and gets its DONE), an unfinished one
+    trained). A complete one is kept (and gets its DONE) unless its
+    transfers.json is stale (then main.py re-evaluates it), an unfinished one
     resumes (main.py resumes from its newest checkpoint); the first failure
     stops the step with one line and exit 3, as the frontier's does.
     """
@@ -278,7 +287,10 @@ def run_finetunes(root: pathlib.Path, entries: Sequence[dict] | None, echo=print
     for entry in entries or ():
         name, workdir, base = entry["name"], root / entry["name"], root / entry["base"]
         command = finetune_command(root, entry, overrides)
-        if rundir.is_done(workdir) or rundir.is_complete(workdir):
+        transfers = workdir / rundir.TRANSFERS
+        if transfers.is_file() and not rundir.is_current(transfers, workdir):
+            echo(f"finetune: {transfers} is stale (not of the run's current evaluation); re-evaluating {name}")
+        elif rundir.is_done(workdir) or rundir.is_complete(workdir):
             if not rundir.is_done(workdir):
                 rundir.mark_done(workdir, command)
             echo(f"finetune: {name} is complete")
@@ -306,7 +318,8 @@ def run_finetunes(root: pathlib.Path, entries: Sequence[dict] | None, echo=print
 
 
 def run_frontier(root: pathlib.Path, spec: dict | Sequence[dict] | None, echo=print) -> int:
-    """The study's cache-coupled frontier on its named runs (once: runs that have a frontier.json keep it).
+    """The study's cache-coupled frontier on its named runs (once: kept while every run's frontier.json is
+    current, recomputed when one is missing or stale).
 
     ``spec``: {"runs", "flags"}, or a list of them (one frontier command each, in order).
     """
@@ -320,9 +333,13 @@ def run_frontier(root: pathlib.Path, spec: dict | Sequence[dict] | None, echo=pr
         return 0
     from moe import rundir
     runs = [root / name for name in spec["runs"]]
-    if all(rundir.has_frontier(run) for run in runs):
-        echo(f"frontier: every study run has its {rundir.FRONTIER}")
+    stale = [run.name for run in runs
+             if rundir.has_frontier(run) and not rundir.is_current(run / rundir.FRONTIER, run)]
+    if not stale and all(rundir.has_frontier(run) for run in runs):
+        echo(f"frontier: every study run has its current {rundir.FRONTIER}")
         return 0
+    if stale:
+        echo(f"frontier: the {rundir.FRONTIER} of {', '.join(stale)} is stale (the run moved on since); recomputing")
     command = [sys.executable, "-m", "moe.cache_aware.frontier", *map(str, runs), *spec.get("flags", [])]
     return 0 if _study_command(command, "the frontier", echo) else 3
 
@@ -337,25 +354,27 @@ def _study_command(command: list[str], what: str, echo) -> bool:
     return proc.returncode == 0
 
 
-STALL_DIR = "stall"  # ROOT/analysis/stall/<run>.json: the timed tier on each run's held-out traces
-DECODE_DIR = "decode"  # ROOT/analysis/decode/<run>.json: the measured offloaded decode of a run
-STEP_TIMES_FILE = "study_steps.json"  # ROOT/analysis/: wall seconds of each study step before the analysis
-
-
-def _json_per_run(root: pathlib.Path, subdir: str, runs: Sequence[pathlib.Path], command_for, what: str,
-                  echo) -> int:
-    """One JSON per run under ROOT/analysis/<subdir>/, written by ``command_for(run, out)`` to a temporary
-    name first (so a kill leaves none) and kept once written."""
-    out = root / ANALYSIS_DIR / subdir
+def _json_per_run(root: pathlib.Path, subdir: pathlib.PurePath, runs: Sequence[pathlib.Path], command_for,
+                  what: str, echo) -> int:
+    """One JSON per run under ROOT/<subdir>/ (sweep_root.STALL_DIR, DECODE_DIR), written by
+    ``command_for(run, out)`` to a temporary name first (so a kill leaves none), with the run's source record
+    added (the stall's command reads traces, not the run), kept while current for its run and recomputed once
+    stale (moe.rundir.provenance)."""
+    from moe import rundir
+    out = root / subdir
     out.mkdir(parents=True, exist_ok=True)
     for run in runs:
         target = out / f"{run.name}.json"
         if target.is_file():
-            continue
+            if rundir.is_current(target, run):
+                continue
+            echo(f"{what}: {target} is stale (its run moved on since); recomputing it")
+        source = rundir.source_record(run)  # taken first: a run that moves on meanwhile reads as stale
         partial = target.with_name(f".{target.name}.tmp")
         if not _study_command(command_for(run, partial), f"{what} of {run.name}", echo):
             return 3
-        os.replace(partial, target)
+        rundir.write_json(target, {**rundir.read_json(partial), rundir.SOURCE: source})
+        partial.unlink()
     return 0
 
 
@@ -365,9 +384,9 @@ def run_stall(root: pathlib.Path, spec: dict | None, echo=print) -> int:
     if not spec:
         return 0
     from moe import rundir
-    runs = sorted(p for p in root.iterdir() if p.is_dir() and rundir.is_complete(p) and rundir.trace_files(p))
+    runs = [p for p in sweep_root.run_dirs(root) if rundir.is_complete(p) and rundir.trace_files(p)]
     return _json_per_run(
-        root, STALL_DIR, runs, lambda run, out: [
+        root, sweep_root.STALL_DIR, runs, lambda run, out: [
             sys.executable, "-m", "cachesim.stall", *map(str, rundir.trace_files(run).values()),
             *spec.get("flags", []), "--format=json", f"--out={out}"], "the stall", echo)
 
@@ -384,7 +403,7 @@ def run_decode(root: pathlib.Path, spec: dict | None, echo=print) -> int:
         echo(f"error: the decode step needs complete runs; not complete: {', '.join(missing)}")
         return 3
     return _json_per_run(
-        root, DECODE_DIR, runs, lambda run, out: [
+        root, sweep_root.DECODE_DIR, runs, lambda run, out: [
             sys.executable, "-m", "moe.decode", f"--run={run}", *spec.get("flags", []), "--format=json",
             f"--out={out}"], "the decode", echo)
 
@@ -396,16 +415,16 @@ def run_analysis(root: pathlib.Path, echo=print, *, page: str | None = None) -> 
     if missing:
         echo(f"analysis skipped: {', '.join(missing)} is not installed in this checkout")
         return 0
-    out = root / ANALYSIS_DIR
+    out = root / sweep_root.ANALYSIS_DIR
     out.mkdir(parents=True, exist_ok=True)
     steps = [
         ([sys.executable, "-m", "analysis.tables", str(root), "--format", "markdown", "--out", str(out)], None),
         ([sys.executable, "-m", "analysis.tables", str(root), "--format", "json", "--out", str(out)], None),
-        ([sys.executable, "-m", "analysis.verdict", str(root)], out / "verdict.txt"),
+        ([sys.executable, "-m", "analysis.verdict", str(root)], root / sweep_root.VERDICT),
     ]
     if page:
         steps.append(([sys.executable, "-m", "analysis.report", str(root), f"--name={page}",
-                       f"--out={out / 'results'}"], None))
+                       f"--out={root / sweep_root.RESULTS_DIR}"], None))
     status = 0
     for command, capture in steps:
         echo(f"$ {shlex.join(command)}")
@@ -432,7 +451,7 @@ def run_study(root: pathlib.Path, study: dict, echo=print, overrides: Mapping[st
              "frontier": lambda: run_frontier(root, study.get("frontier"), echo),
              "stall": lambda: run_stall(root, study.get("stall"), echo),
              "decode": lambda: run_decode(root, study.get("decode"), echo)}
-    timings = root / ANALYSIS_DIR / STEP_TIMES_FILE
+    timings = root / sweep_root.STEP_TIMES
     walls = rundir.read_json(timings) if timings.is_file() else {}
     codes = []
     for name, step in steps.items():
@@ -450,10 +469,10 @@ def run_study(root: pathlib.Path, study: dict, echo=print, overrides: Mapping[st
 @contextlib.contextmanager
 def root_lock(root: pathlib.Path):
     """One sweep per root at a time (released even when the holder is killed)."""
-    fd = lockfile.try_hold(root / LOCK_FILE)
+    fd = lockfile.try_hold(root / sweep_root.LOCK)
     if fd is None:
-        raise SweepError(f"another sweep (pid {lockfile.holder(root / LOCK_FILE)}) is running on {root}; wait for "
-                         "it or stop it")
+        raise SweepError(f"another sweep (pid {lockfile.holder(root / sweep_root.LOCK)}) is running on {root}; "
+                         "wait for it or stop it")
     try:
         yield
     finally:
@@ -487,13 +506,16 @@ def sweep(argv_command: Sequence[str]) -> int:
             check_controller(options)  # no controller: one line, before anything is written
 
     if _DRY_RUN.value:
-        return dry_run(specs, config_file)
+        return dry_run(specs, config_file, root)
 
     with root_lock(root):
+        command, cwd = shlex.join(argv_command), os.getcwd()
+        previous = sweep_root.read_previous(root)  # earlier sweeps' runs stay listed in status.json
         register_plan(config_file, root, specs, argv_command, replan=_REPLAN.value)
         broken = broken_runs(specs)  # reported and skipped; the other runs go on
         usable = [s for s in specs if s.name not in broken]
-        settle_changed(usable, root, _RERUN_CHANGED.value)
+        settle_changed(usable, root, _RERUN_CHANGED.value,
+                       owners=sweep_root.runs_of_other_sweeps(previous, command, cwd))
         states = initial_states(usable)
         for spec in specs:
             if spec.name in broken:
@@ -512,10 +534,10 @@ def sweep(argv_command: Sequence[str]) -> int:
             for job in jobs:
                 print(f"  {job.name}: {shlex.join(job.command())}", flush=True)
         meta = {"config": config_file, "root": str(root), "executor": _EXECUTOR.value, "parallel": _PARALLEL.value,
-                "command": shlex.join(argv_command), "started": t0,
-                "first_started": status.first_started(root) or t0}
+                "command": command, "cwd": cwd, "started": t0, "machine": status.machine_line(),
+                "first_started": sweep_root.first_started(root) or t0}
         workers = 1 if _EXECUTOR.value == "inline" else max(1, _PARALLEL.value)
-        writer = status.StatusWriter(root, list(states.values()), parallel=workers, meta=meta,
+        writer = status.StatusWriter(root, list(states.values()), parallel=workers, meta=meta, previous=previous,
                                      print_every=_STATUS_EVERY.value)
         writer.update(force=True)
         interrupted = False
@@ -543,27 +565,34 @@ def sweep(argv_command: Sequence[str]) -> int:
     return code
 
 
-def dry_run(specs, config_file: str | None = None) -> int:
-    """Prints each job's command and compiled train-step memory, and a plan's expected half-widths; refuses
-    what exceeds the device."""
-    from launch import memory
+def dry_run(specs, config_file: str | None = None, root: pathlib.Path | None = None) -> int:
+    """Prints each job's command, compiled train-step memory and time (from the recorded walls of finished
+    runs of the same cost: the root's and --time_from's), and a plan's expected half-widths; refuses what
+    exceeds the device."""
+    from launch import memory, timing
     from moe import rundir
     from launch.execute import prepare_jax_env
 
     prepare_jax_env()
     validate_runs(specs)
+    folders = ([root] if root is not None and root.is_dir() else []) + [pathlib.Path(p) for p in _TIME_FROM.value]
+    basis = timing.recorded_runs(folders)  # a bad --time_from fails here, before anything compiles
     jobs = plan_jobs(specs, _VMAP_SEEDS.value, _SEED_BATCHING.value)
     estimator = memory.MemoryEstimator()
-    estimates = []
+    estimates, finished_jobs = [], []
     changed = changed_runs(specs)
     for job in jobs:  # read-only: a dry run writes nothing, not even a missing DONE
         finished = all(rundir.is_done(s.workdir) or rundir.is_complete(s.workdir) for s in job.runs)
+        if finished and not any(s.name in changed for s in job.runs):
+            finished_jobs.append(job.name)
         mark = ("[changed] " if any(s.name in changed for s in job.runs) else "[done] " if finished else "")
         print(mark + shlex.join(job.command()))
         e = estimator.estimate(job.runs[0], seeds=len(job.runs))
         estimates.append(dataclasses.replace(e, run=job.name) if job.vmapped else e)
     print(memory.format_estimates(estimates), end="")
     print(f"{len(specs)} runs in {len(jobs)} job(s), {estimator.compiles} distinct train-step shape(s) compiled")
+    slots = 1 if _EXECUTOR.value == "inline" else _PARALLEL.value
+    print("\n".join(timing.time_lines(timing.job_times(jobs, basis), finished_jobs, slots, folders)))
     planned = study_plan(config_file) if config_file else None
     if planned is not None:
         from analysis.power import plan_lines
@@ -624,12 +653,10 @@ def main(argv: Sequence[str]) -> int:
     try:
         return sweep(["python", "-m", "launch.sweep", *sys.argv[1:]])
     except ValueError as e:  # SweepError, PlanError, ResourceError, ConfigError, DataError, LockedError, ...
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return error(e)
     except OSError as e:  # a read-only or full --root
         from moe import rundir
-        print(f"error: {rundir.os_error_line(e, flag='--root')}", file=sys.stderr)
-        return 2
+        return error(rundir.os_error_line(e, flag='--root'))
 
 
 if __name__ == "__main__":

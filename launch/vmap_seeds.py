@@ -37,6 +37,7 @@ def train_seeds(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence
 def _main(argv: Sequence[str]) -> int:
     from absl import flags, logging
 
+    from cachesim.cli_util import error
     from configs.base import ConfigError
     from moe.checkpoint import CheckpointError
     from moe.data.errors import DataError
@@ -68,12 +69,10 @@ def _main(argv: Sequence[str]) -> int:
         from moe.main import interrupted
         return interrupted(e)
     except (ConfigError, DataError, CheckpointError, NonFiniteLossError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return error(e)
     except OSError as e:  # a full disk or a read-only workdir
         from moe import rundir
-        print(f"error: {rundir.os_error_line(e)}", file=sys.stderr)
-        return 2
+        return error(rundir.os_error_line(e))
 
 
 if __name__ == "__main__":

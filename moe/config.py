@@ -24,14 +24,12 @@ from moe.finetune import validate as finetune_validate
 from moe import attention, precision
 from moe.model import REMAT_POLICIES
 
-ARMS = rundir.ARMS
-
 
 def validate(c: ml_collections.ConfigDict) -> None:
     """Rejects configurations that cannot run, with one line naming the fix."""
     m, lo, o, t = c.model, c.loss, c.optim, c.train
-    if c.arm not in ARMS:
-        raise ConfigError(f"unknown arm {c.arm!r}; choose one of {ARMS}")
+    if c.arm not in rundir.ARMS:
+        raise ConfigError(f"unknown arm {c.arm!r}; choose one of {rundir.ARMS}")
     if m.size not in SIZES:
         raise ConfigError(f"unknown size {m.size!r}; choose one of {', '.join(SIZES)}")
     for name in ("vocab_size", "d_model", "n_layers", "d_ff", "context", "head_dim", "num_experts", "top_k"):

@@ -237,10 +237,24 @@ class Interrupted(KeyboardInterrupt):
         self.step = step
 
 
+# Stop requests that came while no training loop ran (a SLURM job's signal during start-up or
+# compilation): process-wide, as signals are; the next single-process loop takes them on entry.
+_EARLY_STOPS: list[int] = []
+
+
+def request_stop(signum: int, frame=None) -> None:
+    """A signal handler for the time outside a training loop: the next loop stops after its first step."""
+    del frame
+    _EARLY_STOPS.append(signum)
+    print(f"\nreceived {signal.Signals(signum).name}: checkpointing after the first step and exiting",
+          file=sys.stderr, flush=True)
+
+
 class Preemption:
     """SIGTERM or SIGINT (Ctrl-C) -> save a checkpoint at the next step boundary and stop.
 
     A second Ctrl-C stops at once, without that checkpoint (KeyboardInterrupt).
+    A stop asked before the loop (:func:`request_stop`) is honoured at its first step.
     Multi-process (``synced=True``): saving is collective, so jax's preemption
     service agrees on the step to stop at instead of a Python signal handler
     (and Ctrl-C is a plain KeyboardInterrupt: the newest checkpoint stands).
@@ -255,6 +269,9 @@ class Preemption:
     def __enter__(self):
         for sig in () if self.synced else (signal.SIGTERM, signal.SIGINT):
             self._previous[sig] = signal.signal(sig, self._handle)
+        if _EARLY_STOPS and not self.synced:
+            self.requested, self.signum = True, _EARLY_STOPS[-1]
+            _EARLY_STOPS.clear()
         return self
 
     def _handle(self, signum, frame):

@@ -59,6 +59,7 @@ _FLAGS: _Flags | None = None
 
 
 def main(argv):
+    from cachesim.cli_util import error
     from configs import require_config
     from configs.base import ConfigError
     from moe import rundir
@@ -73,12 +74,10 @@ def main(argv):
         require_config(config)
         config.to_dict()  # forces the deferred load error, if any
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return error(e)
     except OSError as e:  # config_flags defers a missing/broken config file to first use
         detail = " ".join(str(e).split())
-        print(f"error: cannot load the --config file: {detail}", file=sys.stderr)
-        return 2
+        return error(f"cannot load the --config file: {detail}")
     workdir = _FLAGS.workdir.value
     try:
         if _FLAGS.dry_run.value:
@@ -101,14 +100,11 @@ def main(argv):
     except KeyboardInterrupt as e:
         return interrupted(e)
     except NonFiniteLossError as e:
-        print(f"error: {e}; {retry_advice(_FLAGS.argv, e, config)}", file=sys.stderr)
-        return 2
+        return error(f"{e}; {retry_advice(_FLAGS.argv, e, config)}")
     except OSError as e:  # a full disk, a read-only workdir: the file and the fix, not a traceback
-        print(f"error: {rundir.os_error_line(e, workdir)}", file=sys.stderr)
-        return 2
+        return error(rundir.os_error_line(e, workdir))
     except (ConfigError, DataError, CheckpointError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return error(e)
 
 
 def interrupted(error: KeyboardInterrupt) -> int:

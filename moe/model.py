@@ -31,7 +31,6 @@ REMAT_POLICIES = {
 }
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
-COMPUTE_DTYPES = tuple(_DTYPES)
 
 
 def compute_dtype(name: str):

@@ -288,13 +288,16 @@ def write_evaluation(workdir: pathlib.Path, final_eval: dict, traces: dict, wind
     rundir.write_json(staging / rundir.FINAL_EVAL, final_eval)
     for name, obj in (extra or {}).items():
         rundir.write_json(staging / name, obj)
+    hashed = None
     if metrics is not None:
         if cache_metrics:  # the static pin in-sample, and out-of-sample where a training-split trace exists
+            hashed = rundir.staged_files(staging)  # each file hashed once: for the facts and the manifest
             metrics = {**metrics, **facts.run_metrics(
                 {d: staging / rundir.trace_file(d) for d in traces},
-                {d: staging / rundir.train_trace_file(d) for d in train_traces or {}}, window_tokens)}
+                {d: staging / rundir.train_trace_file(d) for d in train_traces or {}}, window_tokens,
+                sha256=lambda path: hashed[path.name]["sha256"])}
         rundir.write_json(staging / rundir.METRICS, metrics)
-    rundir.write_manifest(staging, {d: int(v["tokens"]) for d, v in final_eval.items()})
+    rundir.write_manifest(staging, {d: int(v["tokens"]) for d, v in final_eval.items()}, known=hashed)
     rundir.publish_evaluation(workdir)
     return metrics
 

@@ -42,6 +42,12 @@ def cache_root() -> pathlib.Path:
     """
     if os.environ.get(CACHE_ENV):
         return pathlib.Path(os.environ[CACHE_ENV]).expanduser()
+    return default_cache_root()
+
+
+def default_cache_root() -> pathlib.Path:
+    """The cache folder without ``$CACHEABLE_MOE_CACHE``: ``$XDG_CACHE_HOME/cacheable-moe``, else
+    ``~/.cache/cacheable-moe`` (where scripts/setup.sh puts the tokenizer by default)."""
     xdg = os.environ.get("XDG_CACHE_HOME")
     return (pathlib.Path(xdg).expanduser() if xdg else pathlib.Path.home() / ".cache") / "cacheable-moe"
 

@@ -73,7 +73,7 @@ def logged_record(workdir: pathlib.Path, step: int) -> dict[str, Any] | None:
 
 
 @dataclasses.dataclass
-class Progress:
+class StepTiming:
     """Tokens/s and ETA over a sliding window of steps; excludes compile time."""
 
     total_steps: int
@@ -105,7 +105,7 @@ class RunIO:
     tokens_per_step: int
 
     def __post_init__(self):
-        self.timing = Progress(self.total_steps, self.tokens_per_step)
+        self.timing = StepTiming(self.total_steps, self.tokens_per_step)
         self.first: dict[str, float] = {}  # when the first step ran: kept in every later progress record
         self.logged: list[dict[str, Any] | None] = [None for _ in self.members]  # the newest record logged
         self.saved: list[dict[str, Any] | None] = []  # the record each member's restored step was saved with

@@ -25,6 +25,7 @@ import numpy as np
 from flax import nnx
 
 from cachesim.policies import CacheSpec, capacity_from_fraction
+from configs.base import num_train_steps
 from moe import rundir
 from moe.data import DOMAINS
 from moe.data import pipeline
@@ -124,6 +125,7 @@ def transfer_study(config: ml_collections.ConfigDict, graphdef, params: nnx.Stat
     train_tokens = _training_windows(config, pc.train_windows)
     held_tokens, domains = _held_out_windows(config)
     out = rundir.transfers_record(
+        checkpoint_step=num_train_steps(config),  # transfer_study runs on the finished run's weights
         capacity=capacity, prompt_len=prompt_len, continuation_len=config.model.context - prompt_len,
         train_sequences=int(train_tokens.shape[0]), eval_sequences=int(held_tokens.shape[0]),
         representation=REPRESENTATION, policies=list(STUDY_POLICIES), init_from=config.init_from)

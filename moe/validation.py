@@ -54,14 +54,25 @@ def make_validator(graphdef, config: ml_collections.ConfigDict) -> Callable[[Any
         entropy = np.asarray(expert_usage_entropy(trace.experts[:, None].astype(np.int32), num_experts))
         total = int(misses[:, 0].sum())
         loads = np.stack([np.bincount(layer.reshape(-1), minlength=num_experts) for layer in trace.experts])
-        return {"domains": domains, "router": {
+        router = {
             "usage_entropy": [float(v) for v in entropy],
             "max_vio": [float(v) for v in load_max_violation(loads)],
             "collapsed": int(sum(collapse_counts(trace))),
             "lru_miss_per_token_25": misses_per_token(total, trace.num_tokens),
-            "lru_hit_rate_25": hit_rate(total, trace.num_tokens, trace.num_layers, trace.k)}}
+            "lru_hit_rate_25": hit_rate(total, trace.num_tokens, trace.num_layers, trace.k)}
+        return {"domains": domains, "router": {**router, **bias_range(params)}}
 
     return validate
+
+
+def bias_range(params) -> dict[str, list[float]]:
+    """Each layer's routing-bias range, {"bias_min", "bias_max"} (loss.balance=bias), else {}: the bias the
+    validation routed with, as the training log records it after each step."""
+    blocks = [params["blocks"][key] for key in sorted(params["blocks"].keys(), key=int)]
+    if "route_bias" not in blocks[0]["moe"]:
+        return {}
+    biases = np.stack([np.asarray(block["moe"]["route_bias"][...]) for block in blocks])
+    return {"bias_min": [float(v) for v in biases.min(-1)], "bias_max": [float(v) for v in biases.max(-1)]}
 
 
 def scalars(record: dict[str, Any]) -> dict[str, float]:
@@ -72,7 +83,7 @@ def scalars(record: dict[str, Any]) -> dict[str, float]:
     router = record["router"]
     out.update({"router/collapsed": router["collapsed"], "router/lru_miss_per_token_25": router["lru_miss_per_token_25"],
                 "router/lru_hit_rate_25": router["lru_hit_rate_25"]})
-    for name in ("usage_entropy", "max_vio"):
+    for name in ("usage_entropy", "max_vio", "bias_min", "bias_max"):
         for layer, value in enumerate(router.get(name, [])):
             out[f"router/{name}/layer{layer}"] = value
     return out

@@ -1,4 +1,4 @@
-# Sourced (not run) by scripts/setup.sh and benchmarks/gpu_rehearsal.sh: the one way to find a
+# Sourced (not run) by scripts/setup.sh, benchmarks/gpu_rehearsal.sh and benchmarks/gpu_wheels.sh: the one way to find a
 # Python >= 3.12 (jax 0.11's floor).
 #
 # pick_python prints $PYTHON, else the first of these that runs and is new enough. Each candidate

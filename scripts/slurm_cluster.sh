@@ -36,11 +36,14 @@ pid_of() {  # the PID `up` recorded for daemon $1, if that process still runs th
 
 running() { pid_of "$1" >/dev/null; }
 
+STARTED=()  # the daemons this `up` started (the others ran already)
+
 start() {  # start() NAME COMMAND...: in its own session, output to its log, its PID recorded
   local name=$1; shift
   running "$name" && return 0
   setsid "$@" >>"$DIR/log/$name.out" 2>&1 </dev/null 9>&- &  # 9: the lock of `up`, not theirs
   echo $! >"$DIR/run/$name.pid"
+  STARTED+=("$name")
 }
 
 wait_until() {  # wait_until WHAT LOG COMMAND...: polls COMMAND until it succeeds; on time-out prints LOG
@@ -94,6 +97,8 @@ SlurmdPort=$SLURMD_PORT
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
+# A requeued job waits cred_expire seconds before it may start again (default 120).
+AuthInfo=cred_expire=10
 CredType=cred/munge
 StateSaveLocation=$DIR/spool/slurmctld
 SlurmdSpoolDir=$DIR/spool/slurmd
@@ -105,6 +110,8 @@ ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 MpiDefault=none
 SchedulerType=sched/backfill
+# Look at pending jobs every few seconds (defaults: 60 and 30): a requeued job starts again soon after it may.
+SchedulerParameters=sched_interval=3,bf_interval=3
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU_Memory
 DefMemPerCPU=$((mem / cpus))
@@ -190,7 +197,9 @@ up() {
   start slurmd slurmd -D
   wait_until "an idle node" "$DIR/log/slurmd.log" node_idle
   wait_until "sacct answering" "$DIR/log/slurmdbd.log" sacct --noheader --allusers --starttime=now-1minute
-  echo "slurm cluster up in $((SECONDS - t0))s (daemons: $((SECONDS - t_daemons))s): partition $PARTITION, $(sinfo --noheader --format='%c CPUs, %m MB' | head -n 1)"
+  local how="already running"
+  ((${#STARTED[@]})) && how="started ${STARTED[*]}"
+  echo "slurm cluster up in $((SECONDS - t0))s (daemons: $((SECONDS - t_daemons))s; $how): partition $PARTITION, $(sinfo --noheader --format='%c CPUs, %m MB' | head -n 1)"
   echo "export SLURM_CONF=$SLURM_CONF"
 }
 

@@ -246,3 +246,10 @@ def check_vs_lines(text: str) -> int:
     for x, y, z, red in found:
         assert recomputes(x, y, z, bool(red)), (x, y, z, red)
     return len(found)
+
+
+def made_from(run_dir: Path, doc: dict, *, step: int = 5) -> dict:
+    """``doc`` as a study step writes it for the run at ``run_dir``: the run (made, with a checkpoint at
+    ``step``) and ``doc``'s source record, so analysis reads it as current (moe.rundir.provenance)."""
+    (run_dir / rundir.CHECKPOINTS / str(step)).mkdir(parents=True, exist_ok=True)
+    return {**doc, rundir.SOURCE: rundir.source_record(run_dir)}

@@ -68,6 +68,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.enviro
 # tests on one worker, but with pytest 9 and xdist 3.8 the group suffix never reaches the
 # scheduler; expensive fixtures are shared across workers with helpers.shared_dir instead.)
 SLOW_FIRST = (  # slowest first (cold timings of the suite on 2 cores)
+    "test_launch_slurm_cluster.py",  # mostly waits on SLURM's jobs: one worker, while the others run the rest
     "test_analysis_reference.py", "test_benchmarks.py", "test_arm_m_multiprocess.py", "test_launch_distributed.py",
     "test_arm_m_finetune.py", "test_main.py", "test_reliability.py", "test_vmap_seeds.py", "test_train.py",
     "test_launch_sweep.py",

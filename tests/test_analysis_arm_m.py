@@ -127,7 +127,7 @@ def test_rows_compare_arm_m_with_its_base_not_arm_a_at_its_budget(runs):
 def test_verdict_judges_arm_m_against_its_base(runs):
     lines = verdict.verdict_text(runs).splitlines()
     pre, conf = [[line for line in lines if line.startswith("RQ1 [M") and "lambda_cs=0.1" in line
-                  and (kind in line)] for kind in ("vs base averaged over", "vs base:")]
+                  and (kind in line)] for kind in ("vs base averaged over", "vs base (a-s1):")]
     (m1,), (c1,) = pre, conf
     assert "m-s1, m-s2 vs base averaged over a-s1: LRU miss/token@25% 0.117 vs 1.433 = 91.9% reduction" in m1
     assert "mean PPL 36.000 vs 30.000 = +20.00% ≤ +1.00%: FAIL" in m1
@@ -135,11 +135,67 @@ def test_verdict_judges_arm_m_against_its_base(runs):
     assert "collapsed 24 -> FAIL (fails the ΔPPL gate; fails the collapse clause (24 collapsed; any fails))" in m1
     # Arm M answers MELINOE's question: reported beside RQ1, never counted in its overall word.
     assert m1.endswith("[not counted: arm M answers MELINOE's question, not the paper's; reported beside, not counted]")
-    assert "m-s1, m-s2 vs base:" in c1 and "collapsed 24 -> FAIL" in c1
+    assert "m-s1, m-s2 vs base (a-s1):" in c1 and "collapsed 24 -> FAIL" in c1
     assert not [v for v in verdict.preregistered(runs) if v.config.startswith("M") and v.counted]
+    # Without a control the comparison with the base is listed as confounded with the extra training.
+    assert "arm-M without control" in verdict.deviations_used(runs)
     alone = [r for r in runs if r.name in ("m-s1", "a-short")]
-    (result,) = verdict.evaluate(alone)
-    assert result.verdict == "NO BASELINE" and result.reason.startswith("no base run: none of the given runs")
+    (result,) = verdict.preregistered(alone)
+    assert result.state == "NO BASELINE" and result.reason.startswith("no base run: none of the given runs")
+
+
+# -- arm M against its control ----------------------------------------------------------------
+@pytest.fixture(scope="module")
+def controlled(tmp_path_factory):
+    """a-s1, its fine-tune m-s1 (PPL × 1.1) and its control m-control-s1 (the same base, seed and tokens, no
+    MELINOE losses; PPL × 0.98: the extra training alone helps), each with a transfers.json."""
+    root = tmp_path_factory.mktemp("arm_m_control")
+    base_traces = {"prose": sticky_experts(), "code": alternating_experts(), "math": spread_experts()}
+    m_traces = {"prose": sticky_experts(), "code": sticky_experts(tokens=80), "math": alternating_experts()}
+    base = write_run(root, "a-s1", losses=BASE_LOSSES, traces=base_traces)
+    m1 = write_run(root, "m-s1", arm="M", seed=1, tokens=M_TOKENS, losses=_scaled(1.1), traces=m_traces,
+                   extra_config=_m_config(base))
+    control = write_run(root, "m-control-s1", arm="M", seed=1, tokens=M_TOKENS, losses=_scaled(0.98),
+                        traces=base_traces, extra_config=_m_config(base, lambda_cs=0.0, lambda_rm=0.0))
+    (m1 / "transfers.json").write_text(json.dumps(_study_json()))
+    (control / "transfers.json").write_text(json.dumps(_study_json(ft_total=50.0, ft_ppl=96.0)))
+    return load_runs([root], store=MetricsStore(cache_dir=tmp_path_factory.mktemp("cache"), jobs=1))
+
+
+def test_arm_m_is_judged_against_its_control_with_its_base_beside(controlled):
+    m1, control = _named(controlled, "m-s1"), _named(controlled, "m-control-s1")
+    assert summary.melinoe_control(m1, controlled) is control and summary.melinoe_control(control, controlled) is None
+    assert summary.paired_baseline_run(m1, controlled) is control
+    assert summary.paired_baseline_run(control, controlled).name == "a-s1"  # the control against its base
+    found = verdict.preregistered(controlled)
+    (m,) = found  # the control is a baseline, never a configuration of its own
+    assert m.baseline == ("m-control-s1",) and "arm-M control" in m.deviations
+    assert f"mean PPL 33.000 vs 29.400 = {100 * (1.1 / 0.98 - 1):+.2f}%" in m.line
+    assert "; beside, against its base a-s1: mean PPL 33.000 vs 30.000 = +10.00%" in m.line
+    (c,) = verdict.confidence(controlled)
+    assert "m-s1 vs its control (m-control-s1):" in c.line and c.quality.point == pytest.approx(1.1 / 0.98 - 1)
+    assert not c.counted and "arm-M control" in verdict.deviations_used(controlled)
+    row = summary.run_row(m1, controlled)
+    assert row["paired_baseline"] == "m-control-s1" and row["delta_ppl"] == pytest.approx(1.1 / 0.98 - 1)
+    # Arm M is never compared with arm A's mean: no "vs pooled A" number repeats its paired one.
+    assert row["delta_ppl_pooled"] is None and row["miss_reduction_25_pooled"] is None
+    note = tables.per_domain_table(controlled).notes[0]
+    assert "m-s1 (arm M): baseline = its control (the same base, seed and tokens without MELINOE's losses) " \
+           "m-control-s1, mean PPL 29.400" in note
+
+
+def test_melinoe_section_answers_melinoe_s_question_against_the_control(controlled):
+    rows = {r["run"]: r for r in arm_m.transfers_rows(controlled, arm_m.load_transfers(controlled))}
+    m = rows["m-s1"]
+    assert (m["control"], m["control_transfers"], m["reduction_control"]) == ("m-control-s1", 50.0, 50.0 / 30.0)
+    assert m["delta_ppl_control"] == pytest.approx(101.0 / 96.0 - 1, rel=1e-12)
+    assert rows["m-control-s1"]["is_control"] and rows["m-control-s1"]["control"] is None
+    lines = arm_m.melinoe_lines(list(rows.values()))
+    (line,) = [x for x in lines if x.startswith("* m-s1 against its control")]
+    assert ("expert transfers per layer per sequence (LFU, 4 experts cached per layer) 30.00 vs 50.00 (1.67× fewer); "
+            "held-out mean PPL 101.000 vs 96.000 = +5.21%. Beside, against its base a-s1:") in line
+    (own,) = [x for x in lines if x.startswith("* m-control-s1 (the control")]
+    assert "fine-tuned from a-s1 without MELINOE's losses, so the extra training alone" in own
 
 
 # -- transfers table --------------------------------------------------------------------------
@@ -155,20 +211,21 @@ def test_transfers_rows_exact(runs):
         "base_recall": 0.5, "base_ppl": 100.0, "finetuned_ppl": 101.0}
     assert first["delta_ppl"] == 101.0 / 100.0 - 1.0  # unrounded
     table = squash(formatting.render_markdown(arm_m.transfers_table(runs, arm_m.load_transfers(runs))))
-    assert "| m-s1 | M λ=0 μ=0 lambda_cs=0.1 lambda_rm=0.01 gamma=0.9 cache_capacity=4 from A 1M 100k tiny | 4 " \
-           "| 60.00 | 30.00 | 24.00 | 20.00 | 2.00× | 2.50× | 75.0% | 50.0% | +1.00% |" in table
+    assert "| m-s1 | M λ=0 μ=0 lambda_cs=0.1 lambda_rm=0.01 gamma=0.9 cache_capacity=4 from A 1M 100k tiny | — | 4 " \
+           "| 60.00 | 30.00 | 24.00 | 20.00 | 2.00× | 2.50× | 75.0% | 50.0% | +1.00% | — | — |" in table
     assert "| m-s2 |" in table and "| 40.00 | 24.00 | 20.00 | 1.50× | 2.50× |" in table
 
 
 def test_melinoe_lines_follow_their_numbers(runs):
     first = arm_m.melinoe_lines(arm_m.transfers_rows(runs, arm_m.load_transfers(runs)))[0]
-    assert first == ("* m-s1: expert transfers per layer per sequence (LFU, 4 experts cached per layer) 60.00 for its "
+    assert first == ("* m-s1 (no control run: its effects against the base are confounded with the extra training): "
+                     "expert transfers per layer per sequence (LFU, 4 experts cached per layer) 60.00 for its "
                      "base, 30.00 fine-tuned (2.00× fewer), 24.00 with the predictor's prefetch (2.50× fewer than "
                      "the base; 20.00 of them on demand); predictor recall 75.0% (50.0% on the base); fine-tuning costs "
                      "1.00% held-out PPL against the base.")
     worse = {"run": "m-x", "capacity": 2.0, "base_transfers": 10.0, "finetuned_transfers": 20.0, "reduction": 0.5,
              "predictor_transfers": 16.0, "reduction_predictor": 0.625, "predictor_demand": 14.0,
-             "predictor_recall": 0.25, "base_recall": 0.2, "delta_ppl": -0.02}
+             "predictor_recall": 0.25, "base_recall": 0.2, "delta_ppl": -0.02, "is_control": False, "control": None}
     line = arm_m.melinoe_lines([worse])[0]
     assert "(2.00× more)" in line and "(1.60× more than the base;" in line
     assert "fine-tuning saves 2.00% held-out PPL" in line

@@ -11,6 +11,7 @@ import cachesim.metrics
 from analysis import cache, summary
 from cachesim import facts as cs_facts
 from analysis.runs import load_run, load_runs
+from moe import rundir
 
 DOMAINS = ("prose", "code", "math")
 
@@ -93,17 +94,13 @@ def test_corrupt_cache_file_is_a_miss(tmp_path, count_calls):
     entry.write_text("{truncated")
     run = load_run(path, store=cache.MetricsStore(user))
     assert len(count_calls) == 4 and run.complete
-    assert json.loads(entry.read_text())["version"] == cache.CACHE_VERSION
+    assert json.loads(entry.read_text())["version"] == cs_facts.VERSION
 
 
-def test_an_unwritable_user_cache_only_warns(tmp_path, count_calls, monkeypatch):
+def test_an_unwritable_user_cache_only_warns(tmp_path, count_calls):
     path = write_run(tmp_path, "r")
     before = files_of(path)
-
-    def refuse(target, data):  # root ignores chmod, so simulate a read-only cache
-        raise PermissionError(13, "Read-only file system", str(target))
-
-    monkeypatch.setattr(cache, "atomic_write_json", refuse)
+    (tmp_path / "user").write_text("a file where the cache folder should be")  # root ignores chmod
     with pytest.warns(UserWarning, match="cannot cache analysis metrics"):
         run = load_run(path, store=cache.MetricsStore(tmp_path / "user"))
     assert run.complete and len(count_calls) == 3
@@ -361,3 +358,21 @@ def test_the_runs_facts_are_recomputed_when_the_trace_the_fit_or_the_code_change
     (run / rundir.METRICS).write_text(json.dumps({k: v for k, v in metrics.items() if k != cs_facts.RECORD_KEY}))
     facts("old")
     assert len(count_calls) == 3
+
+
+def test_a_run_hashes_each_trace_once_for_its_facts_and_its_manifest(tmp_path, monkeypatch):
+    """The evaluation manifest and the cache-facts record carry one hash of each file, taken once."""
+    import hashlib
+    real, hashed = hashlib.file_digest, []
+
+    def counting(f, digest):
+        hashed.append(pathlib.Path(f.name).name)
+        return real(f, digest)
+
+    monkeypatch.setattr(hashlib, "file_digest", counting)
+    path = publish(tmp_path, "b-s1", experts=block_experts, fits={"code": sticky_experts(tokens=16)})
+    assert sorted(hashed) == sorted(set(hashed)) and "trace_code.npz" in hashed and "metrics.json" in hashed
+    manifest = json.loads((path / rundir.EVAL_MANIFEST).read_text())["files"]
+    record = json.loads((path / rundir.METRICS).read_text())[cs_facts.RECORD_KEY]["domains"]
+    assert record["code"]["trace_sha256"] == manifest["trace_code.npz"]["sha256"]
+    assert record["code"]["fit_sha256"] == manifest["trace_code_train.npz"]["sha256"]

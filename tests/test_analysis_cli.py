@@ -50,7 +50,7 @@ def _point(tau, miss_a, cost_a, plain=False, epsilon=0.0):
             "miss_reduction_vs_arm_a": miss_a, "ppl_cost_vs_arm_a": cost_a}
 
 
-FRONTIER = {"schema": 1, "points": [_point(0.0, 0.59, 0.02, plain=True), _point(0.5, 0.8, 0.024),
+FRONTIER = {"schema": 1, "checkpoint_step": 5, "points": [_point(0.0, 0.59, 0.02, plain=True), _point(0.5, 0.8, 0.024),
                                     _point(0.3, 0.7, 0.022), _point(0.5, 0.82, 0.025, epsilon=0.02)]}
 
 
@@ -194,10 +194,10 @@ def test_read_frontier_series_start_at_the_plain_point(tmp_path):
     assert reference == "arm A (same size and tokens)"
     assert series == {"reroute τ": ([0.59, 0.8, 0.7], [0.02, 0.024, 0.022]),
                       "reroute τ + elision ε=0.02": ([0.59, 0.82], [0.02, 0.025])}
-    no_a = {"points": [{**p, "miss_reduction_vs_arm_a": None} for p in FRONTIER["points"]]}
+    no_a = {**FRONTIER, "points": [{**p, "miss_reduction_vs_arm_a": None} for p in FRONTIER["points"]]}
     (tmp_path / "frontier.json").write_text(json.dumps(no_a))
     assert figures.read_frontier(run)[1] == "the same run at τ = 0"
-    (tmp_path / "frontier.json").write_text(json.dumps({"points": [{"stream": "domains"}]}))
+    (tmp_path / "frontier.json").write_text(json.dumps({"checkpoint_step": 5, "points": [{"stream": "domains"}]}))
     with pytest.raises(ValueError, match="point 0 lacks"):
         figures.read_frontier(run)
 
@@ -213,7 +213,7 @@ def test_dose_response_points_are_relative_to_matching_a(study, tmp_path):
     assert points["b-costly",]["miss_reduction"] == pytest.approx(0.875)
     assert points["b-costly",]["ppl_cost"] == pytest.approx(0.02)
     assert points["b-good", "b-good-s2"]["ppl_seeds"] == pytest.approx([0.005, 0.007])
-    assert points["b-good", "b-good-s2"]["interval"] == "seed-level t"
+    assert points["b-good", "b-good-s2"]["noise"] == "own"  # a t-interval over its own two seeds
 
 
 def test_profile_json_known_values(tmp_path, capsys):

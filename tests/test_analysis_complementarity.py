@@ -21,7 +21,7 @@ def _frontier(tax, stacked, *, extra=()):
     decoys = [_point(0.5, 9.0, 9.0, stream="mixed"), _point(0.5, 9.0, 9.0, epsilon=0.02),
               _point(0.5, 9.0, 9.0, cache_prior=0.5), _point(0.5, 9.0, 9.0, max_rank=[1, 4]),
               _point(0.0, 9.0, 9.0, prime=True), _point(0.3, 9.0, 9.0)]
-    return {"schema": 1, "points": [_point(0.0, *tax), *decoys, _point(0.5, *stacked), *extra]}
+    return {"schema": 1, "checkpoint_step": 5, "points": [_point(0.0, *tax), *decoys, _point(0.5, *stacked), *extra]}
 
 
 def _at(run, path):
@@ -108,7 +108,7 @@ def test_cli_markdown_and_unrounded_json(study, tmp_path, capsys):
                                                                                       "main.json"]
         code, _, err = _run_cli([str(study), "--tables", "main,complementarity", "--format", "json", *cache], capsys)
         assert code == 2 and err.startswith("error: --format json prints one table") and err.count("\n") == 1
-        (study / "b-s2" / "frontier.json").write_text(json.dumps({"schema": 1}))
+        (study / "b-s2" / "frontier.json").write_text(json.dumps({"schema": 1, "checkpoint_step": 5}))
         code, _, err = _run_cli([str(study), *cache], capsys)
         assert code == 2 and "b-s2/frontier.json: expected a schema-1 frontier.json" in err
     finally:

@@ -8,7 +8,8 @@ import pytest
 
 from analysis import decode
 from analysis.runs import AnalysisError
-from launch import sweep
+from analysis_fixtures import made_from
+from moe.rundir import sweep_root
 
 
 def _policy(name, measured, modelled, misses=0.5, recall=None, tok_s=100.0):
@@ -30,9 +31,9 @@ def test_rows_lines_and_table_follow_the_reports(tmp_path):
     a = _report("A", [_policy("none", 4e-3, 3e-3, misses=0.8), _policy("highest_prob", 2e-3, 2.4e-3, recall=0.5,
                                                                                      tok_s=95.0)])
     b = _report("B", [_policy("none", 3e-3, 3e-3, misses=0.6), _policy("oracle", 0.0, 0.0)], same_order=False)
-    (tmp_path / decode.DECODE_DIR).mkdir(parents=True)
+    (tmp_path / sweep_root.DECODE_DIR).mkdir(parents=True)
     for run, doc in (("a-s1", a), ("b-lam0.1-s1", b)):
-        (tmp_path / decode.DECODE_DIR / f"{run}.json").write_text(json.dumps(doc))
+        (tmp_path / sweep_root.DECODE_DIR / f"{run}.json").write_text(json.dumps(made_from(tmp_path / run, doc)))
     docs = decode.load_decode(tmp_path)
     rows = decode.decode_rows(docs)
     assert [(r["run"], r["policy"]) for r in rows] == [("a-s1", "none"), ("a-s1", "highest_prob"),
@@ -59,9 +60,8 @@ def test_rows_lines_and_table_follow_the_reports(tmp_path):
 
 
 def test_the_sweep_writes_where_the_page_reads_and_a_broken_file_is_one_line(tmp_path):
-    assert decode.DECODE_DIR.as_posix() == f"{sweep.ANALYSIS_DIR}/{sweep.DECODE_DIR}"
     assert decode.load_decode(tmp_path) == {}
-    (tmp_path / decode.DECODE_DIR).mkdir(parents=True)
-    (tmp_path / decode.DECODE_DIR / "a-s1.json").write_text("{")
+    (tmp_path / sweep_root.DECODE_DIR).mkdir(parents=True)
+    (tmp_path / sweep_root.DECODE_DIR / "a-s1.json").write_text("{")
     with pytest.raises(AnalysisError, match=r"a-s1.json: not JSON .*; delete it and rerun the sweep"):
         decode.load_decode(tmp_path)

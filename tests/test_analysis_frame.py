@@ -1,4 +1,4 @@
-"""analysis.load_runs (the DataFrame of run × domain), progress on a terminal, and the figures' data."""
+"""analysis.frame.load_runs (the DataFrame of run × domain), progress on a terminal, and the figures' data."""
 
 import io
 import json
@@ -9,7 +9,7 @@ import pytest
 from analysis_fixtures import block_experts, spread_experts, write_run
 from rich.console import Console
 
-import analysis
+from analysis import frame
 from analysis import run_args, figures, plots, tables
 from analysis.cache import MetricsStore
 from analysis.runs import AnalysisError, load_runs
@@ -42,9 +42,9 @@ def cache_dir(tmp_path_factory):
 
 
 def test_load_runs_is_one_row_per_run_and_domain(study, cache_dir):
-    frame = analysis.load_runs(study, cache_dir=cache_dir, jobs=1)
-    assert list(zip(frame["run"], frame["domain"])) == [(r, d) for r in ("a-s1", "b-s1") for d in DOMAINS]
-    b = frame[frame["run"] == "b-s1"].set_index("domain")
+    df = frame.load_runs(study, cache_dir=cache_dir, jobs=1)
+    assert list(zip(df["run"], df["domain"])) == [(r, d) for r in ("a-s1", "b-s1") for d in DOMAINS]
+    b = df[df["run"] == "b-s1"].set_index("domain")
     assert b.loc["code", "ppl"] == pytest.approx(5.05) and b.loc["code", "val_loss"] == pytest.approx(
         math.log(5.05))
     assert b.loc["code", "delta_ppl"] == pytest.approx(0.01)
@@ -54,7 +54,7 @@ def test_load_runs_is_one_row_per_run_and_domain(study, cache_dir):
     assert b["run_delta_ppl_ci_low"].tolist() == pytest.approx([0.01] * 3, rel=1e-9)  # a paired, exact shift
     assert b["run_miss_reduction_25_ci_high"].tolist() == pytest.approx([0.875] * 3)
     assert b["baseline"].tolist() == ["a-s1"] * 3
-    a = frame[frame["run"] == "a-s1"].iloc[0]
+    a = df[df["run"] == "a-s1"].iloc[0]
     assert (a["config.lr"], a["config.seq"], a["config.model.num_experts"], a["config.optim.peak_lr"]) == (
         6e-4, 8, 16, 6e-4)
     assert math.isnan(b.loc["code", "config.model.num_experts"])  # a run without a nested config
@@ -66,7 +66,7 @@ def test_load_runs_is_one_row_per_run_and_domain(study, cache_dir):
 
 def test_config_columns_flatten_nested_configs():
     record = {"arm": "B", "seed": 3, "tags": ["x"], "config": {"arm": "B", "model": {"k": 2, "sizes": [1, 2]}}}
-    assert analysis.frame.config_columns(record) == {"config.arm": "B", "config.seed": 3, "config.model.k": 2}
+    assert frame.config_columns(record) == {"config.arm": "B", "config.seed": 3, "config.model.k": 2}
 
 
 # -- progress ---------------------------------------------------------------------------------
@@ -118,7 +118,7 @@ def test_training_curves_from_the_logs(study, cache_dir):
         assert figures.val_curves(a)["code"] == ([640.0, 1280.0], [math.e ** 2, math.e ** 1.5])
         assert figures.val_curves(b) == {}
         data = {c["label"]: c for c in figures.training_curve_data([a, b])}
-        assert data["b-s1"]["strength"] == 0.05 and data["b-s1"]["final"]["math"] == ([1e6], [b.domains["math"].val_ppl])
+        assert data["b-s1"]["arm"] == "B" and data["b-s1"]["final"]["math"] == ([1e6], [b.domains["math"].val_ppl])
         (a.path / "eval.jsonl").write_text('{"step": 30, "tokens": 1920, "domains": {"code": {"loss": 1.0}}}\n')
         with pytest.raises(AnalysisError, match=r"eval.jsonl: step 30: domains.code.ppl must be a number"):
             figures.val_curves(a)
@@ -131,8 +131,9 @@ def test_training_curves_from_the_logs(study, cache_dir):
 def test_budget_overlay_pairs_each_configuration_with_its_baseline(study, cache_dir):
     runs = load_runs([study], store=MetricsStore(cache_dir))
     curves = {r.name: figures.cached_budget_curves(r) for r in runs}
-    ((label, reference, series),) = figures.budget_overlays(runs, curves)
-    assert (label, reference, list(series)) == ("B λ=0.05 μ=0 1M tiny", "A", ["B", "A"])
+    ((label, title, series),) = figures.budget_overlays(runs, curves)
+    assert (label, list(series)) == ("B λ=0.05 μ=0 1M tiny", ["B", "A"])
+    assert title == "B λ=0.05 μ=0 1M tiny (1 seed) vs A (1 seed): hit rate vs cache budget"  # no "seed means"
     # spread cycles through all 16 experts: LRU misses every request at every capacity below 16.
     assert series["A"]["code"]["lru"] == ([0.125, 0.25, 0.5], [0.0, 0.0, 0.0])
     assert series["B"]["code"]["lru"][1][1] == pytest.approx(0.875)

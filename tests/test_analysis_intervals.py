@@ -174,6 +174,22 @@ def test_two_windows_by_hand():
     assert (float(low), float(high)) == pytest.approx((0.0, 0.5), abs=1e-12)
 
 
+ONE_WINDOW = "too few evaluation windows for a window interval (prose: 1, code: 1, math: 1; it needs 2 or more"
+
+
+def test_one_window_per_domain_gives_no_window_interval_labelled_never_a_crash():
+    a, b = _run("a-s1", "A", 0.0, 1, windows=1), _run("b-s1", "B", 0.01, 1, windows=1, rng_seed=3)
+    found = intervals.comparison_intervals([([b], [a])])[0]
+    for interval in (found.delta_ppl, found.miss_reduction):
+        assert not interval.available and interval.note.startswith(ONE_WINDOW) and interval.note.endswith(": b-s1, a-s1")
+    from analysis import tables
+    table = tables.main_table([a, b])
+    assert next(r for r in table.rows if r["run"] == "b-s1")["delta_ppl_ci"] is None
+    assert any("No ΔPPL CI (—) where a run lacks the per-window data for one: " + ONE_WINDOW in n for n in table.notes)
+    with pytest.raises(ValueError, match=r"too few evaluation windows .*\(d: 1;"):  # a direct caller: one line
+        intervals.paired_bootstrap({"d": np.zeros((2, 1))}, lambda m: m["d"][0])
+
+
 def test_seeds_to_resolve_is_the_first_count_whose_t_interval_clears_the_gate():
     # Mean 0.6%, sd 0.4%, margin 0.4% to a 1% gate: t(0.975, n-1)/√n < 1 first at n = 7 (2.447/2.646).
     assert intervals.seeds_to_resolve([0.002, 0.006, 0.010], 0.01) == 7

@@ -8,7 +8,7 @@ import pytest
 from analysis_fixtures import fake_paper_metrics, fake_run
 
 from analysis import matched
-from analysis.runs import DOMAIN_ORDER as DOMAINS
+from moe.rundir import DOMAINS
 
 GATE = 0.30
 

@@ -18,14 +18,14 @@ def test_sd_range_is_the_chi_square_range_by_hand():
 
 def test_seeds_for_a_target_half_width_by_hand():
     # SD .01, target .005: t(16)/√17 = 2.1199/4.1231 = .514 > .5, t(17)/√18 = 2.1098/4.2426 = .497 ≤ .5.
-    assert power.seeds_for(0.01, 0.005) == 18
-    assert power.half_width(0.01, 18) <= 0.005 < power.half_width(0.01, 17)
-    assert power.seeds_for(1.0, 1e-4) is None
+    assert effects.seeds_for(0.01, 0.005) == 18
+    assert effects.expected_half_width(0.01, 18) <= 0.005 < effects.expected_half_width(0.01, 17)
+    assert effects.seeds_for(1.0, 1e-4) is None
 
 
 def test_points_and_their_inverse_agree():
-    half = power.log_half_for_points(math.log1p(0.02), 0.5)
-    assert power.points(math.log1p(0.02), half) == pytest.approx(0.5, rel=1e-12)
+    half = effects.log_half_for_points(math.log1p(0.02), 0.5)
+    assert effects.points(math.log1p(0.02), half) == pytest.approx(0.5, rel=1e-12)
 
 
 PAIRS = {(0.1, 1): (0.8, 1.01), (0.1, 2): (0.7, 1.02), (0.1, 3): (0.75, 1.0),
@@ -41,9 +41,9 @@ def test_the_report_prints_numbers_that_recompute_from_the_grid():
     point = matched.crossing(grid.lams, grid.log_miss, grid.log_ppl, 0.30).delta_ppl
     assert f"ΔPPL at 30% miss reduction (λ grid 0.1, 0.3; seeds 1, 2, 3): {point:+.2%}" in text
     assert f"per-seed SD {sd:.4f} on the log scale (df 2;" in text
-    six = power.points(math.log1p(point), power.half_width(sd, 6))
+    six = effects.points(math.log1p(point), effects.expected_half_width(sd, 6))
     assert f"6 seeds: expected half-width ±{six:.2f} points" in text
-    need = power.seeds_for(sd, power.log_half_for_points(math.log1p(point), 0.5))
+    need = effects.seeds_for(sd, effects.log_half_for_points(math.log1p(point), 0.5))
     assert f"seeds for ±0.5 points: {need} at the measured SD" in text
     assert "log_ppl: seed-paired SD" in text and "log_miss: seed-paired SD" in text
 
@@ -77,7 +77,7 @@ def test_plan_lines_give_the_half_width_the_plans_seeds_expect_at_the_pilots_spr
                                   "pilot": {"sd": 0.0033, "df": 1, "estimate": 0.0103}},
                           "rq2": {"gate": 0.9, "alpha": 0.05, "interval": "t"}}}
     lines = power.plan_lines(plan, "ab" * 32)
-    width = power.points(math.log1p(0.0103), power.half_width(0.0033, 6))
+    width = effects.points(math.log1p(0.0103), effects.expected_half_width(0.0033, 6))
     assert lines == [f"pre-registration sha256 {'ab' * 32}",
                      f"  rq1: expected 95% half-width ±{width:.2f} points with 6 seeds at the pilot's per-seed SD "
                      "0.0033 (df 1)",

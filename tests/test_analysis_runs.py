@@ -5,6 +5,8 @@ import math
 
 import pytest
 from analysis_fixtures import write_run
+from hypothesis import given
+from hypothesis import strategies as st
 
 from analysis import runs as runs_mod
 from analysis.runs import AnalysisError, discover, discover_run_dirs, load_run, load_runs
@@ -122,3 +124,75 @@ def test_per_window_losses_are_read_and_checked_against_final_eval(tmp_path):
     (path / "eval_windows.npz").write_bytes(b"PK\x03\x04 truncated")
     with pytest.raises(AnalysisError, match=r"eval_windows.npz: not a readable eval_windows.npz"):
         load_run(path, with_metrics=False)
+
+
+def broken_root(tmp_path):
+    """A root with a readable run, one whose config.json is gone (its evaluation, traces and log intact) and one
+    whose config.json is cut short."""
+    root = tmp_path / "R"
+    write_run(root, "a-s1")
+    lost = write_run(root, "b-lost")
+    (lost / "config.json").unlink()
+    (lost / "log.jsonl").write_text('{"step": 1}\n')
+    cut = write_run(root, "b-cut")
+    (cut / "config.json").write_text('{"arm": "B"')
+    return root, lost, cut
+
+
+def test_a_run_analysis_cannot_read_is_named_and_left_out_only_when_asked(tmp_path, capsys):
+    root, lost, cut = broken_root(tmp_path)
+    run_dirs, trace_dirs = discover([root])
+    assert run_dirs == [root / "a-s1", cut, lost] and trace_dirs == []  # a run without config.json, not traces
+    with pytest.raises(AnalysisError) as error:
+        load_runs([root], with_metrics=False)
+    message = str(error.value)
+    assert "\n" not in message and message.startswith("2 run directories cannot be read: ")
+    assert f"{lost}: no config.json, though it holds log.jsonl, final_eval.json; restore config.json" in message
+    assert f"{cut / 'config.json'}: not valid JSON" in message
+    assert message.endswith("; fix them, or pass --skip_broken to analyse the others")
+
+    assert [r.name for r in load_runs([root], with_metrics=False, skip_broken=True)] == ["a-s1"]
+    skipped = capsys.readouterr().err.splitlines()
+    assert len(skipped) == 2 and all(line.startswith("skipped (--skip_broken): ") for line in skipped)
+    assert str(cut) in skipped[0] and str(lost) in skipped[1]
+    (root / "a-s1" / "config.json").unlink()
+    with pytest.raises(AnalysisError, match="no readable run directory under .*; every one was skipped"):
+        load_runs([root], with_metrics=False, skip_broken=True)
+
+
+def test_the_cli_exits_non_zero_on_an_unreadable_run_unless_skip_broken(tmp_path, capsys):
+    from analysis import run_args, tables
+    root, lost, cut = broken_root(tmp_path)
+    argv = [str(root), "--tables", "runs", f"--cache_dir={tmp_path / 'cache'}", "--jobs=1"]
+    assert run_args.run_main(tables.main, argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and err.startswith("error: 2 run directories cannot be read: ")
+    assert run_args.run_main(tables.main, [*argv, "--skip_broken"]) == 0
+    out, err = capsys.readouterr()
+    assert "a-s1" in out and "b-lost" not in out and "b-cut" not in out
+    assert [line.split(": ")[1] for line in err.splitlines()] == [str(cut / "config.json"), str(lost)]
+
+
+def test_runs_sharing_a_run_name_are_labelled_by_their_path_under_the_root(tmp_path):
+    root = tmp_path / "R"
+    for folder in ("x1", "x2"):  # two run directories of one run_name in one folder: the issue's "int/..."
+        write_run(root / "int", folder, extra_config={"run_name": "b-lam0.05-s1"})
+    write_run(root, "a-s1")
+    assert sorted(r.name for r in load_runs([root], with_metrics=False)) == ["a-s1", "int/x1", "int/x2"]
+    # Two roots holding the same path: each run is labelled by the path it was found at.
+    other = tmp_path / "S"
+    write_run(other / "int", "x1", extra_config={"run_name": "b-lam0.05-s1"})
+    labels = [r.name for r in load_runs([root / "int", other / "int"], with_metrics=False)]
+    assert sorted(labels) == sorted([f"{root}/int/x1", f"{other}/int/x1", "x2"])
+
+
+@given(st.lists(st.tuples(st.sampled_from(["R", "S"]), st.sampled_from(["a", "b", "a/b", "b/a"]),
+                          st.sampled_from(["a", "b", "n"])), min_size=1, max_size=8,
+                unique_by=lambda t: (t[0], t[1])))
+def test_labels_are_unique_and_keep_unshared_names(found):
+    from pathlib import Path
+    paths = [Path("/top") / root / sub for root, sub, _ in found]
+    names = [name for _, _, name in found]
+    labels = runs_mod.labels(paths, names, ["/top/R", "/top/S"])
+    assert len(set(labels)) == len(labels)
+    assert all(label == name for label, name in zip(labels, names) if names.count(name) == 1)

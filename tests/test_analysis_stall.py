@@ -8,7 +8,9 @@ import pytest
 
 from analysis import stall_section
 from analysis.runs import AnalysisError
-from launch import sweep
+from analysis_fixtures import made_from
+from moe import rundir
+from moe.rundir import sweep_root
 
 
 def _result(policy, s, p99, recall, unused, budget=2e6):
@@ -28,9 +30,9 @@ def test_rows_average_each_policy_over_the_domains_and_lines_follow_them(tmp_pat
              [_result("none", 2e-3, 4e-3, 0.0, 0.0), _result("highest_prob", 1e-3, 2e-3, 0.3, 3e6),
               _result("oracle", 1e-3, 2e-3, 0.9, 0.0)])
     b = _doc([_result("none", 1e-3, 1e-3, 0.0, 0.0), _result("highest_prob", 1e-3, 1e-3, 0.0, 5e5)])
-    (tmp_path / stall_section.STALL_DIR).mkdir(parents=True)
+    (tmp_path / sweep_root.STALL_DIR).mkdir(parents=True)
     for run, doc in (("a-s1", a), ("b-s1", b)):
-        (tmp_path / stall_section.STALL_DIR / f"{run}.json").write_text(json.dumps(doc))
+        (tmp_path / sweep_root.STALL_DIR / f"{run}.json").write_text(json.dumps(made_from(tmp_path / run, doc)))
     rows = stall_section.stall_rows(stall_section.load_stall(tmp_path))
     hp = next(r for r in rows if r["run"] == "a-s1" and r["policy"] == "highest_prob")
     assert (hp["stall_s"], hp["p99_s"], hp["recall"], hp["unused_bytes"], hp["domains"]) == pytest.approx(
@@ -50,9 +52,29 @@ def test_rows_average_each_policy_over_the_domains_and_lines_follow_them(tmp_pat
 
 
 def test_the_sweep_writes_where_the_page_reads_and_a_broken_file_is_one_line(tmp_path):
-    assert stall_section.STALL_DIR.as_posix() == f"{sweep.ANALYSIS_DIR}/{sweep.STALL_DIR}"
     assert stall_section.load_stall(tmp_path) == {}  # a study without the step: no section
-    (tmp_path / stall_section.STALL_DIR).mkdir(parents=True)
-    (tmp_path / stall_section.STALL_DIR / "a-s1.json").write_text("{")
+    (tmp_path / sweep_root.STALL_DIR).mkdir(parents=True)
+    (tmp_path / sweep_root.STALL_DIR / "a-s1.json").write_text("{")
     with pytest.raises(AnalysisError, match=r"a-s1.json: not JSON .*; delete it and rerun the sweep"):
+        stall_section.load_stall(tmp_path)
+
+
+def test_a_stale_or_orphan_stall_report_is_refused_in_one_line_naming_both_steps_and_the_fix(tmp_path):
+    (tmp_path / sweep_root.STALL_DIR).mkdir(parents=True)
+    path = tmp_path / sweep_root.STALL_DIR / "a-s1.json"
+    doc = _doc([_result("none", 1e-3, 1e-3, 0.0, 0.0)])
+    path.write_text(json.dumps(made_from(tmp_path / "a-s1", doc, step=32)))
+    assert list(stall_section.load_stall(tmp_path)) == ["a-s1"]  # current
+    (tmp_path / "a-s1" / rundir.CHECKPOINTS / "80").mkdir()  # the run trained on: the report is of step 32
+    with pytest.raises(AnalysisError) as error:
+        stall_section.load_stall(tmp_path)
+    assert str(error.value).startswith(f"{path} was made from checkpoint step 32 (no evaluation yet), but "
+                                       f"{tmp_path / 'a-s1'} is now at step 80 (no evaluation yet): stale; it is "
+                                       f"not used; recompute it: rerun the sweep on {tmp_path} (python -m launch.sweep")
+    path.write_text(json.dumps(doc))  # from before reports recorded their source: cannot be checked
+    with pytest.raises(AnalysisError, match="a-s1.json records no source"):
+        stall_section.load_stall(tmp_path)
+    (tmp_path / sweep_root.STALL_DIR / "gone.json").write_text(json.dumps(doc))
+    path.unlink()
+    with pytest.raises(AnalysisError, match=f"gone.json: its run {tmp_path / 'gone'} is not there"):
         stall_section.load_stall(tmp_path)

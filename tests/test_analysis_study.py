@@ -125,7 +125,7 @@ def test_each_figure_writes_the_one_png_asked_for(runs, tmp_path):
 def test_hit_vs_budget_overlays_the_chosen_configuration_on_arm_a(runs, tmp_path, monkeypatch):
     figs = _drawn(monkeypatch)
     study.write_hit_vs_budget_a_vs_b(runs, tmp_path / "b02.png", config="B λ=0.2 μ=0 1M tiny")
-    assert figs[-1].texts[0].get_text().startswith("B λ=0.2 μ=0 1M tiny vs A")
+    assert figs[-1].texts[0].get_text() == "B λ=0.2 μ=0 1M tiny (1 seed) vs A (1 seed): hit rate vs cache budget"
     labels = {line.get_label() for ax in figs[-1].axes for line in ax.get_lines()}
     assert {"LRU (B)", "LRU (A)", "Belady (bound) (A)"} <= labels  # each policy, solid B over dashed A
     with pytest.raises(AnalysisError, match=r"no configuration C λ=1 with a baseline among the runs \(configurations with one: "
@@ -148,6 +148,102 @@ def test_usage_heatmaps_share_one_colour_scale(runs, tmp_path, monkeypatch):
     assert any(line.get_ydata()[0] == 0.01 for line in bar.get_lines())
     crossed = [ax for ax in figs[-1].axes[:-1] if ax.collections]
     assert [ax.get_title() for ax in crossed] == ["b-ref: code"] and len(crossed[0].collections[0].get_offsets()) == 28
+
+
+def test_pooled_usage_crosses_exactly_the_experts_the_verdict_counts(runs, tmp_path, monkeypatch):
+    from analysis import summary
+
+    figs = _drawn(monkeypatch)
+    _only_png(study.write_pooled_usage(runs, tmp_path / "usage.png"), tmp_path)
+    panels = {ax.get_title().split(":")[0]: ax for ax in figs[-1].axes if ax.get_images()}
+    assert list(panels) == [r.name for r in runs]  # one pooled map per run, in the tables' order
+    for run in runs:
+        count = summary.pooled_collapsed(run)[0]
+        ax = panels[run.name]
+        assert ax.get_title() == f"{run.name}: {count} collapsed"
+        crosses = ax.collections[0].get_offsets() if ax.collections else []
+        assert len(crosses) == count  # the crosses are the verdict's count, not a per-domain one
+    # b-ref's code domain is sticky (14 of 16 experts unused per layer), but pooled with its two block
+    # domains every expert keeps 1/12 of the tokens: per domain 28 would be crossed, pooled none.
+    assert summary.pooled_collapsed(next(r for r in runs if r.name == "b-ref"))[0] == 0
+
+
+def test_dose_response_draws_the_verdict_s_intervals_with_a_glyph_per_noise_and_no_line_across_lambda(
+        runs, tmp_path, monkeypatch):
+    from analysis import figures
+
+    figs = _drawn(monkeypatch)
+    study.write_dose_response(runs, tmp_path / "dose.png")
+    points = figures.dose_response_points(runs)
+    noise = {tuple(p["runs"]): p["noise"] for p in points}
+    assert noise == {("b-s1", "b-s2"): "own", ("b-ref",): "borrowed"}  # b-ref borrows the pooled SD
+    ax_miss = figs[-1].axes[0]
+    markers = {line.get_marker(): line.get_fillstyle() for line in ax_miss.get_lines()
+               if line.get_marker() not in ("None", "_")}  # "_": an error bar's caps
+    assert markers == {"o": "full", "s": "none"}  # own seeds: filled circle; borrowed: open square
+    assert all(len(line.get_xdata()) <= 1 for line in ax_miss.get_lines()
+               if line.get_linestyle() != "None" and line.get_marker() != "None")  # no line joins two λ
+    ticks = [t.get_text() for t in ax_miss.get_xticklabels()]
+    assert ticks == ["0.05", "0.2"]  # only the tested λ, as plain numbers
+
+
+def test_the_paired_noise_band_is_one_seed_pair_s_range_at_the_pooled_sd(runs):
+    from scipy import stats
+
+    from analysis import figures, verdict
+
+    bands = figures.paired_noise_bands(runs)
+    noise = verdict.study_noise(runs)[("tiny", 1e6, "log_ppl")]  # b-s1, b-s2: the one 2-seed configuration
+    h = stats.t.ppf(0.975, noise.df) * noise.sd
+    (band,) = bands.values()
+    assert band["ppl_cost"] == pytest.approx((math.expm1(-h), math.expm1(h)))
+    assert f"df {noise.df}" in band["label"] and "with no effect" in band["label"]
+
+
+def test_hit_vs_budget_is_drawn_at_the_deciding_lambda():
+    from analysis import report, verdict
+
+    def v(lam, reduction):
+        miss = verdict.Judged("miss reduction", reduction, 0.3, True, None, "PASS")
+        return verdict.Verdict(verdict.CONFIDENCE_VERDICT, "RQ1", f"B λ={lam:g}", ("r",), True, "", miss, miss, 0,
+                               "FAIL", "", "", arm="B", lam=lam, series="1M tokens, tiny")
+    grid = [v(0.01, 0.05), v(0.1, 0.35), v(0.3, 0.9)]
+    assert report.deciding(grid).lam == 0.1  # the first λ whose miss reduction reaches the gate, not the largest
+    assert report.deciding([v(0.01, 0.05), v(0.03, 0.1)]).lam == 0.03  # none reaches it: the largest tested
+
+
+def test_training_curves_tell_runs_apart_and_start_arm_m_at_its_base_tokens(runs, tmp_path, monkeypatch):
+    import dataclasses
+
+    from analysis import figures
+
+    base = runs[0]
+    record = dataclasses.replace(base.record, record={**base.config, "arm": "M", "init_from": str(base.path),
+                                                      "lambda_cs": 0.1, "base_run": "a-s1",
+                                                      "base_tokens": base.tokens, "base_arm": "A"})
+    m = dataclasses.replace(base, record=record, shown_name="m-s1")
+    assert m.finetuned and m.name == "m-s1"
+    data = {c["label"]: c for c in figures.training_curve_data([base, m])}
+    assert data["a-s1"]["final"]["code"][0] == [base.tokens]
+    assert data["m-s1"]["final"]["code"][0] == [2 * base.tokens]  # its base's tokens, then its own
+    figs = _drawn(monkeypatch)
+    study.write_training_curves(runs, tmp_path / "curves.png")
+    colours = {tuple(h.get_color()) for h in figs[-1].legends[0].legend_handles}
+    assert len(colours) == len(runs)  # one colour per run
+
+
+def test_frontier_draws_both_runs_on_shared_axes_with_labels_that_do_not_overlap(tmp_path, monkeypatch):
+    figs = _drawn(monkeypatch)
+    close = ([0.0, 0.447, 0.448, 0.92], [0.0, 0.0006, 0.0007, 0.095], [None, 0.1, 0.11, 0.5])
+    plots.frontier_runs({"a-s1": {"reroute τ": close}, "b-s1": {"reroute τ": close}}, tmp_path / "f.png",
+                        title="frontier", miss_gate=0.3, ppl_gate=0.01)
+    (ax,) = [a for a in figs[-1].axes if a.get_lines()]
+    assert {line.get_label() for line in ax.get_lines()} >= {"a-s1: reroute τ", "b-s1: reroute τ"}
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    renderer = FigureCanvasAgg(figs[-1]).get_renderer()
+    boxes = [t.get_window_extent(renderer) for t in ax.texts]
+    assert boxes and not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
 
 
 def test_trace_usage_of_a_wide_model_is_log_scaled_with_sorted_experts(tmp_path, monkeypatch):

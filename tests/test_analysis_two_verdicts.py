@@ -4,13 +4,15 @@ hand-computed numbers; the effect definition; the deviations list; every "X vs Y
 import math
 import re
 
+import numpy as np
+
 import pytest
 from analysis_fixtures import (check_vs_lines, fake_paper_metrics, fake_run, recomputes, synthetic_study,
                                windowed_run, with_record)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from analysis import effects, intervals, verdict
+from analysis import effects, tables, verdict
 
 DOMAINS = ("prose", "code", "math")
 
@@ -92,7 +94,7 @@ def test_only_the_preregistered_budget_counts_and_a_triage_pass_never_carries_an
     assert not [line for line in text.splitlines() if " overall" in line and ("PASS" in line or "SUPPORTED" in line)]
 
 
-def test_arm_m_is_judged_against_its_base_and_never_carries_rq1():
+def test_arm_m_without_a_control_is_judged_against_its_base_and_never_carries_rq1():
     # B fails the miss gate; arm M (a fine-tune of a1) cuts misses 75% against its base at no PPL cost.
     m = with_record(_run("m1", arm="M", lam=0.0, tokens=2e5, ppl=10.0, miss=0.5), lambda_cs=0.1,
                     base_run="a1-1e+06", base_tokens=1e6, base_arm="A")
@@ -100,7 +102,7 @@ def test_arm_m_is_judged_against_its_base_and_never_carries_rq1():
     for found in (verdict.preregistered(runs), verdict.confidence(runs)):
         arm_m = _one(found, "RQ1", "M")
         assert not arm_m.counted and "arm M answers MELINOE's question" in arm_m.not_counted
-        assert "arm-M baseline" in arm_m.deviations
+        assert "arm-M without control" in arm_m.deviations  # no control run: listed as confounded
         assert verdict.overall_word(found, "RQ1")[0] != "SUPPORTED"
     pre = _one(verdict.preregistered(runs), "RQ1", "M")
     assert pre.state == "PASS" and "vs base averaged over a1-1e+06" in pre.line
@@ -154,8 +156,12 @@ def test_miss_reduction_is_judged_on_the_log_ratio():
     assert c.metric.point == pytest.approx(1 - math.exp(mean), rel=1e-12)
     assert c.metric.interval == pytest.approx((1 - math.exp(mean + half), 1 - math.exp(mean - half)), rel=1e-9)
     assert c.metric.interval[1] < 1.0  # a reduction of misses never reaches 100% on the log scale
-    additive = intervals.seed_interval([1 - m / 2.0 for m in b])  # what the page used to print: past 100%
-    assert additive.high > 1.0 and c.metric.state == "NOT TESTABLE"  # half-width 1.88 > log(1/0.7)
+    # What the page used to print: the additive t-interval of the per-seed reductions, past 100%.
+    additive = [1 - m / 2.0 for m in b]
+    mean_r = sum(additive) / 3
+    sd_r = math.sqrt(sum((x - mean_r) ** 2 for x in additive) / 2)
+    assert mean_r + 4.302652729911275 * sd_r / math.sqrt(3) > 1.0
+    assert c.metric.state == "NOT TESTABLE"  # half-width 1.88 > log(1/0.7)
 
 
 def test_a_single_seed_borrows_the_pooled_seed_paired_sd_and_never_the_window_interval():
@@ -178,13 +184,15 @@ def test_a_single_seed_quality_gate_is_never_met_on_its_window_interval():
     # λ = 0.03's seeds 3 points apart in ΔPPL: the study's seed-paired spread dwarfs the windows'.
     runs = [windowed_run("b-l0.03-s2", arm="B", lam=0.03, seed=2, miss_level=1.92, ppl_cost=0.034,
                          seed_shift=0.016) if r.name == "b-l0.03-s2" else r for r in synthetic_study()]
-    (window,) = [r.quality_gate for r in verdict.evaluate(runs) if r.config.startswith("B λ=0.1")]
-    assert window.window_ci[1] < verdict.RQ1_MAX_PPL_COST  # the window interval alone would call it met
+    rows = {r["run"]: r for r in tables.main_rows(runs)}
+    window = rows["b-l0.1-s1"]["delta_ppl_ci"]
+    assert window[1] < verdict.RQ1_MAX_PPL_COST  # the window interval alone would call it met
     one = _one(verdict.confidence(runs), "RQ1", "B λ=0.1")
     low, high = one.quality.interval
     assert low < verdict.RQ1_MAX_PPL_COST < high  # the borrowed training noise straddles the gate
     # ... and is wider than the gate itself, so no ΔPPL of the gate's size could be told apart here.
     assert one.quality.state == "NOT TESTABLE" and "exceeds the gate's size" in one.quality.note
+    assert one.quality.noise == "borrowed"
 
 
 def test_overall_words():
@@ -202,7 +210,8 @@ def test_a_deviation_used_but_not_listed_fails(monkeypatch):
     runs = synthetic_study()
     used = verdict.deviations_used(runs)
     assert {"seed pairing", "interval rule", "log scale", "borrowed variance", "collapse reading"} <= set(used)
-    monkeypatch.delitem(verdict.DEVIATIONS, "seed pairing")
+    # A copy without the entry (delitem would re-insert it last, reordering the list for later tests).
+    monkeypatch.setattr(verdict, "DEVIATIONS", {k: v for k, v in verdict.DEVIATIONS.items() if k != "seed pairing"})
     with pytest.raises(KeyError, match="'seed pairing' is used but not listed"):
         verdict.deviations_used(runs)
 
@@ -212,3 +221,18 @@ def test_every_x_vs_y_line_recomputes():
     runs = synthetic_study()
     assert check_vs_lines(verdict.verdict_text(runs)) >= 12
     assert not recomputes("0.842", "1.941", "57.0", True)  # the issue's line: a mean of ratios beside means
+
+
+def _joint(state, counted=True, size="cpu", tokens=409600):
+    grid = verdict.matched.Grid(size, tokens, 0, (0.1,), (1, 2), np.zeros((2, 1)), np.zeros((2, 1)))
+    return verdict.Joint(grid, None, counted, state, "")
+
+
+def test_the_registered_rule_s_word_follows_its_counted_joint_lines():
+    word = lambda joints: verdict.registered_rule_line(joints).split("): ", 1)[1].split(" (")[0]
+    assert word([_joint("PASS")]) == "SUPPORTED"
+    assert word([_joint("FAIL")]) == "REFUTED"
+    assert word([_joint("NOT RESOLVED")]) == "NOT RESOLVED"
+    assert word([_joint("PASS"), _joint("FAIL", size="tiny")]) == "NOT RESOLVED"  # they disagree: no word
+    assert word([_joint("PASS", counted=False)]) == "NOT TESTED"  # a grid outside the registered budget
+    assert word([_joint("FAIL"), _joint("PASS", counted=False)]) == "REFUTED"

@@ -1,13 +1,15 @@
-"""The pre-registered verdict (SPEC §9) on in-memory runs with chosen numbers: gates, binding reasons,
-seed pairing, seed-level intervals, the collapse clause against arm A, and the out-of-sample pin."""
+"""The two verdicts (SPEC §9) on in-memory runs with chosen numbers: gates, binding reasons, seed pairing,
+the collapse clause and its diagnostic, the out-of-sample pin, testability, and RQ1's joint line."""
 
 import math
 import re
 
+import numpy as np
+
 import pytest
 from analysis_fixtures import E, fake_paper_metrics, fake_run, synthetic_study
 
-from analysis import intervals, report, summary, tables, verdict
+from analysis import effects, intervals, report, summary, tables, verdict
 from moe import baselines
 
 DOMAINS = ("prose", "code", "math")
@@ -26,26 +28,6 @@ def _baseline(**kw):
     return [_run("a1", arm="A", lam=0.0, seed=1, **kw), _run("a2", arm="A", lam=0.0, seed=2, **kw)]
 
 
-def _gate(point, gate=0.3, at_least=True, interval=None, name="miss reduction"):
-    return verdict.Gate(name, point, gate, at_least, (point,), interval, "test", state=verdict.gate_state(
-        point, interval, gate, at_least))
-
-
-@pytest.mark.parametrize("metric, quality, collapsed, expected", [
-    (_gate(0.4), _gate(0.005, 0.01, False, name="ΔPPL"), 1,
-     ("PASS", "meets both gates; no collapse beyond the baseline's (1 collapsed vs 1–2 in the baseline)")),
-    (_gate(0.4), _gate(0.02, 0.01, False, name="ΔPPL"), 0, ("FAIL", "fails the ΔPPL gate: +2.00% vs ≤ +1.00%")),
-    (_gate(0.1), _gate(0.0, 0.01, False, name="ΔPPL"), 0, ("FAIL", "fails the miss reduction gate: 10.0% vs ≥ 30.0%")),
-    (_gate(0.4), _gate(0.0, 0.01, False, name="ΔPPL"), 14,
-     ("FAIL", "meets both gates; fails the collapse clause: 14 collapsed vs 1–2 in the baseline")),
-    (_gate(0.4, interval=(0.25, 0.55)), _gate(0.0, 0.01, False, name="ΔPPL"), 0,
-     ("NOT RESOLVED", "miss reduction not resolved: 40.0% (95% CI [25.0%, 55.0%], "
-                      "window bootstrap, 1 seed) vs ≥ 30.0%; a seed-level interval needs 2 or more seeds")),
-])
-def test_judge_names_the_binding_reason(metric, quality, collapsed, expected):
-    assert verdict.judge(metric, quality, collapsed, (1, 2)) == expected
-
-
 @pytest.mark.parametrize("point, interval, at_least, state", [
     (0.4, None, True, "met"), (0.2, None, True, "missed"), (0.4, (0.31, 0.5), True, "met"),
     (0.2, (0.1, 0.29), True, "missed"), (0.35, (0.25, 0.45), True, "not resolved"),
@@ -56,45 +38,48 @@ def test_gate_state_at_the_interval(point, interval, at_least, state):
     assert verdict.gate_state(point, interval, gate, at_least) == state
 
 
+def _one(found, criterion="RQ1"):
+    (v,) = [v for v in found if v.criterion == criterion]
+    return v
+
+
 def test_rq1_pass_and_the_reason():
     runs = _baseline() + [_run("b", miss=1.2, ppl=10.05)]  # 40% fewer misses at +0.5% PPL
-    (r,) = verdict.evaluate(runs)
-    assert (r.criterion, r.verdict) == ("RQ1", "PASS")
-    assert r.effect == pytest.approx(0.4) and r.ppl_cost == pytest.approx(0.005)
-    assert r.baseline_runs == ("a1", "a2") and r.paired_runs == ("a1",)
+    pre = _one(verdict.preregistered(runs))
+    assert (pre.state, pre.reason) == ("PASS", "meets both gates; no collapsed expert")
+    assert (pre.metric.point, pre.quality.point) == (pytest.approx(0.4), pytest.approx(0.005))
+    assert pre.baseline == ("a1", "a2") and pre.series == "1M tokens, tiny" and pre.lam == 0.05
 
 
 def test_rq1_metric_met_but_quality_missed_fails_on_the_quality_gate():
     runs = _baseline() + [_run("b", miss=0.8, ppl=10.2)]  # 60% fewer misses, +2% PPL
-    (r,) = verdict.evaluate(runs)
-    assert (r.verdict, r.reason) == ("FAIL", "fails the ΔPPL gate: +2.00% vs ≤ +1.00%")
-    line = verdict.format_result(r)
-    assert "60.0% reduction" in line and "+2.00%" in line and "-> FAIL (fails the ΔPPL gate" in line
+    pre = _one(verdict.preregistered(runs))
+    assert (pre.state, pre.reason) == ("FAIL", "fails the ΔPPL gate")
+    assert "= 60.0% reduction ≥ 30.0%: PASS" in pre.line and "= +2.00% ≤ +1.00%: FAIL" in pre.line
 
 
 def test_gates_are_inclusive():
     runs = _baseline() + [_run("b", miss=1.4, ppl=10.1)]  # exactly 30% and exactly +1%
-    assert verdict.evaluate(runs)[0].verdict == "PASS"
+    assert _one(verdict.preregistered(runs)).state == "PASS"
 
 
-def test_rq2_is_judged_on_the_out_of_sample_pin():
-    # In-sample 95% would pass; the pin fitted on the training split serves 85%: the verdict follows the latter.
-    runs = _baseline(oos=0.6) + [_run("c", arm="C", lam=0.0, mu=0.1, static=0.95, oos=0.85, ppl=10.1)]
-    (r,) = verdict.evaluate(runs)
-    assert (r.criterion, r.verdict) == ("RQ2", "FAIL")
-    assert r.value == pytest.approx(0.85) and r.in_sample_value == pytest.approx(0.95)
-    assert r.metric.startswith("static hit@50% (pin fitted on the training split)")
-    assert r.reason == "fails the static hit@50% gate: 85.0% vs ≥ 90.0%"
-    assert "in-sample w=1.0 pin 95.0%" in verdict.format_result(r)
-    # Without training-split traces the in-sample pin is judged, and the line says so.
-    runs = _baseline() + [_run("c", arm="C", lam=0.0, mu=0.1, static=0.95, ppl=10.1)]
-    (r,) = verdict.evaluate(runs)
-    assert r.verdict == "PASS" and "in-sample: no training-split trace" in r.metric
+def test_rq2_is_judged_on_the_out_of_sample_pin_by_the_confidence_verdict():
+    # In-sample 95% would pass; the pin fitted on the training split serves 85% (two seeds, both 85%).
+    runs = _baseline(oos=0.6) + [_run("c1", arm="C", lam=0.0, mu=0.1, static=0.95, oos=0.85, ppl=10.1),
+                                 _run("c2", arm="C", lam=0.0, mu=0.1, seed=2, static=0.95, oos=0.85, ppl=10.1)]
+    conf = _one(verdict.confidence(runs), "RQ2")
+    assert conf.metric.point == pytest.approx(0.85) and conf.metric.state == "FAIL"
+    assert "static hit@50% (pin fitted on the training split) 85.0%" in conf.line
+    assert "out-of-sample pin" in conf.deviations
+    # The pre-registered rule is SPEC §9 as written: the in-sample w = 1.0 pin, at the point.
+    pre = _one(verdict.preregistered(runs), "RQ2")
+    assert pre.metric.point == pytest.approx(0.95) and pre.metric.state == "PASS"
+    assert "static hit@50% (w=1.0 pin, in-sample) 95.0%" in pre.line
 
 
 def test_arm_d_answers_both_questions():
     runs = _baseline() + [_run("d", arm="D", lam=0.05, mu=0.1, miss=1.0, static=0.95, ppl=10.0)]
-    assert [(r.criterion, r.verdict) for r in verdict.evaluate(runs)] == [("RQ1", "PASS"), ("RQ2", "PASS")]
+    assert [(v.criterion, v.state) for v in verdict.preregistered(runs)] == [("RQ1", "PASS"), ("RQ2", "PASS")]
 
 
 def test_seed_pairing_on_hand_built_runs():
@@ -102,19 +87,19 @@ def test_seed_pairing_on_hand_built_runs():
     runs = [_run("a1", arm="A", lam=0.0, seed=1, ppl=10.0, miss=2.0), _run("a2", arm="A", lam=0.0, seed=2, ppl=11.0,
                                                                              miss=2.5),
             _run("b1", seed=1, ppl=10.05, miss=1.0), _run("b2", seed=2, ppl=11.055, miss=1.25)]
-    (r,) = verdict.evaluate(runs)
-    assert r.paired_runs == ("a1", "a2") and r.pairing == "seed"
-    assert r.quality_gate.per_seed == pytest.approx((0.005, 0.005))
-    assert r.metric_gate.per_seed == pytest.approx((0.5, 0.5))
-    # The seed-level interval of two equal deltas is a point: the gates are resolved.
-    assert r.quality_gate.seed_ci == pytest.approx((0.005, 0.005)) and r.verdict == "PASS"
+    conf = _one(verdict.confidence(runs))
+    assert conf.quality.per_seed == pytest.approx((0.005, 0.005)) and conf.metric.per_seed == pytest.approx((0.5, 0.5))
+    # Two equal seed-paired effects: a zero-width interval, so both gates are resolved.
+    assert conf.quality.interval == pytest.approx((0.005, 0.005)) and conf.state == "PASS"
+    assert "b1, b2 vs A of the same seed" in conf.line and "seed pairing" in conf.deviations
     rows = {row["run"]: row for row in tables.main_rows(runs)}
     assert rows["b2"]["paired_baseline"] == "a2" and rows["b2"]["delta_ppl"] == pytest.approx(0.005)
     assert rows["b2"]["delta_ppl_pooled"] == pytest.approx(11.055 / 10.5 - 1)  # the pooled column, second
-    # A seed without a same-seed A run: every seed of the configuration falls back to the pooled baseline.
+    # A seed without a same-seed A run: every seed of the configuration is compared with A's geometric mean.
     runs.append(_run("b3", seed=3, lam=0.1, ppl=10.5))
-    pooled = [x for x in verdict.evaluate(runs) if x.runs == ("b3",)][0]
-    assert pooled.paired_runs is None and "pooled A" in verdict.format_result(pooled)
+    pooled = [v for v in verdict.confidence(runs) if v.runs == ("b3",)][0]
+    assert "vs A's geometric mean (no same-seed pair)" in pooled.line and "pooled baseline" in pooled.deviations
+    assert pooled.quality.point == pytest.approx(10.5 / math.sqrt(10.0 * 11.0) - 1)
     assert {row["run"]: row for row in tables.main_rows(runs)}["b3"]["pairing"] == "pooled"
 
 
@@ -134,24 +119,24 @@ def test_the_baseline_rule_is_one_function(monkeypatch):
     assert frontier.baselines is baselines  # find_arm_a asks the same module
 
 
-def test_two_seeds_are_judged_at_the_seed_level_interval():
+def test_two_seeds_are_judged_at_their_own_t_interval_on_the_log_scale():
     runs = _baseline() + [_run("b1", seed=1, miss=1.0, ppl=10.0), _run("b2", seed=2, miss=1.4, ppl=10.15)]
-    (r,) = verdict.evaluate(runs)
-    assert r.metric_gate.per_seed == pytest.approx((0.5, 0.3)) and r.effect == pytest.approx(0.4)
-    low, high = r.metric_gate.seed_ci
-    half = 12.706204736 * 0.1 / math.sqrt(2) * math.sqrt(2)  # t(0.975, 1) · SD / √n, SD = 0.1·√2
-    assert (low, high) == pytest.approx((0.4 - half, 0.4 + half))
-    assert r.metric_gate.interval == r.metric_gate.seed_ci and r.verdict == "NOT RESOLVED"
-    assert "seed-level 95% t-interval over 2 seed-paired effects" in "\n".join(verdict.gate_lines(r))
+    conf = _one(verdict.confidence(runs))
+    logs = [math.log(0.5), math.log(0.7)]
+    half = 12.706204736 * abs(logs[0] - logs[1]) / math.sqrt(2) / math.sqrt(2)  # t(0.975, 1) · SD / √n
+    centre = sum(logs) / 2
+    assert conf.metric.interval == pytest.approx((1 - math.exp(centre + half), 1 - math.exp(centre - half)))
+    assert conf.metric.noise == "own" and conf.metric.state == "NOT TESTABLE"  # half-width 2.14 > log(1/0.7)
 
 
 def test_no_matching_baseline():
     runs = _baseline(tokens=2e8) + [_run("b", tokens=5e7)]
-    (r,) = verdict.evaluate(runs)
-    assert r.verdict == "NO BASELINE"
-    assert verdict.format_result(r) == ("RQ1 [B λ=0.05 μ=0 50M tiny] b: no matching baseline: no complete arm-A "
-                                        "run with tokens=50M and size=tiny -> NO VERDICT")
-    assert verdict.overall([r], "RQ1") == ("NOT TESTED", "no configuration with a matching arm-A baseline")
+    for found in (verdict.preregistered(runs), verdict.confidence(runs)):
+        v = _one(found)
+        assert v.state == "NO BASELINE"
+        assert v.line == ("RQ1 [B λ=0.05 μ=0 50M tiny] b: no matching baseline: no complete arm-A run with "
+                          "tokens=50M and size=tiny -> NO VERDICT")
+        assert verdict.overall_word(found, "RQ1") == ("NOT TESTED", "no counted configuration with a baseline")
 
 
 def _dead(n):
@@ -161,32 +146,31 @@ def _dead(n):
     return {d: counts for d in DOMAINS}
 
 
-def test_collapse_is_judged_against_arm_a_and_printed_with_and_without_the_clause():
+def test_the_collapse_clause_is_spec_s_and_beyond_arm_a_is_a_diagnostic():
     runs = [_run("a1", arm="A", lam=0.0, seed=1, counts=_dead(1)), _run("a2", arm="A", lam=0.0, seed=2, counts=_dead(2)),
             _run("b", miss=1.0, ppl=10.0, counts=_dead(14)), _run("b-low", lam=0.01, miss=1.0, counts=_dead(2))]
-    high, low = sorted(verdict.evaluate(runs), key=lambda r: -r.collapsed)
-    assert (high.verdict, high.reason) == ("FAIL", "meets both gates; fails the collapse clause: 14 collapsed vs "
-                                                   "1–2 in the baseline")
-    assert (high.verdict_without_collapse, high.verdict_literal_collapse) == ("PASS", "FAIL")
-    # Collapse within arm A's own range does not fail; the literal clause (any collapsed expert) would.
-    assert (low.verdict, low.verdict_literal_collapse) == ("PASS", "FAIL")
+    for found in (verdict.preregistered(runs), verdict.confidence(runs)):
+        high, low = sorted(found, key=lambda v: -v.collapsed)
+        assert (high.collapsed, low.collapsed) == (14, 2)
+        assert "fails the collapse clause (14 collapsed; any fails)" in high.reason
+        assert "fails the collapse clause (2 collapsed; any fails)" in low.reason  # within A's range: still fails
     report_ = {e["run"]: e for e in verdict.collapse_report(runs)}
     assert (report_["b"]["collapsed"], report_["b"]["excess"]) == (14, 12) and report_["a1"]["excess"] is None
     text = verdict.verdict_text(runs)
-    # Both printed verdicts use the clause as SPEC §9 has it; "beyond arm A's" is a labelled diagnostic line.
     assert "RQ1 overall, pre-registered verdict: REFUTED" in text
     assert ("Diagnostic, not a verdict (collapse beyond arm A's at the same size and budget) [B λ=0.05 μ=0 1M tiny]: "
             "14 collapsed vs at most 2 in a1, a2: beyond") in text
+    assert "collapse reading" in verdict.deviations_used(runs)
 
 
-def test_overall_verdicts_name_each_binding_reason():
-    fail = _baseline() + [_run("b", miss=1.9, ppl=10.0)]
-    assert verdict.overall(verdict.evaluate(fail), "RQ1") == (
-        "REFUTED", "no tested configuration passes (1 tested): B λ=0.05 μ=0 1M tiny: fails the miss reduction "
-                   "gate: 5.0% vs ≥ 30.0%")
-    assert verdict.overall(verdict.evaluate(fail), "RQ2") == ("NOT TESTED", "no run of an arm this criterion tests")
-    ok = fail + [_run("b2", lam=0.1, miss=1.0, ppl=10.0)]
-    assert verdict.overall(verdict.evaluate(ok), "RQ1") == ("PASS", "passed by B λ=0.1 μ=0 1M tiny")
+def test_rq2_not_run_is_not_testable_where_arm_a_clears_its_gate():
+    runs = _baseline(oos=0.93) + [_run("b", miss=1.9)]
+    text = verdict.verdict_text(runs)
+    assert ("RQ2 overall, confidence verdict: NOT TESTABLE (arm A (a1, a2) already has 93.0% out-of-sample static "
+            "hit@50% ≥ 90.0%") in text
+    assert "RQ2 overall, pre-registered verdict: NOT TESTED" in text  # SPEC §9 has no testability clause
+    below = verdict.verdict_text(_baseline(oos=0.8) + [_run("b", miss=1.9)])
+    assert "RQ2 overall, confidence verdict: NOT TESTED (no counted configuration with a baseline)" in below
 
 
 def test_verdict_text_and_json_agree():
@@ -206,24 +190,23 @@ def test_verdict_text_and_json_agree():
 
 # -- the synthetic study: one configuration meets both gates but collapses --------------------------
 @pytest.fixture(scope="module")
-def study_results():
+def study():
     runs = synthetic_study()
-    return runs, verdict.evaluate(runs)
+    return runs, verdict.confidence(runs), verdict.preregistered(runs)
 
 
-def test_synthetic_study_verdict_reasons(study_results):
-    runs, results = study_results
-    by = {r.config.split(" ")[1]: r for r in results}
-    assert (by["λ=0.1"].verdict, by["λ=0.1"].reason) == (
-        "FAIL", "meets both gates; fails the collapse clause: 14 collapsed vs 1–2 in the baseline")
-    assert by["λ=0.1"].verdict_without_collapse == "PASS"
-    assert by["λ=0.01"].reason.startswith("fails the miss reduction gate: 4.8% (95% CI [")
-    assert by["λ=0.03"].verdict == "NOT RESOLVED"  # seed 1 at 11%, seed 2 at 4%: a t-interval over 2 seeds is wide
-    state, why = verdict.overall(results, "RQ1")
-    assert state == "NOT RESOLVED" and "B λ=0.1 μ=0 1M tiny: meets both gates; fails the collapse clause" in why
+def test_synthetic_study_verdict_reasons(study):
+    runs, conf, pre = study
+    by = {v.config.split(" ")[1]: v for v in conf}
+    assert by["λ=0.1"].metric.noise == "borrowed" and "borrowed variance" in by["λ=0.1"].deviations
+    assert by["λ=0.1"].reason == "fails the collapse clause (14 collapsed; any fails)"
+    assert by["λ=0.01"].metric.state == "FAIL"  # 5% fewer misses, seeds alike: the whole interval below 30%
+    assert by["λ=0.03"].state == "NOT TESTABLE"  # seeds 12% and 4%: a 2-seed interval wider than the gate
+    pre_by = {v.config.split(" ")[1]: v for v in pre}
+    assert (pre_by["λ=0.1"].metric.state, pre_by["λ=0.1"].quality.state, pre_by["λ=0.1"].state) == (
+        "PASS", "PASS", "FAIL")  # meets both gates at the point; 14 collapsed experts fail it
 
 
-_NUMBER_AND_CI = re.compile(r"point ([+-]?[\d.]+)%.*?judged at \[([+-]?[\d.]+)%, ([+-]?[\d.]+)%\]")
 _INLINE_CI = re.compile(r"([+-]?[\d.]+)% \(95% CI \[([+-]?[\d.]+)%, ([+-]?[\d.]+)%\]")
 # The two verdicts' lines: "= 57.0% reduction (geometric means over seeds) ≥ 30.0%, 95% CI [a%, b%]".
 _VERDICT_CI = re.compile(r"([+-]?[\d.]+)%(?: reduction)? \([^)]*\) [≥≤] [+-]?[\d.]+%, 95% CI "
@@ -231,15 +214,15 @@ _VERDICT_CI = re.compile(r"([+-]?[\d.]+)%(?: reduction)? \([^)]*\) [≥≤] [+-]
 
 
 def _pairs(text):
-    return [tuple(float(x) for x in m.groups()) for pattern in (_NUMBER_AND_CI, _INLINE_CI, _VERDICT_CI)
+    return [tuple(float(x) for x in m.groups()) for pattern in (_INLINE_CI, _VERDICT_CI)
             for m in pattern.finditer(text)]
 
 
-def test_every_printed_interval_contains_its_point(study_results):
-    runs, results = study_results
+def test_every_printed_interval_contains_its_point(study):
+    runs, conf, pre = study
     rows = tables.main_rows(runs)
-    found = report.findings(rows, results, {}, [])
-    texts = [verdict.verdict_text(runs, results), *(f.evidence for f in found)]
+    found = report.findings(rows, conf, pre, {}, [])
+    texts = [verdict.verdict_text(runs), *(f.evidence for f in found)]
     pairs = [p for t in texts for p in _pairs(t)]
     assert len(pairs) >= 10
     for point, low, high in pairs:
@@ -251,30 +234,45 @@ def test_every_printed_interval_contains_its_point(study_results):
                 assert low - 1e-9 <= row[key] <= high + 1e-9, (row["run"], key)
 
 
-def test_adjacent_steps_are_separated_only_when_every_seed_is(study_results):
-    _, results = study_results
-    f = report.dose_response_finding(results)
-    # λ = 0.03's seed 2 (4.2%) lies below λ = 0.01's seeds: that step is not separated; nor is 0.03 -> 0.1
-    # (λ = 0.03's seed-level interval reaches past 0.1's).
-    assert "0 of 2 adjacent λ steps" in f.evidence
-
-
 def test_patching_the_gate_slack_moves_the_report_and_the_verdict_together(monkeypatch):
     runs = _baseline() + [_run("b", miss=1.2, ppl=10.11)]  # ΔPPL +1.1%: misses the +1% gate
     def both():
-        (r,) = verdict.evaluate(runs)
-        f = report.gates_finding([r])
-        return r.quality_gate.state, "quality gate met" in f.evidence, f.status
-    assert both() == ("missed", False, "replicates")
+        pre = verdict.preregistered(runs)
+        return _one(pre).quality.state, report.gates_finding(verdict.confidence(runs), pre).evidence
+    state, words = both()
+    assert state == "FAIL" and "ΔPPL gate FAIL" in words
     monkeypatch.setattr(verdict, "GATE_SLACK", 0.002)
-    assert both() == ("met", True, "does not replicate")
+    state, words = both()
+    assert state == "PASS" and "ΔPPL gate PASS" in words
 
 
-def test_testability_block_says_what_this_scale_can_answer(study_results):
-    runs, results = study_results
-    lines = "\n".join(verdict.testability(runs, results))
+def test_testability_block_says_what_this_scale_can_answer(study):
+    runs, _, _ = study
+    lines = "\n".join(verdict.testability(runs))
     assert "arm A itself has 91.5% out-of-sample" in lines and "RQ2: no: arm A already meets" in lines
     assert "over 2 seeds" in lines and "with 2 seed pairs" in lines
-    sd = intervals.seed_spread([10.16, 10.30])  # the smallest detectable ΔPPL grows with A's seed SD
     assert verdict.detectable_ppl_cost(0.01, 3) == pytest.approx(4.302652729 * math.sqrt(2) * 0.01 / math.sqrt(3))
-    assert sd is not None
+
+
+def test_the_joint_line_states_its_half_width_against_the_target_and_the_seeds_that_decide_it():
+    # Arm B at λ = 0.1 over 3 seeds, each against its own A: 35% fewer misses, ΔPPL 0, +0.8%, +1.6%.
+    costs = (0.0, 0.008, 0.016)
+    a = [_run(f"a{s}", arm="A", lam=0.0, seed=s, ppl=10.0, miss=2.0) for s in (1, 2, 3)]
+    b = [_run(f"b{s}", seed=s, lam=0.1, ppl=10.0 * (1 + c), miss=1.3) for s, c in zip((1, 2, 3), costs)]
+    (j,) = verdict.joint(a + b, target_points=0.5)
+    # The gate (log 0.7) lies a fraction t of the way from λ = 0 to λ = 0.1 (log 0.65); every seed's miss
+    # ratio is the same, so each seed's linearised estimand is t · log(1 + its ΔPPL).
+    t = math.log(0.7) / math.log(0.65)
+    logs = [t * math.log1p(c) for c in costs]
+    sd = float(np.std(logs, ddof=1))
+    half = 100 * (j.effect.high - j.effect.low) / 2
+    assert f"half-width ±{half:.2f} points against the registered ±0.5-point target: wider than it" in j.line
+    need = intervals.seeds_to_resolve(logs, math.log1p(0.01), most=200)
+    assert need is not None and need > 3
+    assert f"; {need} seeds would decide it (an interval clear of +1.00%)" in j.line
+    target = effects.seeds_for(sd, effects.log_half_for_points(math.log1p(j.effect.delta_ppl), 0.5))
+    assert f"the ±0.5-point target needs {target} seeds at the estimate and its per-seed SD {sd:.4f}" in j.line
+    assert j.state == "NOT RESOLVED" and j.effect.low < 0.01 < j.effect.high
+    # Without a registered target the line still states the half-width, and nothing about a target.
+    (plain,) = verdict.joint(a + b)
+    assert f"half-width ±{half:.2f} points;" in plain.line and "target" not in plain.line

@@ -117,6 +117,30 @@ def test_run_directory_names_are_spelled_in_one_module():
     assert not offenders, "\n".join(offenders)
 
 
+SWEEP_ROOT_HOME = "moe/rundir/sweep_root.py"
+# A sweep root's own files and folders, as string literals (``analysis`` and ``stall`` also name other things).
+SWEEP_ROOT_NAMES = ("status.json", "jobs.json", "study_steps.json", "preregistration.json", ".sweep.lock",
+                    "verdict.txt", "submitit")
+
+
+def sweep_root_offenders(sources: dict[str, str]) -> list[str]:
+    """A sweep root's file or folder named as a literal outside moe.rundir.sweep_root (docstrings and messages,
+    which name files in longer text, aside)."""
+    return sorted(f"{path}:{node.lineno}: {node.value!r}" for path, source in sources.items() if path != SWEEP_ROOT_HOME
+                  for node in ast.walk(ast.parse(source))
+                  if isinstance(node, ast.Constant) and node.value in SWEEP_ROOT_NAMES)
+
+
+def test_a_sweep_roots_files_are_named_in_one_module():
+    """status.json, jobs.json, the study steps' folders ... are named by moe.rundir.sweep_root alone, which
+    reads and writes status.json for launch and analysis both."""
+    assert sweep_root_offenders(_sources()) == []
+    planted = {"analysis/x.py": "def wall(root):\n    return (root / 'status.json').read_text()\n",
+               "launch/y.py": "JOBS = 'submitit'\nDOC = 'writes submitit/jobs.json'\n",
+               SWEEP_ROOT_HOME: "STATUS = 'status.json'\n"}
+    assert sweep_root_offenders(planted) == ["analysis/x.py:2: 'status.json'", "launch/y.py:1: 'submitit'"]
+
+
 def test_the_project_cache_folder_is_found_in_one_function():
     """Data, compiled steps, expert stores and analysis metrics share moe.runtime.cache_root alone."""
     spellings = ('"cacheable-moe"', "XDG_CACHE_HOME", '".cache"', "~/.cache")
@@ -195,28 +219,21 @@ def _reads(path: pathlib.Path) -> set[str]:
 
 def test_analysis_and_launch_read_run_directories_through_rundir():
     """analysis/ and launch/ parse no run-directory file themselves: config.json, final_eval.json,
-    metrics.json, the logs, frontier.json and transfers.json are read by moe.rundir. What they do
-    read is outside run directories: the prepared data's manifest, /proc/cpuinfo, a sweep's
-    status.json and job ids, the study steps' documents under ROOT/analysis/, and the user cache of
-    trace facts."""
+    metrics.json, the logs, frontier.json and transfers.json are read by moe.rundir, and a sweep root's
+    status.json and job ids by moe.rundir.sweep_root. What they do read is elsewhere: the prepared data's
+    manifest, /proc/cpuinfo, the study steps' documents under ROOT/analysis/, the user cache of trace
+    facts, and the bytes of a study's evidence (compressed to size it, never parsed)."""
     reads = sorted(f"{path.relative_to(REPO).as_posix()} {read}" for package in ("analysis", "launch")
                    for path in (REPO / package).rglob("*.py") for read in _reads(path))
     assert reads == [
         "analysis/cache.py _read_json_or_none: load",
         "analysis/cache.py _read_json_or_none: open",
-        "analysis/report.py _sweep_command: loads",
-        "analysis/report.py _sweep_command: read_text",
+        "analysis/evidence.py compressed_size: read_bytes",
         "analysis/report.py data_manifests: loads",
         "analysis/report.py data_manifests: read_bytes",
-        "analysis/report.py machine: read_text",
-        "analysis/report.py sweep_wall_s: loads",
-        "analysis/report.py sweep_wall_s: read_text",
         "analysis/runs.py read_step_documents: loads",
         "analysis/runs.py read_step_documents: read_text",
-        "launch/slurm.py SlurmExecutor._load_ids: loads",
-        "launch/slurm.py SlurmExecutor._load_ids: read_text",
-        "launch/status.py read_status: loads",
-        "launch/status.py read_status: read_text",
+        "launch/status.py machine_line: read_text",
     ], reads
 
 
@@ -459,7 +476,6 @@ SHARED_NAMES = {
     "arm_m.py": "arm M: its config (configs) and its tables (analysis)",
     "errors.py": "a package's error types (losses, moe.data)",
     "engine.py": "the engine of its subpackage (cachesim.lcs, cachesim.timed)",
-    "local.py": "local: the local executor (launch) and the corpus named local (moe.data, one module per corpus)",
     "cli.py": "launch/cli.py is launch.console's old name, kept one release",
 }
 
@@ -472,3 +488,85 @@ def test_module_names_say_what_they_hold():
             by_name.setdefault(path.name, []).append(path.relative_to(REPO).as_posix())
     repeated = {name: sorted(paths) for name, paths in by_name.items() if len(paths) > 1}
     assert sorted(repeated) == sorted(SHARED_NAMES), repeated
+
+
+def lazy_shims(sources: dict[str, str]) -> list[str]:
+    """Modules with a module-level ``__getattr__``: an import hidden from readers (and from this file's graph)."""
+    return sorted(path for path, source in sources.items()
+                  if any(isinstance(n, ast.FunctionDef) and n.name == "__getattr__" for n in ast.parse(source).body))
+
+
+def test_no_lazy_import_shims():
+    """Callers import a name from the module that defines it; a package re-exports nothing on first use."""
+    assert lazy_shims({"moe/x/__init__.py": "def __getattr__(name):\n    return name\n",
+                       "moe/y.py": "class A:\n    def __getattr__(self, name):\n        return name\n"}) == ["moe/x/__init__.py"]
+    assert lazy_shims(_sources()) == []
+
+
+# The CLI convention's parts (cachesim.cli_util): its help page, the error line and exit 2, Ctrl-C's 130, the bar.
+CLI_CONVENTION = {"CLI", "UsageError", "Progress", "fail", "error", "stop_on_interrupt", "parse_app_flags", "app_help",
+                  "HELP_ARGS", "INTERRUPTED"}
+
+
+def _starts_error_line(node: ast.stmt) -> bool:
+    """``print("error: ...")`` or ``sys.stderr.write("error: ...")``: an error line written by hand."""
+    if not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) and node.value.args):
+        return False
+    func, first = node.value.func, node.value.args[0]
+    if not ((isinstance(func, ast.Name) and func.id == "print")
+            or (isinstance(func, ast.Attribute) and func.attr == "write")):
+        return False
+    text = first.values[0] if isinstance(first, ast.JoinedStr) and first.values else first
+    return isinstance(text, ast.Constant) and isinstance(text.value, str) and text.value.startswith("error:")
+
+
+def _exits_2(node: ast.stmt) -> bool:
+    """``return 2``, ``sys.exit(2)`` or ``raise SystemExit(2)``."""
+    call = node.value if isinstance(node, ast.Expr) else node.exc if isinstance(node, ast.Raise) else None
+    value = node.value if isinstance(node, ast.Return) else \
+        call.args[0] if isinstance(call, ast.Call) and len(call.args) == 1 else None
+    return isinstance(value, ast.Constant) and value.value == 2 and not isinstance(value.value, bool)
+
+
+def hand_written_error_exits(tree: ast.AST) -> list[int]:
+    """Lines where an ``error:`` line is written and exit 2 follows by hand, instead of ``return error(...)``."""
+    return sorted(first.lineno for node in ast.walk(tree) for field in ("body", "orelse", "finalbody")
+                  if isinstance(getattr(node, field, None), list)
+                  for first, then in zip(getattr(node, field), getattr(node, field)[1:])
+                  if _starts_error_line(first) and _exits_2(then))
+
+
+def cli_convention_offenders(sources: dict[str, str]) -> list[str]:
+    """Definitions of a part of the CLI convention outside cachesim.cli_util, error lines with exit 2 written by hand
+    there, and class names defined twice."""
+    found, classes = [], {}
+    for path, source in sources.items():
+        if path != "cachesim/cli_util.py":
+            found += [f"{path}:{line}: writes an error line and exit 2 by hand (return cachesim.cli_util.error(...))"
+                      for line in hand_written_error_exits(ast.parse(source))]
+        for node in ast.parse(source).body:
+            names = ([node.name] if isinstance(node, (ast.ClassDef, ast.FunctionDef)) else
+                     [t.id for t in node.targets if isinstance(t, ast.Name)] if isinstance(node, ast.Assign) else [])
+            found += [f"{path}: defines {name} (cachesim.cli_util's)" for name in names
+                      if name in CLI_CONVENTION and path != "cachesim/cli_util.py"]
+            if isinstance(node, ast.ClassDef):
+                classes.setdefault(node.name, []).append(path)
+    found += [f"class {name} is defined in {', '.join(paths)}" for name, paths in classes.items() if len(paths) > 1]
+    return sorted(found)
+
+
+def test_the_cli_convention_has_one_home_and_a_class_name_one_meaning():
+    """Every command's help, error line, exit codes and progress bar come from cachesim.cli_util."""
+    planted = {"moe/a.py": "def fail(message):\n    raise SystemExit(2)\nclass Progress:\n    pass\n",
+               "moe/b.py": "class Progress:\n    pass\n", "cachesim/cli_util.py": "def fail(m):\n    pass\n",
+               "launch/c.py": "import sys\ndef main(e):\n    try:\n        pass\n    except ValueError:\n"
+                              "        print(f'error: {e}', file=sys.stderr)\n        return 2\n"
+                              "    print('error: no', file=sys.stderr)\n    return 1\n"}  # exit 1: not bad input
+    assert cli_convention_offenders(planted) == [
+        "class Progress is defined in moe/a.py, moe/b.py",
+        "launch/c.py:6: writes an error line and exit 2 by hand (return cachesim.cli_util.error(...))",
+        "moe/a.py: defines Progress (cachesim.cli_util's)",
+        "moe/a.py: defines fail (cachesim.cli_util's)", "moe/b.py: defines Progress (cachesim.cli_util's)"]
+    for exit_2 in ("return 2", "sys.exit(2)", "raise SystemExit(2)"):
+        assert hand_written_error_exits(ast.parse(f"if x:\n    sys.stderr.write('error: x\\n')\n    {exit_2}\n")) == [2]
+    assert cli_convention_offenders(_sources()) == []

@@ -16,7 +16,7 @@ from arm_m_fixtures import BASE_STEP, arm_m_config, make_base_run
 from cachesim.trace import load_trace
 from configs.base import num_train_steps
 from losses.melinoe import melinoe_losses
-from moe import checkpoint, finetune, transfers
+from moe import checkpoint, finetune, rundir, transfers
 from moe.data import pipeline
 from moe.lora import count_params
 from moe.model import build_model
@@ -241,6 +241,9 @@ def test_run_fine_tunes_resumes_exactly_keeps_frozen_weights_evaluates_and_studi
         assert np.isfinite(final_eval[domain]["val_ppl"])
     study = json.loads((workdir / "transfers.json").read_text())
     assert study["capacity"] == 4 and study["prompt_len"] == 8 and study["continuation_len"] == 24
+    # Made from the finished run's weights, published in its evaluation: current (moe.rundir.provenance).
+    assert study["source"] == {"checkpoint_step": rundir.checkpoint_steps(workdir)[-1]}
+    assert rundir.stale_line(workdir / "transfers.json", study, workdir, "") is None
     for name in ("base", "finetuned"):
         report = study["models"][name]
         assert report["recall"]["oracle"]["recall"] == 1.0

@@ -200,28 +200,8 @@ def test_balance_none_and_bias_train_without_the_balance_loss_and_z_adds_its_wei
 # --------------------------------------------------------------------------- the bias as checkpointed state
 
 
-def test_the_bias_is_restored_exactly_on_resume_and_in_the_router_item(tmp_path):
-    from moe import checkpoint
-    from moe.train import train
-
-    config = tiny("bias", bias_rate=0.01)
-    config.train.update(log_every=2, ckpt_every=3)
-
-    def iterator():
-        return pipeline.make_train_iterator(config.data, batch_size=config.train.batch_size,
-                                            seq_len=config.model.context, seed=config.seed)
-
-    assert not train(config, tmp_path / "a", iterator(), log=lambda m: None, stop_after=5).completed
-    resumed = train(config, tmp_path / "a", iterator(), log=lambda m: None)
-    straight = train(config, tmp_path / "b", iterator(), log=lambda m: None)
-    assert resumed.completed and resumed.last_metrics == straight.last_metrics
-    for a, b in zip(jax.tree.leaves(resumed.state), jax.tree.leaves(straight.state)):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    item = checkpoint.read_router_states(tmp_path / "a")
-    bias = np.stack([np.asarray(block["moe"]["route_bias"][...])
-                     for block in resumed.state["params"]["blocks"].values()])
-    assert np.any(bias)  # it moved
-    np.testing.assert_array_equal(item[max(item)]["route_bias"], bias)
+# The bias as checkpointed state: restored exactly after a SIGKILL, and in the router item, is
+# tests/test_main.py::test_sigkill_then_restart_restores_the_routing_bias_exactly (main.py end to end).
 
 
 def test_tensorboard_gets_every_per_layer_load_metric():
@@ -264,3 +244,24 @@ def test_evaluation_routes_with_the_bias(batch):
     out = evaluate_windows(make_eval_step(graphdef, config, with_probs=False), params,
                            np.asarray(batch["tokens"]), config.eval.batch_size)
     assert np.all(out["experts"][..., 0] == 5)  # every layer, every token: the bias decides the top-1
+
+
+def test_eval_jsonl_records_the_bias_range_it_validated_with():
+    from moe.validation import make_validator, scalars
+
+    config = tiny("bias")
+    config.train.eval_windows = 1
+    model = build_model(config.model, config.seed)
+    for index, block in enumerate(model.blocks):
+        block.moe.route_bias[...] = jnp.linspace(-0.5, 1.5, 16) * (index + 1)
+    graphdef, params = nnx.split(model, nnx.Param)
+    router = make_validator(graphdef, config)(params)["router"]
+    assert router["bias_min"] == pytest.approx([-0.5, -1.0]) and router["bias_max"] == pytest.approx([1.5, 3.0])
+    assert len(router["max_vio"]) == 2
+    flat = scalars({"domains": {}, "router": router})
+    assert flat["router/bias_max/layer1"] == pytest.approx(3.0)
+    assert flat["router/max_vio/layer0"] == router["max_vio"][0]
+    plain = tiny("switch")
+    plain.train.eval_windows = 1
+    graphdef, params = nnx.split(build_model(plain.model, plain.seed), nnx.Param)
+    assert "bias_min" not in make_validator(graphdef, plain)(params)["router"]

@@ -69,6 +69,23 @@ def test_all_off_reproduces_the_plain_evaluation_and_its_cache_misses(tiny, plai
         np.testing.assert_array_equal(a, b)
 
 
+def test_all_off_routes_with_the_routing_bias_as_the_plain_evaluation_does(tiny, plain):
+    # loss.balance=bias: the frontier's own router must rank logits + bias as the model does (gates unbiased).
+    _, _, _, _, tokens = tiny
+    biased = tiny_model_config(router_bias=True)
+    model = build_model(biased.model, seed=3)  # `tiny`'s weights: the bias takes no randomness
+    for index, block in enumerate(model.blocks):
+        block.moe.route_bias[...] = jax.random.normal(jax.random.key(index), (8,))  # large enough to reroute
+    graphdef, params = nnx.split(model, nnx.Param)
+    routed = evaluate_windows(make_eval_step(graphdef, biased, with_probs=False), params, tokens, batch_size=2)
+    assert not np.array_equal(routed["experts"], plain["experts"])  # the bias changes the routing
+    result, _ = CoupledEvaluator(graphdef, biased)(params, tokens, np.zeros_like(tokens), [Setting()], [CAPACITY],
+                                                   batch_size=2)
+    np.testing.assert_array_equal(result.experts[0], routed["experts"])
+    np.testing.assert_allclose(result.ce[0], routed["ce"], rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(result.misses[0].sum(axis=1), lru_misses(routed["experts"], 8, CAPACITY))
+
+
 def test_reset_per_window_starts_every_window_with_an_empty_cache(tiny, plain):
     config, _, graphdef, params, tokens = tiny
     evaluator = CoupledEvaluator(graphdef, config, carry="reset")

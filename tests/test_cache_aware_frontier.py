@@ -110,6 +110,9 @@ def test_cli_writes_frontier_json_for_each_run(tmp_path, capsys):
     assert not [p for p in tmp_path.rglob("*.tmp")]
     assert out_b["schema"] == 1 and out_b["arm"] == "B" and out_b["arm_a"]["run_dir"] == str(a.resolve())
     assert out_a["arm_a_note"] == "this run is arm A"
+    # What it was made from (moe.rundir.provenance): the step-0 checkpoint, before any evaluation.
+    assert out_b["source"] == {"checkpoint_step": 0, "eval_manifest_sha256": None} == out_a["source"]
+    assert out_b["arm_a"]["source"] == out_a["source"]  # the baseline's too: b goes stale when a moves on
     assert out_b["eval"]["windows_per_domain"] == 2 and out_b["eval"]["mixed_windows"] == 6
     streams = [(p["stream"], p["label"]) for p in out_b["points"]]
     assert streams == [("domains", "plain"), ("domains", "tau=0.5"), ("mixed", "plain"), ("mixed", "prime"),

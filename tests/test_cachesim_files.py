@@ -52,3 +52,19 @@ def test_mode_none_keeps_the_replaced_files_mode(tmp_path):
 
 def test_the_run_directory_writes_through_the_same_function():
     assert rundir.write_atomic is files.write_atomic
+
+
+def test_write_together_writes_all_or_none_and_a_system_error_names_the_file(tmp_path):
+    page, figure = tmp_path / "p.md", tmp_path / "p" / "f.png"
+    files.write_together({figure: b"fig", page: "page\n"})
+    assert page.read_text() == "page\n" and figure.read_bytes() == b"fig"
+
+    def full(f):
+        f.write(b"ha")
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError) as error:
+        files.write_together({figure: b"new fig", page: full})
+    assert error.value.filename == str(page)  # the file whose write failed
+    assert page.read_text() == "page\n" and figure.read_bytes() == b"fig"  # neither replaced
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["f.png", "p", "p.md"]  # no temporary left

@@ -15,6 +15,7 @@ from helpers import REPO
 COMMANDS = [
     "cachesim.simulate_cli", "cachesim.profile", "cachesim.stall", "cachesim.bandwidth", "cachesim.importers",
     "analysis.tables", "analysis.verdict", "analysis.power", "analysis.figures", "analysis.profile", "analysis.report",
+    "analysis.evidence",
     "moe.cache_aware.frontier", "moe.data.prepare", "moe.data.tokenize", "moe.data.fetch_tokenizer",
     "launch.status", "moe.decode.cli",
 ]

@@ -27,6 +27,7 @@ def gpt2(gpt2_ranks):  # noqa: F811
 def isolated_caches(tmp_path, monkeypatch):
     """Empty project and tiktoken caches; the cached GPT-2 tokenizer object is forgotten."""
     monkeypatch.setenv("CACHEABLE_MOE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))  # the default cache, empty too
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "tiktoken"))
     monkeypatch.delenv("DATA_GYM_CACHE_DIR", raising=False)
     (tmp_path / "tmp").mkdir()  # tiktoken's default cache lives in the temp dir: point that here too
@@ -115,6 +116,27 @@ def test_ranks_read_from_tiktoken_cache(isolated_caches, gpt2_ranks):  # noqa: F
     # ...and fetch_tokenizer copies it into the project cache instead of downloading.
     path = fetch_tokenizer.ensure_gpt2_ranks()
     assert path == tokenizer.gpt2_ranks_path() and path.read_bytes() == gpt2_ranks.read_bytes()
+
+
+def test_a_custom_cache_finds_the_ranks_setup_put_in_the_default_cache_before_the_network(
+        isolated_caches, gpt2_ranks, monkeypatch):  # noqa: F811
+    # setup.sh fetched into the default cache; CACHEABLE_MOE_CACHE now names another, empty folder.
+    default = isolated_caches / "xdg" / "cacheable-moe" / "tokenizers" / "gpt2.tiktoken"
+    default.parent.mkdir(parents=True)
+    default.write_bytes(gpt2_ranks.read_bytes())
+    assert not tokenizer.gpt2_ranks_path().exists() and tokenizer.verified_copies()[0] == default
+
+    def no_network(_dest):
+        raise AssertionError("the network was tried")
+    monkeypatch.setattr(fetch_tokenizer, "pip_download_sdist", no_network)
+    assert tokenizer.get_tokenizer("gpt2").encode("Hello world") == [15496, 995]
+    path = fetch_tokenizer.ensure_gpt2_ranks()
+    assert path == tokenizer.gpt2_ranks_path() and path.read_bytes() == gpt2_ranks.read_bytes()
+    default.write_bytes(b"corrupt")  # a copy that fails its SHA-256 is never used
+    path.unlink()
+    tokenizer._gpt2.cache_clear()
+    with pytest.raises(TokenizerError, match="run `python -m moe.data.fetch_tokenizer`"):
+        tokenizer.get_tokenizer("gpt2")
 
 
 def _fake_sdist(path, member: str, data: bytes) -> str:

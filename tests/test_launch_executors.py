@@ -223,11 +223,13 @@ def test_a_137m_sweep_on_slurm_asks_for_a_gpu_and_passes_cluster_options(tmp_pat
     assert executor_parameters(options, "sweep-b") == {
         "name": "sweep-b", "timeout_min": 24 * 60, "nodes": 1, "tasks_per_node": 1, "gpus_per_node": 1,
         "slurm_partition": "gpu", "slurm_account": "proj42", "slurm_qos": "high", "slurm_constraint": "a100",
-        "slurm_array_parallelism": 8, "slurm_additional_parameters": {"mail-type": "END", "exclusive": True}}
+        "slurm_array_parallelism": 8, "slurm_additional_parameters": {"mail-type": "END", "exclusive": True},
+        "slurm_signal_delay_s": 90}
     assert sbatch_options(options) == ["--account=proj42", "--constraint=a100", "--exclusive", "--gpus-per-node=1",
                                        "--mail-type=END", "--nodes=1", "--ntasks-per-node=1", "--partition=gpu",
                                        "--qos=high", "--time=1440"]
     assert "#SBATCH --job-name=sweep-b" in sbatch_script(options, "sweep-b", tmp_path)
+    assert "#SBATCH --signal=USR2@90" in sbatch_script(options, "sweep-b", tmp_path)  # the time-limit warning
     # submitit accepts every parameter (its AutoExecutor checks the names for every cluster kind).
     make_executor(tmp_path / "submitit", options, "sweep-b")
 

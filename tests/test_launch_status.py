@@ -8,6 +8,7 @@ import pytest
 
 from launch import execute, status
 from moe import rundir
+from moe.rundir import sweep_root
 from launch.plan import RunSpec
 from launch_fixtures import write_complete_run
 
@@ -128,7 +129,7 @@ def test_status_cli(tmp_path, capsys):
     assert status.main([str(tmp_path)]) == 2
     assert "error: cannot read" in capsys.readouterr().err
     st = status.sweep_status([view("a", "pending")], parallel=1)
-    status.write_status(tmp_path, st)
+    sweep_root.write_status(tmp_path, st)
     assert status.main([str(tmp_path)]) == 0
     assert "1 runs: 0 done, 0 running, 0 failed, 1 pending" in capsys.readouterr().out
 

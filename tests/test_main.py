@@ -177,3 +177,37 @@ def test_sigint_checkpoints_exits_130_and_resumes_byte_identical(uninterrupted, 
     strip = lambda r: {k: v for k, v in r.items() if k != "tok_s"}  # noqa: E731
     logs = [[strip(json.loads(x)) for x in (d / "log.jsonl").read_text().splitlines()] for d in (workdir, uninterrupted)]
     assert logs[0] == logs[1]
+
+
+# loss.balance=bias: 10 steps, a checkpoint every 2, a bias step large enough to move every expert's bias.
+BIASED = ["--config=configs/arm_b.py:tiny", "--config.train.tokens=1280", "--config.train.ckpt_every=2",
+          "--config.train.log_every=2", "--config.loss.balance=bias", "--config.loss.bias_rate=0.01",
+          "--config.eval.windows=1"]
+
+
+@pytest.mark.slow
+def test_sigkill_then_restart_restores_the_routing_bias_exactly(tmp_path):
+    from moe import checkpoint
+
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    # The uninterrupted run beside the one that is killed (two processes at once: half the wall time).
+    both = [subprocess.Popen([sys.executable, "main.py", *BIASED, f"--workdir={w}"], cwd=REPO,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for w in (straight, killed)]
+    kill = wait_for_kill_point(killed, both[1], most=3)  # checkpoint at step 2, 4 or 6
+    both[1].send_signal(signal.SIGKILL)
+    both[1].wait()
+    assert both[0].wait(timeout=300) == 0, both[0].stderr.read()[-3000:]
+    assert not (killed / "final_eval.json").exists(), f"killed too late ({kill}): the run had finished"
+    again = main_py(*BIASED, f"--workdir={killed}")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resumed from checkpoint" in again.stdout, kill
+    assert (killed / "final_eval.json").read_bytes() == (straight / "final_eval.json").read_bytes(), kill
+    assert (killed / "trace_code.npz").read_bytes() == (straight / "trace_code.npz").read_bytes(), kill
+    strip = lambda r: {k: v for k, v in r.items() if k != "tok_s"}  # noqa: E731
+    logs = [[strip(json.loads(x)) for x in (d / "log.jsonl").read_text().splitlines()] for d in (killed, straight)]
+    assert logs[0] == logs[1] and "bias_max" in logs[0][-1], kill  # the bias's range after every logged step
+    items = [checkpoint.read_router_states(d) for d in (killed, straight)]
+    bias = items[0][10]["route_bias"]
+    assert np.any(bias) and np.array_equal(bias, items[1][10]["route_bias"]), kill
+    # The router item holds the bias the last step left (the log's range of it, step 10).
+    assert list(bias.min(-1)) == logs[0][-1]["bias_min"] and list(bias.max(-1)) == logs[0][-1]["bias_max"]

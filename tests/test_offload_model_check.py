@@ -16,6 +16,7 @@ from moe.decode.offload.model_check import modelled, run_header, summarize, writ
 from moe.decode.offload.step_records import read_jsonl, stall_summary
 from moe.decode.offload.comparison import order_check, policy_rows
 from moe.decode.offload.session import DecodeConfig, OffloadConfig, OffloadSession
+from moe import rundir
 from decode_fixtures import tiny_run  # noqa: F401 — a session fixture
 
 
@@ -174,6 +175,10 @@ def test_cli_json_report_and_event_traces(tiny_run, tmp_path, capsys):  # noqa: 
     assert record == json.loads((tmp_path / "report.json").read_text())
     assert [r["policy"] for r in record["policies"]] == ["none", "highest_prob"]
     assert record["tier"] == "ram" and record["bandwidth_cap_Bps"] == 1e9 and record["capacity"] == 4
+    # The prefetch source and the provenance analysis checks the report against are two keys (one shadowed the other).
+    assert record["prefetch_source"] == "frequency"
+    assert record[rundir.SOURCE] == rundir.source_record(tiny_run, record["checkpoint_step"])
+    assert rundir.stale_line(tmp_path / "report.json", record, tiny_run, "") is None
     for row in record["policies"]:
         assert row["measured_stall_per_token_s"] >= 0 and row["modelled_stall_per_token_s"] >= 0
         assert math.isclose(row["ratio"], row["modelled_stall_per_token_s"] / row["measured_stall_per_token_s"])

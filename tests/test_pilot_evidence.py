@@ -53,3 +53,18 @@ def test_study_plan_registers_and_names_its_runs():
     assert names == [(arm, s) for s in study_cpu3.SEEDS for arm in ("A", "B")]  # whole pairs first
     lines = power.plan_lines(plan, preregistration.plan_hash(plan))
     assert any("±0.49 points with 6 seeds" in line for line in lines)
+
+
+def test_the_study_plans_gates_are_the_verdicts_and_its_steps_end_in_its_page():
+    # analysis judges by verdict.py's gates: the registered plan must state the same ones, or its page would
+    # print one rule and apply another.
+    from analysis import verdict
+    from launch import sweep
+
+    estimands = study_cpu3.plan()["estimands"]
+    assert estimands["rq1_matched"]["gate"] == verdict.RQ1_MAX_PPL_COST
+    assert estimands["rq1_lambda"]["gate"] == {"miss_reduction": verdict.RQ1_MIN_MISS_REDUCTION,
+                                               "ppl_cost": verdict.RQ1_MAX_PPL_COST}
+    steps = sweep.study_steps("configs/study_cpu3.py:tiny")
+    assert set(steps) == {"stall", "page"} and steps["page"] == "cpu-study-3"
+    assert [s["train.tokens"] for s in study_cpu3.sweep("tiny")] == [4 * 32 * 12] * 12  # the rehearsal's size

@@ -112,17 +112,26 @@ def test_the_sweep_refuses_a_changed_plan_before_training_anything(tmp_path):
     assert list((root / "a-s1").iterdir()) == []
 
 
-def test_the_dry_run_prints_the_plans_hash_and_expected_half_width_and_writes_nothing(tmp_path):
+def test_the_dry_run_prints_the_plans_hash_and_expected_half_width_beside_time_and_writes_nothing(tmp_path):
+    from launch import plan as sweep_plan
     plan = {**PLAN, "estimands": {"rq1_matched": {**PLAN["estimands"]["rq1_matched"],
                                                   "pilot": {"sd": 0.0033, "df": 1, "estimate": 0.0103}}}}
     config = tmp_path / "study.py"
     config.write_text("from configs.arm_a import get_config\nfrom configs.sweeps import grid\n\n"
                       "def sweep(arg=None):\n    return grid('tiny', [('main', {'arm': 'A', 'seed': 1})])\n\n"
                       f"def plan(arg=None):\n    return {plan!r}\n")
-    root = tmp_path / "root"
+    root, pilot = tmp_path / "root", tmp_path / "pilot" / "a-s9"  # a finished run of the same cost, another seed
+    pilot.mkdir(parents=True)
+    recorded = {**sweep_plan.planned_config(sweep_plan.expand(f"{config}:tiny", root)[0]), "seed": 9}
+    (pilot / "config.json").write_text(json.dumps({"config": recorded}))
+    (pilot / "DONE").write_text(json.dumps({"wall_s": 42.0, "attempts": 1}))
     out = subprocess.run([sys.executable, "-m", "launch.sweep", f"--config={config}:tiny", f"--root={root}",
-                          "--dry_run"], capture_output=True, text=True, cwd=REPO, timeout=300)
+                          "--dry_run", f"--time_from={pilot.parent}"], capture_output=True, text=True, cwd=REPO,
+                         timeout=300)
     assert out.returncode == 0, out.stderr
+    assert "  a-s1: 0:00:42, the median of 1 run(s) (a-s9; runs at a time not recorded)" in out.stdout
+    assert ("runs' wall time: 0:00:42 for 1 job(s), 1 at a time in plan order (the study steps after them not "
+            "included; the basis's runs at a time are not recorded)") in out.stdout
     assert f"pre-registration sha256 {prereg.plan_hash(plan)}" in out.stdout
     # t(2) · .0033 / √3 = .0082 on the log scale, ×1.0103 in points: ±0.83.
     assert "rq1_matched: expected 95% half-width ±0.83 points with 3 seeds" in out.stdout

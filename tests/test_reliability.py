@@ -246,6 +246,7 @@ def _hold_lock_raw(path: pathlib.Path) -> subprocess.Popen:
 
 def test_a_dead_sweeps_status_says_stopped_and_a_live_holder_is_named(tmp_path, capsys):
     from launch import status
+    from moe.rundir import sweep_root
     from launch.plan import RunSpec
 
     runs = [status.RunState(RunSpec(n, "configs/arm_b.py:tiny", (), tmp_path / n, 4), state="running")
@@ -269,9 +270,9 @@ def test_a_dead_sweeps_status_says_stopped_and_a_live_holder_is_named(tmp_path, 
     assert "stopped" in rows["dead"] and "no live process" in rows["dead"], table
     assert "running" in rows["alive"] and "0:00:04" in rows["alive"], table
     assert "1 running, 1 stopped (no live process)" in table.splitlines()[-1]
-    bad = json.loads((tmp_path / status.STATUS_FILE).read_text())
+    bad = json.loads((tmp_path / sweep_root.STATUS).read_text())
     del bad["counts"]
-    (tmp_path / status.STATUS_FILE).write_text(json.dumps(bad))
+    (tmp_path / sweep_root.STATUS).write_text(json.dumps(bad))
     assert status.main([str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "error: cannot read" in err and "'counts'" in err, err

@@ -60,4 +60,4 @@ def test_every_script_that_finds_a_python_sources_the_one_file():
         # A bare `command -v python3.1x` finds a pyenv shim that may not run.
         assert not re.search(r"command -v python3\.1", text), path.name
     users = {p.name for p in scripts if "source scripts/pick_python.sh" in p.read_text()}
-    assert {"setup.sh", "gpu_rehearsal.sh"} <= users, users
+    assert {"setup.sh", "gpu_rehearsal.sh", "gpu_wheels.sh"} <= users, users

@@ -8,9 +8,10 @@ import sys
 
 from configs import study_cpu2
 from analysis import report
-from launch import plan, status, sweep
+from launch import plan, sweep
 from launch_fixtures import write_complete_run
 from moe import rundir
+from moe.rundir import sweep_root
 from moe.cache_aware import frontier
 
 CONFIG = "configs/study_cpu2.py"
@@ -31,7 +32,9 @@ def test_run_names_order_and_study_steps_name_planned_runs(tmp_path):
                      "c-mu0.1-s1", "c-mu0.1-s2", "b-lam0.01-s1", "b-lam0.03-s1", "b-lam0.3-s1"]
     steps = sweep.study_steps(CONFIG)
     assert steps["page"] == "cpu-study-2"
-    assert steps["finetune"] == [{"name": "m-s1", "config": "configs/arm_m.py:cpu", "base": "a-s1"}]
+    assert steps["finetune"] == [{"name": "m-s1", "config": "configs/arm_m.py:cpu", "base": "a-s1"},
+                                 {"name": "m-control-s1", "config": "configs/arm_m.py:cpu", "base": "a-s1",
+                                  "overrides": {"loss.lambda_cs": 0.0, "loss.lambda_rm": 0.0}}]
     assert sweep.study_steps(f"{CONFIG}:tiny")["finetune"][0]["config"] == "configs/arm_m.py:tiny"
     assert study_cpu2.arm_m_arg("tiny,tokens=3072,corpus=synthetic") == "tiny,corpus=synthetic"
     deciding, priming = steps["frontier"]
@@ -63,13 +66,18 @@ def test_the_finetune_step_runs_main_from_its_base_then_skips_the_complete_run(t
     assert sweep.run_finetunes(tmp_path, [entry], echo=lines.append, overrides={"eval.windows": 1}) == 0
     assert calls == [[sys.executable, "-m", "moe.main", "--config=configs/arm_m.py:tiny",
                       f"--config.init_from={tmp_path / 'a-s1'}", f"--workdir={tmp_path / 'm-s1'}",
-                      "--config.eval.windows=1"]]
+                      "--config.eval.windows=1", "--config.run_name=m-s1"]]
     done = rundir.read_done(tmp_path / "m-s1")
     assert done["attempts"] == 1 and done["command"] == " ".join(calls[0])
     assert "training" in (tmp_path / "m-s1" / rundir.LAUNCH_LOG).read_text()
 
     assert sweep.run_finetunes(tmp_path, [entry], echo=lines.append) == 0  # DONE: not run again
     assert len(calls) == 1 and lines[-1] == "finetune: m-s1 is complete"
+    # Arm M's control: the same config and base, its own overrides after the sweep's.
+    control = {**entry, "name": "m-control-s1", "overrides": {"loss.lambda_cs": 0.0, "loss.lambda_rm": 0.0}}
+    assert sweep.run_finetunes(tmp_path, [control], echo=lines.append, overrides={"eval.windows": 1}) == 0
+    assert calls[-1][-4:] == ["--config.eval.windows=1", "--config.loss.lambda_cs=0.0", "--config.loss.lambda_rm=0.0",
+                              "--config.run_name=m-control-s1"]  # its own name: two runs never share one
 
 
 def test_the_finetune_step_reports_a_failure_in_one_line(tmp_path, monkeypatch):
@@ -95,7 +103,7 @@ def test_study_steps_run_in_order_fine_tune_frontier_then_analysis(tmp_path, mon
              "frontier": [{"runs": ["a-s1"], "flags": ["--tau=0"]}, {"runs": ["m-s1"], "flags": ["--prime"]}],
              "stall": {"flags": []}, "page": "p"}
     assert sweep.run_study(tmp_path, study, echo=lambda line: None) == 0
-    times = rundir.read_json(tmp_path / report.STEP_TIMES)
+    times = rundir.read_json(tmp_path / sweep_root.STEP_TIMES)
     assert list(times) == ["finetune", "frontier", "stall", "decode"]  # written before the page reads it
     assert [c[2] for c in calls] == ["moe.main", "moe.cache_aware.frontier", "moe.cache_aware.frontier",
                                      "analysis.tables", "analysis.tables", "analysis.verdict", "analysis.report"]
@@ -116,6 +124,7 @@ def writes_out(calls):
 def test_the_stall_step_replays_each_complete_runs_held_out_traces_once(tmp_path, monkeypatch):
     for name in ("a-s1", "b-lam0.1-s1"):
         write_complete_run(tmp_path / name, steps=4)
+        (tmp_path / name / rundir.CHECKPOINTS / "4").mkdir(parents=True)
         for domain in ("prose", "code"):
             (tmp_path / name / rundir.trace_file(domain)).write_bytes(b"")
             (tmp_path / name / rundir.train_trace_file(domain)).write_bytes(b"")
@@ -124,12 +133,18 @@ def test_the_stall_step_replays_each_complete_runs_held_out_traces_once(tmp_path
     monkeypatch.setattr(sweep.subprocess, "run", writes_out(calls))
     flags = study_cpu2.study()["stall"]["flags"]
     assert sweep.run_stall(tmp_path, {"flags": flags}, echo=lines.append) == 0
-    out = tmp_path / sweep.ANALYSIS_DIR / sweep.STALL_DIR
+    out = tmp_path / sweep_root.STALL_DIR
     assert calls[0] == [sys.executable, "-m", "cachesim.stall", str(tmp_path / "a-s1" / "trace_prose.npz"),
                         str(tmp_path / "a-s1" / "trace_code.npz"), *flags, "--format=json",
                         f"--out={out / '.a-s1.json.tmp'}"]  # held-out traces only, the paper's domains first
     assert sorted(p.name for p in out.iterdir()) == ["a-s1.json", "b-lam0.1-s1.json"]  # renamed when complete
     assert sweep.run_stall(tmp_path, {"flags": flags}, echo=lines.append) == 0 and len(calls) == 2  # kept
+    assert rundir.read_json(out / "a-s1.json")[rundir.SOURCE] == {"checkpoint_step": 4, "eval_manifest_sha256": None}
+    (tmp_path / "a-s1" / rundir.CHECKPOINTS / "8").mkdir()  # a-s1 trained on: its report is stale, b's is not
+    assert sweep.run_stall(tmp_path, {"flags": flags}, echo=lines.append) == 0 and len(calls) == 3
+    assert calls[-1][3] == str(tmp_path / "a-s1" / "trace_prose.npz")
+    assert lines[-2] == f"the stall: {out / 'a-s1.json'} is stale (its run moved on since); recomputing it"
+    assert rundir.read_json(out / "a-s1.json")[rundir.SOURCE]["checkpoint_step"] == 8
 
     (out / "a-s1.json").unlink()
     monkeypatch.setattr(sweep.subprocess, "run", lambda command, capture_output, text: subprocess.CompletedProcess(
@@ -148,8 +163,10 @@ def test_the_decode_step_measures_the_named_runs_once_and_needs_them_complete(tm
     assert sweep.run_decode(tmp_path, spec, echo=lines.append) == 3 and not calls
     assert lines[-1] == "error: the decode step needs complete runs; not complete: b-lam0.1-s1"
     write_complete_run(tmp_path / "b-lam0.1-s1", steps=4)
+    for name in spec["runs"]:
+        (tmp_path / name / rundir.CHECKPOINTS / "4").mkdir(parents=True)
     assert sweep.run_decode(tmp_path, spec, echo=lines.append) == 0
-    out = tmp_path / sweep.ANALYSIS_DIR / sweep.DECODE_DIR
+    out = tmp_path / sweep_root.DECODE_DIR
     assert calls[0] == [sys.executable, "-m", "moe.decode", f"--run={tmp_path / 'a-s1'}", *spec["flags"],
                         "--format=json", f"--out={out / '.a-s1.json.tmp'}"]
     assert sorted(p.name for p in out.iterdir()) == ["a-s1.json", "b-lam0.1-s1.json"]
@@ -157,13 +174,12 @@ def test_the_decode_step_measures_the_named_runs_once_and_needs_them_complete(tm
 
 
 def test_the_page_counts_the_runs_from_the_first_sweep_and_adds_the_study_steps(tmp_path):
-    assert report.STEP_TIMES.as_posix() == f"{sweep.ANALYSIS_DIR}/{sweep.STEP_TIMES_FILE}"
-    assert status.first_started(tmp_path) is None
-    table = {"counts": {state: 0 for state in status.STATES}, "runs": [], "eta_s": 0.0}
-    status.write_status(tmp_path, {**table, "started": 100.0})
-    assert status.first_started(tmp_path) == 100.0  # a sweep resumed on this root keeps the first start
-    status.write_status(tmp_path, {**table, "started": 900.0, "first_started": 100.0})
-    assert status.first_started(tmp_path) == 100.0
+    assert sweep_root.first_started(tmp_path) is None
+    table = {"counts": {state: 0 for state in sweep_root.STATES}, "runs": [], "eta_s": 0.0}
+    sweep_root.write_status(tmp_path, {**table, "started": 100.0})
+    assert sweep_root.first_started(tmp_path) == 100.0  # a sweep resumed on this root keeps the first start
+    sweep_root.write_status(tmp_path, {**table, "started": 900.0, "first_started": 100.0})
+    assert sweep_root.first_started(tmp_path) == 100.0
     assert report.wall_time_lines(3600.0, {"finetune": 60.0, "decode": 120.0}) == [
         "* Runs (the first sweep's start to the last run's end): 1:00:00.",
         "* Study steps after the runs (summed over sweep invocations): finetune 0:01:00, decode 0:02:00.",

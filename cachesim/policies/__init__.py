@@ -162,10 +162,10 @@ class CacheSpec:
 def check_capacity(policy: str, capacity: int) -> int:
     """`capacity`, unless a libCacheSim policy is degenerate at that size (see
     `cachesim.policies.external`); 0 (holds nothing) is always allowed."""
-    external = EXTERNAL_POLICIES.get(policy)
-    if external is not None and 0 < capacity < external.min_capacity:
-        raise CacheSpecError(f"{policy} needs a capacity of at least {external.min_capacity} "
-                             f"(got {capacity}): {external.why}")
+    libcachesim = EXTERNAL_POLICIES.get(policy)
+    if libcachesim is not None and 0 < capacity < libcachesim.min_capacity:
+        raise CacheSpecError(f"{policy} needs a capacity of at least {libcachesim.min_capacity} "
+                             f"(got {capacity}): {libcachesim.why}")
     return capacity
 
 

@@ -297,10 +297,6 @@ def _preset_names(folder: str) -> list[str]:
     return sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".json"))
 
 
-def hardware_presets() -> list[str]:
-    return _preset_names("hardware")
-
-
 def model_presets() -> list[str]:
     return _preset_names("models")
 

@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from cachesim.cli_util import CLI, progress, stop_on_interrupt
+from cachesim.cli_util import CLI, error, progress, stop_on_interrupt
 from cachesim.headline import LRU_FRACTION
 from cachesim.policies import ROUNDING_MODES, capacity_from_fraction, parse_capacities
 from moe import baselines, rundir
@@ -121,13 +121,16 @@ def find_arm_a(run: rundir.RunRecord, given: Sequence[rundir.RunRecord],
     """The arm-A run to compare `run` against, and a note saying how it was found (or why not)."""
     def matches(other: rundir.RunRecord) -> bool:
         return baselines.is_arm_a_match(other.arm, other.size, other.record.get("tokens"), of_size=run.size,
-                                        of_tokens=run.record.get("tokens"))
+                                        of_tokens=run.record.get("tokens"), balance=baselines.balancing(other.record),
+                                        of_balance=baselines.balancing(run.record))
 
     if explicit is not None:
         note = "given with --arm-a"
         if not matches(explicit):
+            balanced = lambda r: baselines.balancing(r.record) or "the Switch loss"  # noqa: E731
             note += (f" (note: it is arm {explicit.arm}, size {explicit.size}, {explicit.record.get('tokens')} "
-                     f"tokens; this run is size {run.size}, {run.record.get('tokens')} tokens)")
+                     f"tokens, balanced by {balanced(explicit)}; this run is size {run.size}, "
+                     f"{run.record.get('tokens')} tokens, balanced by {balanced(run)})")
         return explicit, note
     if run.arm == "A":
         return run, "this run is arm A"
@@ -335,14 +338,17 @@ def _frontier(runs: list[rundir.RunRecord], points: Sequence[Point], *, prime: b
         records, description = results(run, points, mixed_points)
         arm_a, note = find_arm_a(run, runs, explicit)
         if arm_a is None:
-            baseline = None
-        elif arm_a.path.resolve() == run.path.resolve() or arm_a.path.resolve() in {r.path.resolve() for r in runs}:
-            baseline = results(arm_a, points, mixed_points)[0]
-        else:  # only its plain points are needed
-            plain = [p for p in points if p.setting.is_plain]
-            baseline = results(arm_a, plain, [p for p in mixed_points if p.setting.is_plain])[0]
+            baseline, a_source = None, None
+        else:
+            if arm_a.path.resolve() == run.path.resolve() or arm_a.path.resolve() in {r.path.resolve() for r in runs}:
+                baseline, a_description = results(arm_a, points, mixed_points)
+            else:  # only its plain points are needed
+                plain = [p for p in points if p.setting.is_plain]
+                baseline, a_description = results(arm_a, plain, [p for p in mixed_points if p.setting.is_plain])
+            a_source = rundir.source_record(arm_a.path, a_description["checkpoint_step"])
         compare(records, baseline)
-        record = rundir.frontier_record(run, records, description, arm_a, note)
+        record = rundir.frontier_record(run, records, description, arm_a, note,
+                                        rundir.source_record(run.path, description["checkpoint_step"]), a_source)
         rundir.write_frontier(run.path, record)
         log(f"frontier: wrote {run.path / rundir.FRONTIER} ({len(records)} points; arm-A baseline: {note})")
         out[run.path] = record
@@ -414,11 +420,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             frontier(args.run, points, prime=args.prime, options=options, arm_a_dir=args.arm_a,
                      log=lambda msg: print(msg, file=sys.stderr, flush=True), advance=bar.advance)
     except ValueError as e:  # FrontierError, RerouteError and LockedError are ValueErrors
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return error(e)
     except OSError as e:  # a full disk or a read-only run directory
-        print(f"error: {rundir.os_error_line(e)}", file=sys.stderr)
-        return 2
+        return error(rundir.os_error_line(e))
     return 0
 
 

@@ -4,7 +4,9 @@
 
 Order of sources, first that works wins:
   1. the cache already holds a verified file: nothing to do;
-  2. tiktoken's own cache holds r50k_base.tiktoken (the same bytes): copy it;
+  2. the default cache (where setup put it, when $CACHEABLE_MOE_CACHE now names
+     another) or tiktoken's own cache (r50k_base.tiktoken, the same bytes)
+     holds a verified copy: copy it;
   3. the openai-whisper sdist (pinned version and SHA-256), given with --sdist /
      $CACHEABLE_MOE_WHISPER_SDIST, or downloaded from PyPI with
      ``pip download --no-deps``: its ``whisper/assets/gpt2.tiktoken`` member.
@@ -23,9 +25,9 @@ import tempfile
 from collections.abc import Callable
 
 from moe.data.errors import TokenizerError
-from moe.data.tokenizer import GPT2_RANKS_SHA256, gpt2_ranks_path, sha256_bytes, tiktoken_cache_candidates
-from cachesim.cli_util import CLI, stop_on_interrupt
-from cachesim.files import file_sha256
+from moe.data.tokenizer import GPT2_RANKS_SHA256, gpt2_ranks_path, sha256_bytes, verified_copies
+from cachesim.cli_util import CLI, error, stop_on_interrupt
+from cachesim.files import file_sha256, write_atomic
 
 WHISPER_VERSION = "20250625"
 WHISPER_SDIST_NAME = f"openai_whisper-{WHISPER_VERSION}.tar.gz"
@@ -88,17 +90,15 @@ def ensure_gpt2_ranks(*, sdist: str | os.PathLike | None = None,
 
     A quick no-op when it is already there. A corrupt cached copy is replaced.
     """
-    from moe.data.store import write_bytes_atomic  # here, not at the top: numpy, which `--help` need not load
-
     target = gpt2_ranks_path()
     if target.is_file():
         if sha256_bytes(target.read_bytes()) == GPT2_RANKS_SHA256:
             return target
         log(f"replacing {target}: its SHA-256 does not match")
-    for candidate in tiktoken_cache_candidates():
+    for candidate in verified_copies():
         if candidate.is_file() and sha256_bytes(data := candidate.read_bytes()) == GPT2_RANKS_SHA256:
-            write_bytes_atomic(target, data)
-            log(f"copied GPT-2 ranks from tiktoken's cache {candidate}")
+            write_atomic(target, data)
+            log(f"copied GPT-2 ranks from {candidate}")
             return target
     sdist = sdist or os.environ.get(SDIST_ENV)
     if sdist:
@@ -107,7 +107,7 @@ def ensure_gpt2_ranks(*, sdist: str | os.PathLike | None = None,
         log(f"downloading openai-whisper=={WHISPER_VERSION} sdist from PyPI for GPT-2's BPE ranks ...")
         with tempfile.TemporaryDirectory(prefix="whisper-sdist-") as tmp:
             data = extract_ranks(pip_download_sdist(pathlib.Path(tmp)))
-    write_bytes_atomic(target, data)
+    write_atomic(target, data)
     return target
 
 
@@ -120,8 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         path = ensure_gpt2_ranks(sdist=args.sdist, log=lambda msg: print(f"fetch_tokenizer: {msg}", file=sys.stderr))
     except (TokenizerError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return error(e)
     print(f"GPT-2 BPE ranks ready: {path} (sha256 {GPT2_RANKS_SHA256})")
     return 0
 

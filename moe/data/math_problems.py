@@ -562,7 +562,7 @@ def word_problem(d: Draws) -> tuple[str, str]:
                 f"Distance = speed × time = {speed} × {num(t)} = {num(dist)} km.")
         return text, f"{num(dist)} km"
     if kind == 1:
-        (one, many), n = d.choice(ITEMS), d.int(2, 12)
+        many, n = d.choice(ITEMS)[1], d.int(2, 12)
         price = d.int(1, 9) * 100 + d.choice((0, 25, 50, 75, 99))
         paid = (n * price // 1000 + 1) * 1000 + d.choice((0, 1000))
         cost = n * price

@@ -28,13 +28,14 @@ import ml_collections
 import numpy as np
 
 from moe.data import recipe as config_lib
-from moe.data import embedded, local, paper, store, synthetic
+from moe import rundir
+from moe.data import embedded, local_files, paper, store, synthetic
 from moe.data.recipe import DOMAINS, FORMAT_VERSION
 from moe.data.document import Document
 from moe.data.errors import DataError, ManifestError, SourceError
 from moe.data.fetch_tokenizer import ensure_gpt2_ranks
 from moe.data.tokenizer import Tokenizer, get_tokenizer, tokenizer_record
-from cachesim.cli_util import CLI, progress, stop_on_interrupt
+from cachesim.cli_util import CLI, error, progress, stop_on_interrupt
 
 Log = Callable[[str], None]
 _ENCODE_BATCH_CHARS = 1 << 20  # characters per tokenizer call: big enough for threads, small enough to stop early
@@ -121,7 +122,7 @@ def text_documents(data_cfg, domain: str) -> tuple[Iterator[Document], dict]:
         return embedded.documents(domain)
     if data_cfg.corpus == "paper":
         return paper.documents(domain, data_cfg.paper[domain], data_cfg.paper_files[domain])
-    return local.documents(domain, data_cfg.local_paths[domain], data_cfg.local_text_field)
+    return local_files.documents(domain, data_cfg.local_paths[domain], data_cfg.local_text_field)
 
 
 def load_tokenizer(name: str, log: Log) -> Tokenizer:
@@ -290,7 +291,7 @@ def prepare(data_cfg, out: str | pathlib.Path | None = None, *, force: bool = Fa
         start = time.perf_counter()
         log(f"preparing the {data_cfg.corpus} corpus ({data_cfg.tokenizer} tokens) in {directory}")
         manifest = _build(data_cfg, directory, rec, log, advance)
-        store.write_json_atomic(manifest_path, manifest)
+        rundir.write_json(manifest_path, manifest)
         _VERIFIED[str(directory.resolve())] = (_stat_key(directory), manifest)
         log(f"done in {time.perf_counter() - start:.1f}s: {directory}")
     return directory
@@ -349,8 +350,7 @@ def main(argv: list[str] | None = None) -> int:
             directory = prepare(_config_from_args(args), args.out, force=args.force, advance=bar.advance)
         print(summary(directory))
     except (DataError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return error(e)
     return 0
 
 

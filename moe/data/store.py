@@ -30,7 +30,7 @@ import numpy as np
 from cachesim.files import file_sha256
 from moe.data.recipe import DOMAINS
 from moe.data.errors import ManifestError
-from moe import lockfile, rundir
+from moe import lockfile
 
 MANIFEST = "MANIFEST.json"
 TRAIN_TOKENS = "train.tokens.uint16"
@@ -85,13 +85,6 @@ class ShardWriter:
         if not self.committed:
             self._file.close()
             pathlib.Path(self._tmp).unlink(missing_ok=True)
-
-
-write_bytes_atomic = rundir.write_atomic
-
-
-def write_json_atomic(path: pathlib.Path, obj: Any) -> None:
-    rundir.write_json(path, obj)
 
 
 def read_manifest(directory: pathlib.Path) -> dict[str, Any]:

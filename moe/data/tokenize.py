@@ -13,7 +13,7 @@ import sys
 from moe.data.recipe import TOKENIZERS
 from moe.data.errors import DataError
 from moe.data.tokenizer import get_tokenizer
-from cachesim.cli_util import CLI, stop_on_interrupt
+from cachesim.cli_util import CLI, error, stop_on_interrupt
 
 
 COMMAND = CLI("python -m moe.data.tokenize", (__doc__ or "").split("\n\n")[0], positional="TEXT",
@@ -24,14 +24,12 @@ COMMAND.define("enum", "tokenizer", "gpt2", "the tokenizer", enum_values=list(TO
 def main(argv: list[str] | None = None) -> int:
     args = COMMAND.parse(argv)
     if len(args.positional) != 1:
-        print('error: give exactly one TEXT to encode (quote it; "-" reads standard input)', file=sys.stderr)
-        return 2
+        return error('give exactly one TEXT to encode (quote it; "-" reads standard input)')
     text = sys.stdin.read() if args.positional[0] == "-" else args.positional[0]
     try:
         ids = get_tokenizer(args.tokenizer).encode(text)
     except DataError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return error(e)
     print(json.dumps(ids))
     return 0
 

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 from moe.data.recipe import cache_root
+from moe.runtime import default_cache_root
 from moe.data.errors import TokenizerError
 
 # SHA-256 of GPT-2's rank file in tiktoken format ("<base64 token> <rank>\n", by
@@ -50,9 +51,19 @@ class Tokenizer(Protocol):
     def decode(self, ids: Iterable[int]) -> str: ...
 
 
+_RANKS_IN_CACHE = pathlib.Path("tokenizers") / "gpt2.tiktoken"
+
+
 def gpt2_ranks_path() -> pathlib.Path:
     """Where fetch_tokenizer stores the verified GPT-2 rank file."""
-    return cache_root() / "tokenizers" / "gpt2.tiktoken"
+    return cache_root() / _RANKS_IN_CACHE
+
+
+def verified_copies() -> list[pathlib.Path]:
+    """Other places that may hold the same verified rank file, looked in before the network: the default
+    cache (where scripts/setup.sh put it, whatever ``$CACHEABLE_MOE_CACHE`` says now), then tiktoken's."""
+    default = default_cache_root() / _RANKS_IN_CACHE
+    return [*([default] if default != gpt2_ranks_path() else []), *tiktoken_cache_candidates()]
 
 
 def tiktoken_cache_candidates() -> list[pathlib.Path]:
@@ -83,7 +94,8 @@ def parse_ranks(data: bytes) -> dict[bytes, int]:
 
 
 def read_verified_ranks() -> bytes:
-    """The GPT-2 rank file's bytes from our cache or tiktoken's, checked against GPT2_RANKS_SHA256."""
+    """The GPT-2 rank file's bytes from our cache, the default cache or tiktoken's, checked against
+    GPT2_RANKS_SHA256."""
     ours = gpt2_ranks_path()
     if ours.is_file():
         data = ours.read_bytes()
@@ -91,7 +103,7 @@ def read_verified_ranks() -> bytes:
             raise TokenizerError(f"{ours} has SHA-256 {sha256_bytes(data)[:16]}..., expected "
                                  f"{GPT2_RANKS_SHA256[:16]}...; delete it and run `python -m moe.data.fetch_tokenizer`")
         return data
-    for candidate in tiktoken_cache_candidates():
+    for candidate in verified_copies():
         if candidate.is_file():
             data = candidate.read_bytes()
             if sha256_bytes(data) == GPT2_RANKS_SHA256:

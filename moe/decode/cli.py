@@ -23,7 +23,8 @@ import pathlib
 import sys
 from typing import Callable, Sequence
 
-from cachesim.cli_util import CLI, progress
+from cachesim import cli_util
+from cachesim.cli_util import CLI, error, progress
 from cachesim.headline import ADMISSIONS, LRU_FRACTION
 from moe import rundir
 
@@ -74,6 +75,7 @@ def run_cli(fv, log: Callable[[str], None]) -> dict:
 
     if not fv.run:
         raise DecodeError("--run is required: the directory of a trained run (main.py --workdir)")
+    cli_util.check_writable(fv.out)  # before the decode, not after it
     if fv.chunk_kib < 4 or fv.chunk_kib % 4:
         raise DecodeError(f"--chunk_kib must be a positive multiple of 4, got {fv.chunk_kib}")
     if fv.rounds < 1:
@@ -108,7 +110,10 @@ def run_cli(fv, log: Callable[[str], None]) -> dict:
             write_jsonl(directory / f"modelled_{policy_run.policy}.jsonl", [run_header(model)] + model.records)
     record = json_safe(record)
     if fv.out:
-        rundir.write_atomic(pathlib.Path(fv.out), json.dumps(record, indent=2, allow_nan=False))
+        try:
+            rundir.write_atomic(pathlib.Path(fv.out), json.dumps(record, indent=2, allow_nan=False))
+        except OSError as e:
+            cli_util.fail(cli_util.write_error_line(fv.out, e))
     print(json.dumps(record, indent=2, allow_nan=False) if fv.format == "json" else format_table(record))
     return record
 
@@ -118,14 +123,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = COMMAND.parse(argv)
     if len(args.positional) > 1 or (args.positional and args.run):
-        print("error: give one run directory (RUN_DIR or --run RUN_DIR)", file=sys.stderr)
-        return 2
+        return error("give one run directory (RUN_DIR or --run RUN_DIR)")
     args.run = args.run or (args.positional[0] if args.positional else None)
     interactive = sys.stderr.isatty()
     log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if interactive else (lambda _msg: None)
     try:
         run_cli(args, log)
     except (DecodeError, ValueError, OSError) as e:
-        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
-        return 2
+        return error(' '.join(str(e).split()))
     return 0

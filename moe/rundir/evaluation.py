@@ -33,12 +33,22 @@ def staging_dir(workdir: PathLike) -> pathlib.Path:
     return staging
 
 
-def write_manifest(staging: PathLike, tokens: dict[str, int]) -> None:
+def staged_files(staging: PathLike, known: dict[str, dict] | None = None) -> dict[str, dict]:
+    """``{name: {"bytes", "sha256"}}`` of every staged file but the manifest; a file ``known`` lists at its
+    size is not hashed again (the run hashes each trace once, for its cache facts and this manifest)."""
+    entries = {}
+    for p in sorted(pathlib.Path(staging).iterdir()):
+        if p.is_file() and p.name != EVAL_MANIFEST:
+            size, entry = p.stat().st_size, (known or {}).get(p.name)
+            entries[p.name] = entry if entry and entry["bytes"] == size else {"bytes": size, "sha256": file_sha256(p)}
+    return entries
+
+
+def write_manifest(staging: PathLike, tokens: dict[str, int], known: dict[str, dict] | None = None) -> None:
     """The staged evaluation's manifest: every staged file's size and SHA-256, and each domain's tokens."""
-    staging = pathlib.Path(staging)
-    files = {p.name: {"bytes": p.stat().st_size, "sha256": file_sha256(p)}
-             for p in sorted(staging.iterdir()) if p.is_file() and p.name != EVAL_MANIFEST}
-    write_json(staging / EVAL_MANIFEST, {"version": 1, "written": now_iso(), "tokens": tokens, "files": files})
+    files = staged_files(staging, known)
+    write_json(pathlib.Path(staging) / EVAL_MANIFEST,
+               {"version": 1, "written": now_iso(), "tokens": tokens, "files": files})
 
 
 def _fsync_dir(path: pathlib.Path) -> None:

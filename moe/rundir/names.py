@@ -50,6 +50,7 @@ import pathlib
 from typing import Any
 
 from cachesim.files import write_atomic
+from cachesim.trace_names import TRACE_PREFIX, TRAIN_SUFFIX  # noqa: F401 — the trace names, cachesim's rule
 
 
 CONFIG = "config.json"
@@ -70,8 +71,6 @@ DONE = "DONE"
 ATTEMPTS = "attempts.jsonl"
 LAUNCH_LOG = "launch.log"
 LOCK = ".run.lock"
-TRACE_PREFIX = "trace_"
-TRAIN_SUFFIX = "_train"
 # Where a sweep keeps run directories it replaced (``--rerun_changed``); hidden, so analysis skips it.
 SUPERSEDED = ".superseded"
 

@@ -22,8 +22,8 @@ from typing import Any
 
 from moe.rundir.names import read_json, write_json
 from moe.rundir.records import git_commit
+from moe.rundir.sweep_root import PREREGISTRATION
 
-PREREGISTRATION = "preregistration.json"
 REQUIRED = ("estimands", "design", "decision_rule", "deviations")
 
 

@@ -15,8 +15,8 @@ from typing import Any
 
 from moe.rundir.evaluation import evaluation_problem
 from moe.rundir.names import (
-    ATTEMPTS, CHECKPOINTS, CONFIG, DOMAINS, DONE, EVAL_WINDOWS, FINAL_EVAL, FRONTIER, LOG, METRICS, PROGRESS,
-    PathLike, RunDirError, now_iso, read_json, write_atomic, write_json,
+    ATTEMPTS, CHECKPOINTS, CONFIG, DOMAINS, DONE, EVAL_MANIFEST, EVAL_WINDOWS, FINAL_EVAL, FRONTIER, LOG, METRICS,
+    PROGRESS, PathLike, RunDirError, now_iso, read_json, write_atomic, write_json,
 )
 
 
@@ -67,6 +67,17 @@ def read_run(workdir: PathLike) -> RunRecord:
 
 def is_run_dir(path: PathLike) -> bool:
     return (pathlib.Path(path) / CONFIG).is_file()
+
+
+# What only training writes into a run directory: a folder holding any of them is a run, even without its
+# config.json (then a broken one), never a folder of traces.
+RUN_RESULTS = (LOG, FINAL_EVAL, EVAL_MANIFEST, METRICS, DONE, CHECKPOINTS)
+
+
+def holds_run(path: PathLike) -> bool:
+    """A run directory, or a folder holding a run's results without its config.json (a broken run)."""
+    path = pathlib.Path(path)
+    return is_run_dir(path) or any((path / name).exists() for name in RUN_RESULTS)
 
 
 def read_config(workdir: PathLike) -> dict[str, Any]:
@@ -427,10 +438,11 @@ _FRONTIER_EVAL_KEYS = ("windows_per_domain", "seq", "domains", "policy", "carry"
 #   "schema": 1,
 #   "run": str, "run_dir": str, "arm": str, "size": str, "tokens": int, "lambda_loc": float, "mu_dom": float,
 #   "checkpoint_step": int,
+#   "source": {"checkpoint_step": int, "eval_manifest_sha256": str | null},  # moe.rundir.provenance
 #   "eval": {"windows_per_domain": int, "seq": int, "domains": [str], "policy": str, "carry": "persist"|"reset",
 #            "capacity_rounding": str, "mixed_run_length": int|null, "mixed_windows": int|null,
 #            "corpus": str, "num_experts": int, "k": int, "num_layers": int},
-#   "arm_a": {"run": str, "run_dir": str} | null,
+#   "arm_a": {"run": str, "run_dir": str, "source": {...} as above} | null,  # the baseline's source too
 #   "arm_a_note": str,                    # how the baseline was found, or why there is none
 #   "elapsed_s": float, "tokens_per_s": float,  # evaluated tokens x settings per second, compiles included
 #   "points": [{
@@ -458,16 +470,19 @@ _FRONTIER_EVAL_KEYS = ("windows_per_domain", "seq", "domains", "policy", "carry"
 
 
 def frontier_record(run: RunRecord, points: list[dict], description: dict, arm_a: RunRecord | None,
-                    note: str) -> dict[str, Any]:
-    """frontier.json of ``run`` (moe.cache_aware.frontier): its evaluated points and how they were evaluated."""
+                    note: str, source: dict[str, Any], arm_a_source: dict[str, Any] | None = None) -> dict[str, Any]:
+    """frontier.json of ``run`` (moe.cache_aware.frontier): its evaluated points, how they were evaluated, and
+    ``source`` (moe.rundir.provenance: the checkpoint step and evaluation they were computed from; the arm-A
+    baseline's in ``arm_a_source``)."""
     r = run.record
     return {
         "schema": FRONTIER_SCHEMA,
         "run": run.name, "run_dir": str(run.path.resolve()), "arm": run.arm, "size": run.size,
         "tokens": r.get("tokens"), "lambda_loc": r.get("lambda_loc"), "mu_dom": r.get("mu_dom"),
-        "checkpoint_step": description["checkpoint_step"],
+        "checkpoint_step": description["checkpoint_step"], "source": source,
         "eval": {key: description[key] for key in _FRONTIER_EVAL_KEYS},
-        "arm_a": None if arm_a is None else {"run": arm_a.name, "run_dir": str(arm_a.path.resolve())},
+        "arm_a": None if arm_a is None else {"run": arm_a.name, "run_dir": str(arm_a.path.resolve()),
+                                             "source": arm_a_source},
         "arm_a_note": note,
         "elapsed_s": description["elapsed_s"], "tokens_per_s": description["tokens_per_s"],
         "points": points,
@@ -486,6 +501,7 @@ def has_frontier(workdir: PathLike) -> bool:
 # expert loads per layer per sequence under each policy and prefetch set, and PPL on held-out windows.
 # {"capacity": int, "prompt_len": int, "continuation_len": int, "train_sequences": int, "eval_sequences": int,
 #  "representation": str, "policies": [str], "init_from": str,
+#  "source": {"checkpoint_step": int},  # published inside the evaluation (moe.rundir.provenance)
 #  "models": {"base" | "finetuned": {
 #      "ppl": {domain: float}, "ppl_mean": float, "predictor_train_loss": float,
 #      "recall": {source: {"recall": float, ...}},      # source: predictor, prompt, prior, oracle
@@ -497,9 +513,10 @@ TRANSFERS_FIELDS = ("capacity", "prompt_len", "continuation_len", "train_sequenc
                     "representation", "policies", "init_from")
 
 
-def transfers_record(**fields: Any) -> dict[str, Any]:
+def transfers_record(checkpoint_step: int, **fields: Any) -> dict[str, Any]:
     """transfers.json before its models' reports (``models``: filled per model by moe.transfers)."""
-    return {**{key: fields[key] for key in TRANSFERS_FIELDS}, "models": {}}
+    return {**{key: fields[key] for key in TRANSFERS_FIELDS}, "source": {"checkpoint_step": int(checkpoint_step)},
+            "models": {}}
 
 
 def read_run_file(workdir: PathLike, name: str, fix: str | None = None) -> Any:

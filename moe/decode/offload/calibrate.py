@@ -17,8 +17,8 @@ chunks and the transfer into a device array are all inside the figures:
   second what the link has left, then the stream rate once alone). With one
   worker the reads cannot overlap, and the link is the stream bandwidth.
 
-Where the reads are issued matters. `calibrate` issues them back to back.
-`calibrate_in_decode` issues them from inside a short decode (experts from
+Where the reads are issued matters. `probe_back_to_back` issues them back to
+back; `probe_in_decode` issues them from inside a short decode (experts from
 memory), one probe per layer at the point a demand read would be issued, so
 every read starts after the same compute gap as the decode's own: on a VM a
 read after a few idle milliseconds is markedly slower than one right after
@@ -143,18 +143,3 @@ def probe_in_decode(probes: Probes, model: DecodeModel, prompt: np.ndarray, samp
     """`samples` reads of each kind from inside a greedy decode of `prompt`'s streams (experts from memory)."""
     steps = math.ceil(3 * samples / model.num_layers)
     decode(model, _ProbingExperts(model, probes), prompt=prompt[:, :1], steps=steps, mode="greedy")
-
-
-def calibrate(pool: IOPool, *, samples: int = 48) -> Calibration:
-    """Back-to-back reads of the tier behind `pool` (it must be idle)."""
-    probes = Probes(pool)
-    probe_back_to_back(probes, samples)
-    return probes.calibration("back_to_back")
-
-
-def calibrate_in_decode(pool: IOPool, model: DecodeModel, prompt: np.ndarray, *, samples: int = 48
-                        ) -> Calibration:
-    """Reads of the tier behind `pool` from inside a greedy decode of `prompt`'s streams (experts from memory)."""
-    probes = Probes(pool)
-    probe_in_decode(probes, model, prompt, samples)
-    return probes.calibration("in_decode")

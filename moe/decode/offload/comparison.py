@@ -20,6 +20,7 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
+from moe import rundir
 from moe.decode.offload.model_check import summarize
 from moe.decode.offload.session import PolicyRun
 
@@ -106,7 +107,7 @@ def format_table(record: dict[str, Any]) -> str:
              f"{record['batch']} stream(s), {record['mode']}; tier {record['tier']}"
              + (f" via {record['page_cache_bypass']} on {record['filesystem']}" if record["tier"] == "disk" else "")
              + f", bandwidth cap {record['bandwidth_cap'] or 'none'}; cache {record['cache']} x{record['capacity']}"
-             f"/layer of {record['num_experts']}; {record['workers']} I/O workers; source {record['source']}, "
+             f"/layer of {record['num_experts']}; {record['workers']} I/O workers; source {record['prefetch_source']}, "
              f"budget {record['budget_bytes_per_step'] / 1e6:.2f} MB/step; {record['rounds']} round(s)",
              f"calibrated in decode: read {cal['read_s'] * us:.3f} ms = {cal['latency_s'] * us:.3f} ms + "
              f"{record['expert_bytes'] / 1e3:.0f} kB at {cal['stream_Bps'] / 1e9:.3f} GB/s, link "
@@ -151,6 +152,7 @@ def session_record(session, cfg, rounds: list[list[PolicyRun]]) -> dict[str, Any
     cap = config.bandwidth_Bps
     return {
         "schema": SCHEMA, "run": run.name, "run_dir": str(run.path), "arm": run.arm, "checkpoint_step": run.step,
+        rundir.SOURCE: rundir.source_record(run.path, run.step),  # what analysis checks it against (provenance)
         "lambda_loc": float(run.config.loss.lambda_loc), "mu_dom": float(run.config.loss.mu_dom),
         "tokens": cfg.tokens, "batch": cfg.batch, "mode": cfg.mode, "temperature": cfg.temperature,
         "seed": cfg.seed, "domain": cfg.domain, "prompt_tokens": cfg.prompt_tokens,
@@ -161,7 +163,7 @@ def session_record(session, cfg, rounds: list[list[PolicyRun]]) -> dict[str, Any
         "capacity_fraction": session.capacity / model.num_experts, "num_experts": model.num_experts,
         "num_layers": model.num_layers, "k": model.k, "expert_bytes": session.layout.file_bytes,
         "workers": config.workers, "chunk_bytes": config.chunk_bytes, "queue_slots": config.queue_slots,
-        "source": config.source, "budget_bytes_per_step": session.budget_bytes,
+        "prefetch_source": config.source, "budget_bytes_per_step": session.budget_bytes,
         "calibration": {rhythm: {key: _median([getattr(c[rhythm], key) for c in session.calibration_rounds])
                                  for key in ("latency_s", "stream_Bps", "link_Bps", "read_s", "small_read_s", "pair_s")}
                         for rhythm in session.calibrations},

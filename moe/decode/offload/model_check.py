@@ -24,7 +24,6 @@ decode:
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numpy as np
 
