@@ -78,11 +78,7 @@ def head_gradient(module, dtype: str, chunk: int):
 
 
 def main(argv=None) -> int:
-    args = parse(CLI, argv)
-    if args.quick:
-        for name, value in QUICK.items():
-            if not CLI.present(name):
-                setattr(args, name, value)
+    args = parse(CLI, argv, QUICK)
     try:
         if min(args.rounds, args.reps) < 1:
             raise UsageError(f"--rounds={args.rounds}, --reps={args.reps}: both are positive integers")

@@ -100,11 +100,7 @@ def compare(runs: list[dict], size: str, seeds: list[int]) -> tuple[float, float
 
 
 def main(argv=None) -> int:
-    args = parse(CLI, argv)
-    if args.quick:
-        for name, value in QUICK.items():
-            if not CLI.present(name):
-                setattr(args, name, value)
+    args = parse(CLI, argv, QUICK)
     try:
         sizes = comma_list(args.sizes, str, "--sizes")
         seeds = comma_list(args.seeds, int, "--seeds")

@@ -71,7 +71,6 @@ from flax import nnx  # noqa: E402
 from jax.profiler import ProfileData  # noqa: E402
 
 from cachesim.cli_util import UsageError, comma_list, fail  # noqa: E402
-from configs import arm_b  # noqa: E402
 from configs.base import num_train_steps  # noqa: E402
 from moe.dispatch import DISPATCHERS, select_block_size, select_dispatch  # noqa: E402
 from moe.model import build_model  # noqa: E402
@@ -307,24 +306,12 @@ def side_by_side_lines(result: dict) -> list[str]:
 
 def dtype_config(args, dtype: str):
     """arm B at --size with the flags, in ``dtype`` ('' = the size's own, auto resolved as a run would)."""
-    config = arm_b.get_config(args.size)
-    config.model.dispatch = select_dispatch(args.dispatch)
-    config.model.block_size = select_block_size(args.block_size) if config.model.dispatch in bench.SPARSE else 0
-    if args.batch:
-        config.train.batch_size = args.batch
-    if dtype:
-        config.model.compute_dtype = dtype
-    if args.remat:
-        config.model.remat = args.remat
-    return bench.resolve_auto_dtype(config)
+    name = select_dispatch(args.dispatch)
+    return bench.bench_config(args, name, select_block_size(args.block_size) if name in bench.SPARSE else None, dtype)
 
 
 def main(argv=None) -> None:
-    args = parse(CLI, argv)
-    if args.quick:
-        for name, value in QUICK.items():
-            if not CLI.present(name):
-                setattr(args, name, value)
+    args = parse(CLI, argv, QUICK)
     try:
         if args.steps < 1 or args.peak_size < 1 or args.rounds < 1:
             raise UsageError(f"--steps={args.steps}, --rounds={args.rounds}, --peak_size={args.peak_size}: "
