@@ -51,11 +51,16 @@ def command(file: str, doc: str, quick: str) -> CLI:
     return cli
 
 
-def parse(cli: CLI, argv: Sequence[str] | None = None) -> types.SimpleNamespace:
-    """The flags; positional arguments are an error (one line, exit 2)."""
+def parse(cli: CLI, argv: Sequence[str] | None = None, quick: dict | None = None) -> types.SimpleNamespace:
+    """The flags; positional arguments are an error (one line, exit 2). With ``--quick``, the ``quick`` values
+    of the flags not given on the command line."""
     args = cli.parse(argv)
     if args.positional:
         fail(f"unexpected argument {args.positional[0]!r}: options are flags (see {cli.prog} --help)")
+    if getattr(args, "quick", False):
+        for name, value in (quick or {}).items():
+            if not cli.present(name):
+                setattr(args, name, value)
     return args
 
 

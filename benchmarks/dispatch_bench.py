@@ -1,11 +1,12 @@
 """Train-step tokens/s, compiled memory and executed expert FLOPs of every dispatcher, side by side.
 
-    python benchmarks/dispatch_bench.py [--size=smoke] [--batch=B] [--dtype=float32|bfloat16]
+    python benchmarks/dispatch_bench.py [--size=smoke] [--batch=B] [--dtype=float32,bfloat16]
         [--remat=none|full|dots] [--steps=10] [--rounds=3] [--block_sizes=32,64,128] [--peak_size=2048] [--save]
     python benchmarks/dispatch_bench.py --quick      # tiny size, 1 round, a 256³ peak: seconds to a minute
 
 One process, one train state shared by every dispatcher's compiled step (the
-parameter tree does not depend on the dispatcher), the same random batches;
+parameter tree depends on neither the dispatcher nor the compute dtype), the
+same random batches;
 the compiling step is excluded and the dispatchers are timed in alternating
 rounds, each keeping its best round, so load on a shared machine hits them
 alike (``vs_dense_median``: the median of the per-round ratios to dense, for
@@ -38,6 +39,16 @@ moe.dispatch.AUTO_DISPATCH for this backend and ``auto_is_fastest`` whether
 it is the fastest dropless entry of this run. ``--save`` merges the JSON into
 benchmarks/results/dispatch_<backend>.json, the file AUTO_DISPATCH is derived from.
 
+``--dtype`` may list several compute dtypes (``float32,bfloat16``): every
+entry is compiled and parity-checked (against dense in the same dtype) in
+each, and the rounds time every (entry, dtype) pair, so each dtype's tokens/s
+and its fraction of its own dtype's peak come from the same rounds. The flat
+keys are then the first dtype's; ``by_dtype`` holds the others' (the same
+keys), ``vs_first_dtype`` each entry's median over rounds of its tokens/s in
+that dtype ÷ in the first; ``--save`` saves each dtype's run under its own key.
+The run's rows of docs/performance.md's dispatch table are printed before the
+JSON.
+
 The last line printed is one JSON object (``--quick`` too, and KEYS below must equal this list).
 
 JSON keys: backend, device, size, batch, dtype, remat, steps, rounds, tag, entries,
@@ -46,7 +57,7 @@ expert_flop_ratio, parity, skipped, failed, model_flops_per_token,
 fastest_dropless, auto, auto_is_fastest, auto_vs_fastest, auto_vs_dense,
 budget_gib, fits_budget, fastest_fits_budget, peak_source, peak_shape, peak_gflops,
 peak_gflops_rounds, gemm_gflops, fraction_of_peak, fraction_of_peak_median,
-fraction_of_fastest_peak.
+fraction_of_fastest_peak, dtypes, by_dtype, vs_first_dtype.
 """
 
 from __future__ import annotations
@@ -89,14 +100,15 @@ def entry_label(name: str, block_size: int | None) -> str:
     return f"{name}/b{block_size}" if block_size else name
 
 
-def bench_config(args, name: str, block_size: int | None):
+def bench_config(args, name: str, block_size: int | None, dtype: str = ""):
+    """arm B at --size with the flags, one dispatcher and block size, in ``dtype`` ('' = the size's own)."""
     config = arm_b.get_config(args.size)
     config.model.dispatch = name
     config.model.block_size = block_size or 0
     if args.batch:
         config.train.batch_size = args.batch
-    if args.dtype:
-        config.model.compute_dtype = args.dtype
+    if dtype:
+        config.model.compute_dtype = dtype
     if args.remat:
         config.model.remat = args.remat
     return resolve_auto_dtype(config)
@@ -238,7 +250,7 @@ KEYS = ("backend", "device", "size", "batch", "dtype", "remat", "steps", "rounds
         "parity", "skipped", "failed", "model_flops_per_token", "fastest_dropless", "auto", "auto_is_fastest",
         "auto_vs_fastest", "auto_vs_dense", "budget_gib", "fits_budget", "fastest_fits_budget", "peak_source",
         "peak_shape", "peak_gflops", "peak_gflops_rounds", "gemm_gflops", "fraction_of_peak",
-        "fraction_of_peak_median", "fraction_of_fastest_peak")
+        "fraction_of_peak_median", "fraction_of_fastest_peak", "dtypes", "by_dtype", "vs_first_dtype")
 # --quick: every dispatcher, seconds; the peak at a small cube, not at the step's shapes.
 QUICK = {"size": "tiny", "steps": 2, "rounds": 1, "block_sizes": "32", "peak_size": 256, "gemm_shapes": False}
 OPTIONAL = ("tokamax",)  # registered only where its extra is installed: absent is a failed entry, not a typo
@@ -262,7 +274,7 @@ def cli() -> CLI:
     c = CLI("benchmarks/dispatch_bench.py", __doc__.split("\n\n")[0])
     c.define("string", "size", "smoke", "config size (smoke, tiny, 137m, 340m)")
     c.define("integer", "batch", 0, "rows of context tokens (0: the size's default)")
-    c.define("string", "dtype", "", "compute dtype (default: the size's)")
+    c.define("string", "dtype", "", "compute dtype, or a comma list timed side by side (default: the size's)")
     c.define("string", "remat", "", "remat policy (default: the size's)")
     c.define("integer", "steps", 10, "timed steps per round")
     c.define("integer", "rounds", 3, "timed rounds (0: compile and parity only: memory, FLOP ratios)")
@@ -293,49 +305,12 @@ def parity_error(metrics, reference, rtol: float) -> str | None:
     return None
 
 
-def main(argv=None) -> int:
-    c = cli()
-    try:
-        args = c.parse(argv)
-        if args.positional:
-            raise UsageError(f"unexpected arguments {args.positional} (see --help)")
-        if args.quick:
-            for name, value in QUICK.items():
-                if not c.present(name):
-                    setattr(args, name, value)
-        if args.peak_size <= 0:
-            raise UsageError(f"--peak_size={args.peak_size}: the edge of the peak's square matmul is positive")
-        todo = entries(args)
-        first = bench_config(args, *todo[0])
-    except (UsageError, ValueError) as e:
-        fail(str(e))
-    backend = jax.default_backend()
-    tx = make_optimizer(first.optim, num_train_steps(first))
-    graphdef, state = init_state(first, tx)
-    batches = random_batches(first)
-    topk = routing(graphdef, state["params"], batches[0]["tokens"][:, :-1])
-    tokens_per_step = first.train.batch_size * first.model.context
-    routed_rows = topk.size
-    dtype = first.model.compute_dtype
-    rtol = args.parity_rtol or PARITY_RTOL.get(dtype, 1e-2)
-    print(f"{backend} {jax.devices()[0].device_kind}: {args.size} {first.train.batch_size}x{first.model.context} "
-          f"{dtype} remat={first.model.remat}", flush=True)
-
-    result = {"entries": [entry_label(*e) for e in todo], "tokens_per_s": {}, "compiled_bytes": {},
-              "expert_flop_ratio": {}, "parity": {}, "skipped": {}, "failed": {}}
-    # The machine's matmul peak, here and again in every round (see the docstring).
-    peaks: dict[str, list[float]] = {}
-    measure_peak(args.peak_size, peaks)
-    blocks = sorted({b for _, b in todo if b})
-    shapes = step_gemm_shapes(first, blocks) if args.gemm_shapes else {}
-    result["gemm_gflops"] = {label: {"shape": list(shape), "dtype": dtype, "gflops": gemm_gflops(shape, dtype)}
-                             for label, shape in shapes.items()}
-    print(f"GEMM peak at {args.peak_size}³: " + ", ".join(f"{d} {v[0]:,.1f} GFLOP/s" for d, v in peaks.items())
-          + "".join(f"\n  {label:22s} {'x'.join(map(str, g['shape']))} {dtype}: {g['gflops']:8,.1f} GFLOP/s"
-                    for label, g in result["gemm_gflops"].items()), flush=True)
+def compile_entries(args, todo, dtype, tx, state, batches, topk, routed_rows, result) -> dict:
+    """Compiles every entry in ``dtype`` (memory, FLOP ratio, the parity step); the runnable ones by label."""
     compiled, reference = {}, None
+    rtol = args.parity_rtol or PARITY_RTOL.get(dtype, 1e-2)
     for name, block in todo:
-        label, config = entry_label(name, block), bench_config(args, name, block)
+        label, config = entry_label(name, block), bench_config(args, name, block, dtype)
         t0 = time.perf_counter()
         try:
             if name not in DISPATCHERS:
@@ -348,7 +323,7 @@ def main(argv=None) -> int:
             result["expert_flop_ratio"][label] = None if rows is None else rows / routed_rows
             if step_bytes > args.max_gib * 2**30:
                 result["skipped"][label] = f"compiled step {step_bytes / 2**30:.1f} GiB > --max_gib {args.max_gib:g}"
-                print(f"{label:20s} skipped: {result['skipped'][label]}", flush=True)
+                print(f"{label:20s} {dtype} skipped: {result['skipped'][label]}", flush=True)
                 continue
             if args.parity or args.rounds:
                 # The first run (allocation, caches) from the one shared state and batch: the parity check.
@@ -366,43 +341,28 @@ def main(argv=None) -> int:
                 compiled[label] = step
         except Exception as e:  # noqa: BLE001 — one broken kernel must not cost the other entries
             result["failed"][label] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:500]
-            print(f"{label:20s} FAILED: {result['failed'][label]}", flush=True)
+            print(f"{label:20s} {dtype} FAILED: {result['failed'][label]}", flush=True)
             continue
         finally:
             write_partial(args.out, result)
-        print(f"{label:20s} compiled in {time.perf_counter() - t0:5.1f}s, {step_bytes / 2**30:6.2f} GiB"
+        print(f"{label:20s} {dtype} compiled in {time.perf_counter() - t0:5.1f}s, {step_bytes / 2**30:6.2f} GiB"
               + (" (parity ok)" if args.parity and name in DROPLESS and label in result["parity"]
                  and reference is not None else ""),
               flush=True)
+    return compiled
 
-    per_round = {label: [] for label in compiled}
-    round_peaks: dict[str, list[float]] = {}
-    for r in range(args.rounds):
-        measure_peak(args.peak_size, round_peaks)  # this round's load, next to its steps
-        for label, step in list(compiled.items()):
-            try:
-                state, seconds = timed_steps(step, state, batches, args.steps)
-            except Exception as e:  # noqa: BLE001 — as above; the state it donated is gone: start afresh
-                result["failed"][label] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:500]
-                print(f"{label:20s} FAILED in round {r + 1}: {result['failed'][label]}", flush=True)
-                del compiled[label], per_round[label]
-                _, state = init_state(first, tx)
-                continue
-            per_round[label].append(args.steps * tokens_per_step / seconds)
-        print(f"round {r + 1}/{args.rounds}: " + ", ".join(f"{k} {v[-1]:,.0f}" for k, v in per_round.items()),
-              flush=True)
-        write_partial(args.out, dict(result, tokens_per_s_rounds=per_round))
+
+def summarize(args, result: dict, per_round: dict, peaks: dict, round_peaks: dict, flops: float,
+              first, dtype: str) -> dict:
+    """One dtype's flat result (KEYS) from its rounds: best tokens/s, ratios, fractions of its own peak, auto."""
+    backend = jax.default_backend()
     best = {label: max(v) for label, v in per_round.items() if v}
     result["tokens_per_s_rounds"] = per_round
     # The load of a shared machine drifts over minutes, so a best round can fall in a
     # quiet spell for one entry and not another: also the median of each round's ratio
     # to dense (the entries of one round ran close together).
     result["vs_dense_median"] = ({k: float(np.median(np.divide(v, per_round["dense"]))) for k, v in per_round.items()}
-                                 if "dense" in per_round else {})
-
-    flops = model_flops_per_token(first)
-    for peak_dtype, values in round_peaks.items():
-        peaks[peak_dtype] += values
+                                 if per_round.get("dense") else {})
     # The step's matmuls run in its compute dtype, so that dtype's peak is the one it can reach;
     # the faster dtype's (bf16 on CPUs with AMX) says what a change of dtype could add.
     step_dtype = dtype if dtype in peaks else max(peaks, key=lambda d: max(peaks[d]))
@@ -418,51 +378,181 @@ def main(argv=None) -> int:
     result["fraction_of_fastest_peak"] = {k: v * flops / (fastest_peak * 1e9) for k, v in best.items()}
     result.update(peak_source=peak_source, peak_shape=[args.peak_size] * 3,
                   peak_gflops={d: max(v) for d, v in peaks.items()}, peak_gflops_rounds=round_peaks)
-    base, median = best.get("dense"), result["vs_dense_median"]
-    for label, tps in best.items():
-        ratio = result["expert_flop_ratio"][label]
-        print(f"{label:20s} {tps:10,.1f} tokens/s" + (f"  {tps / base:5.2f}x dense" if base else "")
-              + (f" (median round {median[label]:4.2f}x)" if label in median else "")
-              + f"  {result['compiled_bytes'][label] / 2**30:6.2f} GiB"
-              + (f"  expert FLOPs {ratio:5.2f}x routed" if ratio else "")
-              + f"  {result['fraction_of_peak'][label]:5.1%} of the {step_dtype} peak"
-              + (f" (median round {result['fraction_of_peak_median'][label]:5.1%})"
-                 if label in result["fraction_of_peak_median"] else "")
-              + (f"  MFU {result['mfu'][label]:.1%}" if peak and peak_source != "measured GEMM peak" else ""))
-    print(f"measured peak: {step_dtype} {measured:,.1f} GFLOP/s (best {'x'.join(map(str, result['peak_shape']))} matmul, "
-          + ", ".join(f"{d} {v:,.1f}" for d, v in result["peak_gflops"].items()) + "); per round: "
-          + "; ".join(f"{d} " + ", ".join(f"{x:,.1f}" for x in v) for d, v in round_peaks.items()))
     dropless = {k: v for k, v in best.items() if k.split("/")[0] in DROPLESS}
     fastest = max(dropless, key=dropless.get) if dropless else None
     auto_name = select_dispatch("auto", backend)
     auto = entry_label(auto_name, select_block_size(0, backend) if auto_name in SPARSE else None)
-    budget = args.budget_gib * 2**30
-    fits = {k: v <= budget for k, v in result["compiled_bytes"].items()}
+    base = best.get("dense")
+    fits = {k: v <= args.budget_gib * 2**30 for k, v in result["compiled_bytes"].items()}
     result.update({
         "backend": backend, "device": jax.devices()[0].device_kind, "size": args.size,
-        "batch": [first.train.batch_size, first.model.context], "dtype": dtype,
+        "batch": [first.train.batch_size, first.model.context], "dtype": dtype, "dtypes": [dtype],
         "remat": first.model.remat, "steps": args.steps, "rounds": args.rounds, "tag": args.tag,
         "model_flops_per_token": flops, "fastest_dropless": fastest, "auto": auto,
         "auto_is_fastest": auto == fastest,
         "auto_vs_fastest": best[auto] / best[fastest] if auto in best and fastest else None,
         "auto_vs_dense": best[auto] / base if auto in best and base else None,
         "budget_gib": args.budget_gib, "fits_budget": fits,
-        "fastest_fits_budget": fits.get(fastest) if fastest else None,
+        "fastest_fits_budget": fits.get(fastest) if fastest else None, "by_dtype": {}, "vs_first_dtype": {},
     })
+    return result
+
+
+def report(result: dict) -> None:
+    """One dtype's lines: every entry's tokens/s, ratios, memory, FLOPs, peak fraction; the fastest and auto."""
+    best, base, median = result["tokens_per_s"], result["tokens_per_s"].get("dense"), result["vs_dense_median"]
+    dtype = result["dtype"]
+    for label, tps in best.items():
+        ratio = result["expert_flop_ratio"][label]
+        print(f"{label:20s} {dtype:9s} {tps:10,.1f} tokens/s" + (f"  {tps / base:5.2f}x dense" if base else "")
+              + (f" (median round {median[label]:4.2f}x)" if label in median else "")
+              + f"  {result['compiled_bytes'][label] / 2**30:6.2f} GiB"
+              + (f"  expert FLOPs {ratio:5.2f}x routed" if ratio else "")
+              + f"  {result['fraction_of_peak'][label]:5.1%} of the {dtype} peak"
+              + (f" (median round {result['fraction_of_peak_median'][label]:5.1%})"
+                 if label in result["fraction_of_peak_median"] else "")
+              + (f"  MFU {result['mfu'][label]:.1%}" if result["mfu"][label] and result["peak_source"]
+                 != "measured GEMM peak" else ""))
+    fastest = result["fastest_dropless"]
     if fastest:
-        print(f"fastest dropless: {fastest}; auto = {auto}: "
+        print(f"{dtype}: fastest dropless: {fastest}; auto = {result['auto']}: "
               + ("still the fastest" if result["auto_is_fastest"] else "NOT the fastest")
               + (f" ({result['auto_vs_fastest']:.2f}x the fastest)" if result["auto_vs_fastest"] else ""))
         print(f"{fastest}'s compiled step: {result['compiled_bytes'][fastest] / 2**30:.2f} GiB: "
-              + ("fits" if fits[fastest] else "does NOT fit") + f" the {args.budget_gib:g} GiB budget")
-    if result["failed"]:
-        print(f"FAILED entries: {', '.join(result['failed'])}", flush=True)
+              + ("fits" if result["fits_budget"][fastest] else "does NOT fit") + f" the {result['budget_gib']:g} GiB "
+              "budget")
+
+
+def table(results: dict[str, dict], vs_first: dict[str, dict]) -> list[str]:
+    """docs/performance.md's dispatch table for this run: per dtype tok/s, x dense, % of that dtype's peak; then
+    x the first dtype (median round) and memory per dtype; expert FLOPs."""
+    dtypes = list(results)
+    short = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
+    head = ["dispatcher"]
+    for d in dtypes:
+        head += [f"{short.get(d, d)} tok/s", "x dense", f"% of {short.get(d, d)} peak"]
+    head += [f"{short.get(d, d)} x {short.get(dtypes[0], dtypes[0])}" for d in dtypes[1:]]
+    head += [f"{short.get(d, d)} GiB" for d in dtypes] + ["expert FLOPs"]
+    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+    first = results[dtypes[0]]
+    for label in first["entries"]:
+        if not all(label in results[d]["tokens_per_s"] for d in dtypes):
+            continue
+        cells = [f"**{label}** (auto)" if label == first["auto"] else label]
+        for d in dtypes:
+            r = results[d]
+            base = r["tokens_per_s"].get("dense")
+            cells += [f"{r['tokens_per_s'][label]:,.0f}", f"{r['tokens_per_s'][label] / base:.2f}" if base else "",
+                      f"{r['fraction_of_peak'][label]:.1%}"]
+        cells += [f"{vs_first[d][label]:.2f}" for d in dtypes[1:]]
+        cells += [f"{results[d]['compiled_bytes'][label] / 2**30:.2f}" for d in dtypes]
+        ratio = first["expert_flop_ratio"][label]
+        cells.append(f"{ratio:.2f}" if ratio is not None else "")
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def main(argv=None) -> int:
+    c = cli()
+    try:
+        args = c.parse(argv)
+        if args.positional:
+            raise UsageError(f"unexpected arguments {args.positional} (see --help)")
+        if args.quick:
+            for name, value in QUICK.items():
+                if not c.present(name):
+                    setattr(args, name, value)
+        if args.peak_size <= 0:
+            raise UsageError(f"--peak_size={args.peak_size}: the edge of the peak's square matmul is positive")
+        todo = entries(args)
+        asked = comma_list(args.dtype, str, "--dtype") if args.dtype else [""]
+        if len(set(asked)) < len(asked) or any(d and d not in PARITY_RTOL for d in asked):
+            raise UsageError(f"--dtype={args.dtype!r}: distinct compute dtypes among {', '.join(PARITY_RTOL)}")
+        firsts = {}
+        for dtype in asked:
+            config = bench_config(args, *todo[0], dtype)
+            firsts[config.model.compute_dtype] = config
+    except (UsageError, ValueError) as e:
+        fail(str(e))
+    dtypes = list(firsts)
+    first = firsts[dtypes[0]]
+    backend = jax.default_backend()
+    tx = make_optimizer(first.optim, num_train_steps(first))
+    graphdef, state = init_state(first, tx)  # float32 parameters: one state serves every dtype and dispatcher
+    batches = random_batches(first)
+    topk = routing(graphdef, state["params"], batches[0]["tokens"][:, :-1])
+    tokens_per_step = first.train.batch_size * first.model.context
+    print(f"{backend} {jax.devices()[0].device_kind}: {args.size} {first.train.batch_size}x{first.model.context} "
+          f"{'/'.join(dtypes)} remat={first.model.remat}", flush=True)
+
+    # The machine's matmul peak, here and again in every round (see the docstring).
+    peaks: dict[str, list[float]] = {}
+    measure_peak(args.peak_size, peaks)
+    blocks = sorted({b for _, b in todo if b})
+    shapes = step_gemm_shapes(first, blocks) if args.gemm_shapes else {}
+    results, compiled = {}, {}
+    for dtype in dtypes:
+        results[dtype] = {"entries": [entry_label(*e) for e in todo], "tokens_per_s": {}, "compiled_bytes": {},
+                          "expert_flop_ratio": {}, "parity": {}, "skipped": {}, "failed": {}}
+        results[dtype]["gemm_gflops"] = {label: {"shape": list(shape), "dtype": dtype,
+                                                 "gflops": gemm_gflops(shape, dtype)}
+                                         for label, shape in shapes.items()}
+    print(f"GEMM peak at {args.peak_size}³: " + ", ".join(f"{d} {v[0]:,.1f} GFLOP/s" for d, v in peaks.items())
+          + "".join(f"\n  {label:22s} {'x'.join(map(str, g['shape']))} {d}: {g['gflops']:8,.1f} GFLOP/s"
+                    for d in dtypes for label, g in results[d]["gemm_gflops"].items()), flush=True)
+    for dtype in dtypes:
+        compiled[dtype] = compile_entries(args, todo, dtype, tx, state, batches, topk, topk.size, results[dtype])
+
+    per_round = {d: {label: [] for label in compiled[d]} for d in dtypes}
+    round_peaks: dict[str, list[float]] = {}
+    for r in range(args.rounds):
+        measure_peak(args.peak_size, round_peaks)  # this round's load, next to its steps
+        # Every (entry, dtype) pair in every round, an entry's dtypes back to back: a load that comes and goes
+        # hits the pairs a ratio compares alike.
+        pairs = [(dtype, label) for label in results[dtypes[0]]["entries"] for dtype in dtypes
+                 if label in compiled[dtype]]
+        for dtype, label in pairs:
+            step = compiled[dtype][label]
+            try:
+                state, seconds = timed_steps(step, state, batches, args.steps)
+            except Exception as e:  # noqa: BLE001 — as above; the state it donated is gone: start afresh
+                results[dtype]["failed"][label] = (f"{type(e).__name__}: "
+                                                   f"{str(e).splitlines()[0] if str(e) else ''}")[:500]
+                print(f"{label:20s} {dtype} FAILED in round {r + 1}: {results[dtype]['failed'][label]}",
+                      flush=True)
+                del compiled[dtype][label], per_round[dtype][label]
+                _, state = init_state(first, tx)
+                continue
+            per_round[dtype][label].append(args.steps * tokens_per_step / seconds)
+        print(f"round {r + 1}/{args.rounds}: " + ", ".join(f"{k}@{d} {v[-1]:,.0f}" for d in dtypes
+                                                          for k, v in per_round[d].items()), flush=True)
+        write_partial(args.out, dict(results[dtypes[0]], tokens_per_s_rounds=per_round[dtypes[0]]))
+    for dtype, values in round_peaks.items():
+        peaks[dtype] += values
+    flops = model_flops_per_token(first)
+    for dtype in dtypes:
+        summarize(args, results[dtype], per_round[dtype], peaks, round_peaks, flops, firsts[dtype], dtype)
+        report(results[dtype])
+    print(f"measured peak (best {'x'.join(map(str, [args.peak_size] * 3))} matmul): "
+          + ", ".join(f"{d} {max(v):,.1f}" for d, v in peaks.items()) + " GFLOP/s; per round: "
+          + "; ".join(f"{d} " + ", ".join(f"{x:,.1f}" for x in v) for d, v in round_peaks.items()))
+    # Each dtype's tokens/s against the first dtype's, the median over rounds of the per-round ratio.
+    base_rounds = per_round[dtypes[0]]
+    vs_first = {d: {label: float(np.median(np.divide(v, base_rounds[label])))
+                    for label, v in per_round[d].items() if v and base_rounds.get(label)} for d in dtypes}
+    print("\n".join(table(results, vs_first)))
+    failed = [f"{label}@{d}" for d in dtypes for label in results[d]["failed"]]
+    if failed:
+        print(f"FAILED entries: {', '.join(failed)}", flush=True)
     if args.save:
-        save(result)
+        for dtype in dtypes:
+            save(results[dtype])
+    result = dict(results[dtypes[0]], dtypes=dtypes, by_dtype={d: results[d] for d in dtypes[1:]},
+                  vs_first_dtype={d: vs_first[d] for d in dtypes[1:]})
     assert set(result) == set(KEYS), sorted(set(result) ^ set(KEYS))
     write_partial(args.out, result)
     print(json.dumps(result))
-    return 1 if result["failed"] else 0
+    return 1 if failed else 0
 
 
 def write_partial(out: str, result: dict) -> None:

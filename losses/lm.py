@@ -10,8 +10,13 @@ storing every chunk's logits as scan residuals (one chunk keeps its logits:
 recomputing them would save no memory). Peak memory for the LM head is thus
 O(B * chunk_size * V), independent of T.
 
-Numerics: the matmul takes `compute_dtype` operands (bfloat16 by default) and
-accumulates in float32 (`preferred_element_type`); the log-softmax is float32.
+Numerics: the matmuls take `compute_dtype` operands (bfloat16 by default) and
+accumulate in float32; the log-sum-exp is float32. In float32 the chunk keeps
+float32 logits. In half precision it stores what PyTorch's autocast stores, the
+logits and their shifted exponentials in the compute dtype (half the memory
+traffic over (B, c, V), which is what the head's time on a CPU is), and the
+backward pass never writes the (B, c, V) cotangent: softmax - onehot is folded
+into the two matmuls that read the exponentials (see `_half_backward`).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from losses import dots
 from losses.errors import LossInputError, check_rank, check_same_dims
 
 
@@ -58,13 +64,70 @@ def _chunk_forward(hidden, embedding, targets, compute_dtype):
     exponentials = jnp.exp(logits - shift[..., None])
     exp_sums = exponentials.sum(axis=-1)
     log_normaliser = shift + jnp.log(exp_sums)
+    return log_normaliser - _target_logits(logits, targets, embedding.shape[0]), exponentials, exp_sums
+
+
+def _target_logits(logits, targets, vocab):
+    """logits[..., target] in float32; NaN for an id outside [0, V)."""
     # An id outside [0, V) must read NaN, not a clamped or (for negatives) wrapped
     # logit: negatives are mapped past the end, and mode="fill" fills past the end.
     # Positions whose weight is 0 discard the NaN (see `chunked_cross_entropy`).
-    safe_targets = jnp.where(targets >= 0, targets, embedding.shape[0])
-    target_logit = jnp.take_along_axis(
-        logits, safe_targets[..., None], axis=-1, mode="fill", fill_value=jnp.nan)[..., 0]
-    return log_normaliser - target_logit, exponentials, exp_sums
+    safe_targets = jnp.where(targets >= 0, targets, vocab)
+    return jnp.take_along_axis(logits.astype(jnp.float32), safe_targets[..., None], axis=-1, mode="fill",
+                               fill_value=jnp.nan)[..., 0]
+
+
+def _half_forward(hidden, embedding, targets, compute_dtype):
+    """Per-token CE (n,) float32 of one chunk's n rows in half precision, its shifted exponentials (n, V) in the
+    compute dtype and their float32 row sums (n,)."""
+    rows = hidden.reshape(-1, hidden.shape[-1]).astype(compute_dtype)
+    logits = dots.matmul_nt(rows, embedding.astype(compute_dtype), compute_dtype)
+    shift = logits.max(axis=-1).astype(jnp.float32)
+    exponentials = jnp.exp(logits.astype(jnp.float32) - shift[:, None]).astype(compute_dtype)
+    # The sum of the stored (rounded) exponentials, so that the backward's softmax sums to one.
+    exp_sums = exponentials.astype(jnp.float32).sum(axis=-1)
+    loss = shift + jnp.log(exp_sums) - _target_logits(logits, targets.reshape(-1), embedding.shape[0])
+    return loss, exponentials, exp_sums
+
+
+# The half-precision chunk: softmax - onehot is never written. With p = e / s (e the stored exponentials,
+# s their row sums) and g the loss cotangent, dh = (g/s)·(e @ W) - g·W[target] and
+# dW = ((g/s)·h)ᵀ @ e - scatter(g·h at the targets): the two (n, V) matmuls read e directly and the onehot
+# term is an (n, d) gather and scatter. Both matmuls are laid out for XLA:CPU's bf16 GEMM (losses.dots).
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _half_chunk_cross_entropy(hidden, embedding, targets, compute_dtype, keep_exponentials):
+    """Per-token CE of one chunk in half precision: hidden (B, c, d), targets (B, c) -> (B, c) float32."""
+    return _half_forward(hidden, embedding, targets, compute_dtype)[0].reshape(targets.shape)
+
+
+def _half_chunk_cross_entropy_fwd(hidden, embedding, targets, compute_dtype, keep_exponentials):
+    loss, exponentials, exp_sums = _half_forward(hidden, embedding, targets, compute_dtype)
+    return loss.reshape(targets.shape), (hidden, embedding, targets, exp_sums,
+                                         exponentials if keep_exponentials else None)
+
+
+def _half_chunk_cross_entropy_bwd(compute_dtype, keep_exponentials, residuals, loss_cotangent):
+    hidden, embedding, targets, exp_sums, exponentials = residuals
+    if exponentials is None:
+        exponentials = _half_forward(hidden, embedding, targets, compute_dtype)[1]
+    rows = hidden.reshape(-1, hidden.shape[-1]).astype(compute_dtype).astype(jnp.float32)
+    weights = embedding.astype(compute_dtype)
+    cotangent = loss_cotangent.reshape(-1)
+    row_scale = (cotangent / exp_sums)[:, None]
+    # An id outside [0, V) has no onehot entry: its row gathers zeros and its scatter is dropped (a negative id
+    # is mapped past the end first: indexing would wrap it).
+    target_ids = targets.reshape(-1)
+    target_ids = jnp.where(target_ids >= 0, target_ids, embedding.shape[0])
+    target_weights = weights.at[target_ids].get(mode="fill", fill_value=0).astype(jnp.float32)
+    hidden_cotangent = dots.matmul(exponentials, weights) * row_scale - cotangent[:, None] * target_weights
+    scaled_rows = (rows * row_scale).astype(compute_dtype)
+    embedding_cotangent = dots.matmul(dots.transposed(scaled_rows), exponentials).T.at[target_ids].add(
+        -cotangent[:, None] * rows, mode="drop")
+    return (hidden_cotangent.reshape(hidden.shape).astype(compute_dtype).astype(hidden.dtype),
+            embedding_cotangent.astype(embedding.dtype), None)
+
+
+_half_chunk_cross_entropy.defvjp(_half_chunk_cross_entropy_fwd, _half_chunk_cross_entropy_bwd)
 
 
 # A hand-written VJP rather than autodiff (+ jax.checkpoint): the backward builds the logits'
@@ -142,10 +205,11 @@ def per_token_cross_entropy(hidden: jax.Array, embedding: jax.Array, targets: ja
 
     # The compute_dtype casts stay inside the chunk on purpose: the scan then sums
     # the embedding gradient over chunks in the embedding's own float32, not in bf16.
+    chunk_loss = _chunk_cross_entropy if jnp.dtype(compute_dtype) == jnp.float32 else _half_chunk_cross_entropy
+
     def step(carry, chunk_inputs):
         hidden_chunk, target_chunk = chunk_inputs
-        return carry, _chunk_cross_entropy(hidden_chunk, embedding, target_chunk,
-                                           jnp.dtype(compute_dtype), num_chunks == 1)
+        return carry, chunk_loss(hidden_chunk, embedding, target_chunk, jnp.dtype(compute_dtype), num_chunks == 1)
 
     _, losses = jax.lax.scan(step, None, (hidden_chunks, target_chunks))
     return losses.swapaxes(0, 1).reshape(batch, num_chunks * chunk)[:, :length]

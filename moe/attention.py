@@ -28,6 +28,8 @@ import math
 import jax
 import jax.numpy as jnp
 
+from losses import dots
+
 BLOCK = 128  # query rows per block (benchmarks/attention_bench.py); T <= BLOCK has nothing to skip
 
 # model.attention: "blocked" (this module's, any backend), "xla" (jax.nn.dot_product_attention's XLA path),
@@ -101,13 +103,16 @@ def blocked_causal_attention(q, k, v, block: int = BLOCK):
 
 
 def _block_scores(q_block, keys, first_row: int, scale: float):
-    """float32 scores (B, H, b, S) of one query block against its key prefix, the diagonal block masked."""
-    scores = jnp.einsum("bhqd,bhkd->bhqk", q_block, keys, preferred_element_type=jnp.float32) * scale
+    """float32 scores (B, H, b, S) of one query block against its key prefix (B, H, S, D), the diagonal block
+    masked."""
+    scores = dots.matmul_nt(q_block, keys) * scale
     rows = first_row + jax.lax.broadcasted_iota(jnp.int32, scores.shape[-2:], 0)
     cols = jax.lax.broadcasted_iota(jnp.int32, scores.shape[-2:], 1)
     return jnp.where(cols <= rows, scores, -jnp.inf)
 
 
+# Every product below goes through losses.dots, so that in bfloat16 each runs on XLA:CPU's bf16 GEMM rather
+# than upcast to float32.
 def _forward(q, k, v, block):
     """(output (B, H, T, D) in q's dtype, log-sum-exp (B, H, T) float32)."""
     scale = 1.0 / math.sqrt(q.shape[-1])
@@ -118,7 +123,7 @@ def _forward(q, k, v, block):
         top = jnp.max(scores, axis=-1, keepdims=True)
         exps = jnp.exp(scores - top)
         sums = jnp.sum(exps, axis=-1, keepdims=True)
-        pv = jnp.einsum("bhqk,bhkd->bhqd", exps.astype(v.dtype), v[:, :, :end], preferred_element_type=jnp.float32)
+        pv = dots.matmul(exps.astype(v.dtype), v[:, :, :end])
         outs.append((pv / sums).astype(q.dtype))
         lses.append((top + jnp.log(sums))[..., 0])
     return jnp.concatenate(outs, axis=2), jnp.concatenate(lses, axis=2)
@@ -139,23 +144,21 @@ def _attention_bwd(block, residuals, d_out):
     scale = 1.0 / math.sqrt(q.shape[-1])
     # delta_i = sum_d dO·O: the softmax backward's row term, once for all blocks.
     delta = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)
-    dq_blocks = []
-    # dK and dV accumulate transposed, (B, H, D, T): "bhqd,bhqk->bhdk" contracts both operands' rows in
-    # their own layout, where "bhqk,bhqd->bhkd" makes XLA:CPU copy-transpose each (b, S) probability block.
+    # dK and dV accumulate transposed, (B, H, D, T): dVᵀ += dOᵀ @ P contracts the block's rows with the (D, b)
+    # transpose of dO as the left operand, where dV += Pᵀ @ dO would transpose each (b, S) probability block.
     dk_t = jnp.zeros((*k.shape[:2], k.shape[3], k.shape[2]), jnp.float32)
     dv_t = jnp.zeros_like(dk_t)
+    dq_blocks = []
     for i in range(q.shape[2] // block):
         start, end = i * block, (i + 1) * block
         q_block, d_block = q[:, :, start:end], d_out[:, :, start:end]
         keys, values = k[:, :, :end], v[:, :, :end]
         probs = jnp.exp(_block_scores(q_block, keys, start, scale) - lse[:, :, start:end, None])
-        dv_t = dv_t.at[..., :end].add(jnp.einsum("bhqd,bhqk->bhdk", d_block, probs.astype(d_out.dtype),
-                                                 preferred_element_type=jnp.float32))
-        d_probs = jnp.einsum("bhqd,bhkd->bhqk", d_block, values, preferred_element_type=jnp.float32)
+        dv_t = dv_t.at[..., :end].add(dots.matmul(dots.transposed(d_block), probs.astype(d_out.dtype)))
+        d_probs = dots.matmul_nt(d_block, values)
         d_scores = (probs * (d_probs - delta[:, :, start:end, None]) * scale).astype(q.dtype)
-        dq_blocks.append(jnp.einsum("bhqk,bhkd->bhqd", d_scores, keys, preferred_element_type=jnp.float32))
-        dk_t = dk_t.at[..., :end].add(jnp.einsum("bhqd,bhqk->bhdk", q_block, d_scores,
-                                                 preferred_element_type=jnp.float32))
+        dq_blocks.append(dots.matmul(d_scores, keys))
+        dk_t = dk_t.at[..., :end].add(dots.matmul(dots.transposed(q_block), d_scores))
     dq = jnp.concatenate(dq_blocks, axis=2)
     return dq.astype(q.dtype), jnp.swapaxes(dk_t, 2, 3).astype(k.dtype), jnp.swapaxes(dv_t, 2, 3).astype(v.dtype)
 

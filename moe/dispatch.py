@@ -4,9 +4,12 @@ Every strategy implements one function
 
     dispatch(x, topk, gates, experts, *, capacity_factor, block_size) -> (y, dropped)
 
-with x (N, d), topk (N, k) int, gates (N, k) (rows sum to 1), ``experts`` the
-SwiGLU weights (w_gate, w_up: (E, d, f); w_down: (E, f, d)) already cast to
-the compute dtype, y (N, d) and ``dropped`` the number of (token, expert)
+with x (N, d) in the compute dtype, topk (N, k) int, gates (N, k) (rows sum to
+1), ``experts`` the SwiGLU weights (w_gate, w_up: (E, d, f); w_down: (E, f, d))
+as the parameters hold them (float32; each strategy computes in x's dtype, and
+``sparse`` casts inside its hand-written VJP, so that its weight gradients
+leave in float32 without a round trip through bfloat16), y (N, d) and
+``dropped`` the number of (token, expert)
 assignments that were not computed (always 0 for the dropless strategies).
 ``capacity_factor`` is used by ``capacity`` only and ``block_size`` by the two
 ``sparse`` strategies; the others ``del`` them.
@@ -49,6 +52,8 @@ from typing import Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from losses import dots
+
 
 class ExpertWeights(NamedTuple):
     w_gate: jax.Array  # (E, d, f)
@@ -60,12 +65,18 @@ def _swiglu(x, w_gate, w_up, w_down, matmul):
     return matmul(jax.nn.silu(matmul(x, w_gate)) * matmul(x, w_up), w_down)
 
 
+def in_dtype(experts: ExpertWeights, dtype) -> ExpertWeights:
+    """The expert weights cast to the compute dtype (a no-op where they already are)."""
+    return ExpertWeights(*(w.astype(dtype) for w in experts))
+
+
 DEFAULT_BLOCK_SIZE = 64  # the sparse strategies' b when called without one (AUTO_DISPATCH picks per backend)
 
 
 def dense_dispatch(x, topk, gates, experts: ExpertWeights, *, capacity_factor: float = 0.0,
                    block_size: int = DEFAULT_BLOCK_SIZE):
     del capacity_factor, block_size
+    experts = in_dtype(experts, x.dtype)
     num_experts = experts.w_gate.shape[0]
     # combine[e, n] = gate of expert e for token n (0 when e is not among its top-k).
     combine = jnp.sum(jax.nn.one_hot(topk, num_experts, dtype=jnp.float32) * gates[..., None], axis=1).T
@@ -97,6 +108,7 @@ def _sorted_assignments(topk):
 
 def _ragged_with(ragged_dot, x, topk, gates, experts: ExpertWeights):
     """Sorted assignments through grouped matmuls ``ragged_dot(lhs (M, d), rhs (E, d, f), group_sizes)``."""
+    experts = in_dtype(experts, x.dtype)
     num_experts = experts.w_gate.shape[0]
     flat_expert, order, token_of = _sorted_assignments(topk)
     group_sizes = jnp.bincount(flat_expert, length=num_experts).astype(jnp.int32)
@@ -138,6 +150,7 @@ def expert_capacity(num_tokens: int, k: int, num_experts: int, capacity_factor: 
 def capacity_dispatch(x, topk, gates, experts: ExpertWeights, *, capacity_factor: float = 1.25,
                       block_size: int = DEFAULT_BLOCK_SIZE):
     del block_size
+    experts = in_dtype(experts, x.dtype)
     num_experts = experts.w_gate.shape[0]
     n, k = topk.shape
     cap = expert_capacity(n, k, num_experts, capacity_factor)
@@ -249,11 +262,15 @@ def _put_rows(buf, block: jax.Array, block_size: int, value):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _loop_swiglu(block_size: int, xs, block_expert, used_blocks, w_gate, w_up, w_down):
-    """SwiGLU of each b-row block of ``xs`` (R, d) with its expert's weights; blocks past ``used_blocks`` -> 0."""
+    """SwiGLU of each b-row block of ``xs`` (R, d) with its expert's weights, cast to xs's dtype; blocks past
+    ``used_blocks`` -> 0."""
     return _loop_swiglu_fwd(block_size, xs, block_expert, used_blocks, w_gate, w_up, w_down)[0]
 
 
-def _loop_swiglu_fwd(block_size, xs, block_expert, used_blocks, w_gate, w_up, w_down):
+def _loop_swiglu_fwd(block_size, xs, block_expert, used_blocks, *weights):
+    # The residuals keep the weights as given (the parameters, alive anyway), not their cast copies.
+    residual_weights = weights
+    w_gate, w_up, w_down = in_dtype(ExpertWeights(*weights), xs.dtype)
     rows, f = xs.shape[0], w_gate.shape[-1]
 
     def body(j, carry):
@@ -268,33 +285,46 @@ def _loop_swiglu_fwd(block_size, xs, block_expert, used_blocks, w_gate, w_up, w_
     # blocks cost nothing (a scan would run them; a cond inside one measured 2x slower).
     init = (jnp.zeros_like(xs), jnp.zeros((rows, f), xs.dtype), jnp.zeros((rows, f), xs.dtype))
     out, pre_gate, pre_up = jax.lax.fori_loop(0, used_blocks, body, init)
-    return out, (xs, block_expert, used_blocks, w_gate, w_up, w_down, pre_gate, pre_up)
+    return out, (xs, block_expert, used_blocks, *residual_weights, pre_gate, pre_up)
 
 
 def _loop_swiglu_bwd(block_size, residuals, d_out):
-    xs, block_expert, used_blocks, w_gate, w_up, w_down, pre_gate, pre_up = residuals
+    xs, block_expert, used_blocks, *weights, pre_gate, pre_up = residuals
+    # Every product goes through losses.dots, so that in bfloat16 each runs on XLA:CPU's bf16 GEMM: the products
+    # with a weight take it as is (x @ Wᵀ), and the weight gradients, which contract a block's rows, take the
+    # (d, b) column blocks of the rows and their cotangents, transposed once for all blocks, as left operands.
+    # dW_down accumulates transposed, (E, d, f) += dyᵀ h, for the same reason.
+    w_gate, w_up, w_down = in_dtype(ExpertWeights(*weights), xs.dtype)
+    xs_t, d_out_t = dots.transposed(xs), dots.transposed(d_out, xs.dtype)
+
+    def columns(v_t, j):
+        return jax.lax.dynamic_slice_in_dim(v_t, j * block_size, block_size, axis=1)
 
     def body(j, carry):
-        dx, dw_gate, dw_up, dw_down = carry
+        dx, dw_gate, dw_up, dw_down_t = carry
         e = block_expert[j]
-        xb, dy = _rows(xs, j, block_size), _rows(d_out, j, block_size)
+        dy = _rows(d_out, j, block_size)
         a, u = (_rows(v, j, block_size).astype(jnp.float32) for v in (pre_gate, pre_up))
         sig = jax.nn.sigmoid(a)
         silu = a * sig
-        dh = (dy @ w_down[e].T).astype(jnp.float32)
+        dh = dots.matmul_nt(dy, w_down[e], xs.dtype).astype(jnp.float32)
         da = (dh * u * sig * (1 + a * (1 - sig))).astype(xs.dtype)  # d silu(a)/da = σ(a)(1 + a(1−σ(a)))
         du = (dh * silu).astype(xs.dtype)
         h = (silu * u).astype(xs.dtype)
+        xb_t = columns(xs_t, j)
         # Weight gradients accumulate over the blocks of one expert: in float32, so a
         # bfloat16 run does not round once per block.
-        acc = functools.partial(jnp.matmul, preferred_element_type=jnp.float32)
-        return (_put_rows(dx, j, block_size, da @ w_gate[e].T + du @ w_up[e].T),
-                dw_gate.at[e].add(acc(xb.T, da)), dw_up.at[e].add(acc(xb.T, du)),
-                dw_down.at[e].add(acc(h.T, dy)))
+        return (_put_rows(dx, j, block_size, dots.matmul_nt(da, w_gate[e], xs.dtype)
+                          + dots.matmul_nt(du, w_up[e], xs.dtype)),
+                dw_gate.at[e].add(dots.matmul(xb_t, da)), dw_up.at[e].add(dots.matmul(xb_t, du)),
+                dw_down_t.at[e].add(dots.matmul(columns(d_out_t, j), h)))
 
-    init = (jnp.zeros_like(xs),) + tuple(jnp.zeros(w.shape, jnp.float32) for w in (w_gate, w_up, w_down))
-    dx, dw_gate, dw_up, dw_down = jax.lax.fori_loop(0, used_blocks, body, init)
-    return (dx, None, None, dw_gate.astype(w_gate.dtype), dw_up.astype(w_up.dtype), dw_down.astype(w_down.dtype))
+    shapes = (w_gate.shape, w_up.shape, (w_down.shape[0], w_down.shape[2], w_down.shape[1]))
+    init = (jnp.zeros_like(xs), *(jnp.zeros(shape, jnp.float32) for shape in shapes))
+    dx, dw_gate, dw_up, dw_down_t = jax.lax.fori_loop(0, used_blocks, body, init)
+    # In the dtype of the weights as given (the float32 parameters: no rounding through bfloat16).
+    return (dx, None, None, *(g.astype(w.dtype) for g, w in zip(
+        (dw_gate, dw_up, jnp.swapaxes(dw_down_t, 1, 2)), weights)))
 
 
 _loop_swiglu.defvjp(_loop_swiglu_fwd, _loop_swiglu_bwd)
@@ -305,6 +335,7 @@ def _looped_blocks(xs, layout: BlockLayout, experts: ExpertWeights, block_size: 
 
 
 def _batched_blocks(xs, layout: BlockLayout, experts: ExpertWeights, block_size: int):
+    experts = in_dtype(experts, xs.dtype)
     blocks = xs.reshape(-1, block_size, xs.shape[1])
     per_block = (jnp.take(w, layout.block_expert, axis=0) for w in experts)  # (R/b, d, f) each
     return _swiglu(blocks, *per_block, jnp.matmul).reshape(xs.shape)

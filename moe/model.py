@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
+from losses import dots
 from moe import attention
 from moe.dispatch import DISPATCHERS, ExpertWeights, select_block_size, select_dispatch
 
@@ -178,11 +179,14 @@ class Attention(nnx.Module):
         """
         b, t, _ = x.shape
         positions = None if cache is None else cache.length + jnp.arange(t, dtype=jnp.int32)
-        q, k, v = jnp.split(self.qkv(x).reshape(b, t, 3 * self.n_heads, self.head_dim), 3, axis=2)
+        # dots.linear is nnx.Linear's product (the same kernels, the same parameter tree), with a bf16 backward
+        # XLA:CPU runs on its bf16 GEMM.
+        qkv = dots.linear(x, self.qkv.kernel[...], self.dtype)
+        q, k, v = jnp.split(qkv.reshape(b, t, 3 * self.n_heads, self.head_dim), 3, axis=2)
         q, k = rope(q, self.rope_base, positions), rope(k, self.rope_base, positions)
         if cache is None:
             y = attention.causal_attention(q, k, v, self.implementation)
-            return self.out(y.reshape(b, t, -1))
+            return dots.linear(y.reshape(b, t, -1), self.out.kernel[...], self.dtype)
         start = (0, cache.length, 0, 0)
         keys = jax.lax.dynamic_update_slice(cache.k, k.astype(cache.k.dtype), start)
         values = jax.lax.dynamic_update_slice(cache.v, v.astype(cache.v.dtype), start)
@@ -250,8 +254,8 @@ class MoELayer(nnx.Module):
         the expert weights elsewhere (an offloaded decode) passes them in.
         """
         lead, d = x.shape[:-1], x.shape[-1]
+        # As the parameters hold them: each dispatcher computes in x's dtype (moe.dispatch).
         weights = self.expert_weights() if weights is None else weights
-        weights = ExpertWeights(*(w.astype(self.dtype) for w in weights))
         with jax.named_scope("experts"):
             y, dropped = self.dispatch(x.reshape(-1, d).astype(self.dtype), topk.reshape(-1, topk.shape[-1]),
                                        gates.reshape(-1, gates.shape[-1]), weights,

@@ -3,13 +3,17 @@
 ``auto`` (the CPU sizes' default) is bfloat16 on an accelerator, as the paper
 sizes are. On a CPU it is bfloat16 only where bfloat16 is measured faster for
 this step on this CPU: a probe times a slice of the run's own train step (one
-block and the LM head at the run's widths, context, vocabulary and dispatcher,
-one sequence per batch) in both dtypes, interleaved, and keeps the faster.
-Whole steps at the run's batch would cost tens of seconds of compiling and
-stepping; the slice keeps the probe to a few seconds while timing the same
-kernels. The verdict is cached on disk, keyed by CPU model, jax version and
-the shapes, so a machine pays once per size. ``$CACHEABLE_MOE_AUTO_DTYPE``
-resolves ``auto`` without a probe (the test suite pins float32 with it).
+block and the LM head at the run's batch, widths, context, vocabulary and
+dispatcher) in both dtypes, interleaved, and keeps the faster. One block keeps
+the compiles and steps to a few seconds; the run's batch keeps the share of
+per-token work (the head, the experts) against per-step work (the optimizer,
+the weights' casts) as in the run, which one sequence would not (at one
+sequence the smoke step's fixed costs hide bfloat16's gain). The two steps
+compile concurrently. The verdict is cached on disk, keyed by CPU model, jax
+version, the shapes and a hash of the step's code, so a machine pays once per
+size and code.
+``$CACHEABLE_MOE_AUTO_DTYPE`` resolves ``auto`` without a probe (the test
+suite pins float32 with it).
 
 Parameters, optimizer state, the router softmax and the losses are float32
 whatever the compute dtype (moe.model, losses/).
@@ -17,8 +21,11 @@ whatever the compute dtype (moe.model, losses/).
 
 from __future__ import annotations
 
+import concurrent.futures
+import hashlib
 import json
 import os
+import pathlib
 import platform
 import sys
 import time
@@ -38,7 +45,7 @@ CACHE_NAME = "compute_dtype.json"
 # bfloat16 must beat float32 by more than this fraction of the float32 time: smaller gaps are
 # within the probe's noise on a shared machine, and float32 is the precision with no rounding to explain.
 MARGIN = 0.05
-PROBE_STEPS = 3  # timed steps per dtype, after one warm-up; the fastest of each counts
+PROBE_STEPS = 2  # timed steps per dtype, after one warm-up; the fastest of each counts
 
 
 def cpu_model() -> str:
@@ -53,13 +60,27 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown CPU"
 
 
+# The modules whose code is the step the probe times: a verdict is for this code (a change to how either dtype
+# computes may turn it), so their hash is part of the cache key.
+STEP_SOURCES = ("moe/model.py", "moe/attention.py", "moe/dispatch.py", "moe/train.py", "losses/lm.py", "losses/dots.py")
+
+
+def step_code_hash() -> str:
+    """A short hash of STEP_SOURCES as they are in this checkout."""
+    root = pathlib.Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for name in STEP_SOURCES:
+        digest.update((root / name).read_bytes())
+    return digest.hexdigest()[:12]
+
+
 def probe_key(config: ml_collections.ConfigDict) -> str:
-    """What a cached verdict is valid for: CPU model, jax version, size and the step's shapes."""
+    """What a cached verdict is valid for: CPU model, jax version, size, the step's shapes and its code."""
     import jax
     m = config.model
     return (f"{cpu_model()} | jax {jax.__version__} | {m.size} {config.train.batch_size}x{m.context} "
             f"d{m.d_model} f{m.d_ff} E{m.num_experts} k{m.top_k} V{m.vocab_size} {m.dispatch}/b{m.block_size} "
-            f"remat={m.remat} attention={m.attention} ce_chunk={config.loss.ce_chunk}")
+            f"remat={m.remat} attention={m.attention} ce_chunk={config.loss.ce_chunk} | step code {step_code_hash()}")
 
 
 def choose(float32_s: float, bfloat16_s: float, margin: float = MARGIN) -> str:
@@ -68,12 +89,10 @@ def choose(float32_s: float, bfloat16_s: float, margin: float = MARGIN) -> str:
 
 
 def probe_config(config: ml_collections.ConfigDict, dtype: str) -> ml_collections.ConfigDict:
-    """The probe's slice of a resolved config: one block, one sequence per batch, in ``dtype``."""
+    """The probe's slice of a resolved config: one block at the run's batch, in ``dtype``."""
     sliced = ml_collections.ConfigDict(config.to_dict())
     sliced.model.compute_dtype = dtype
     sliced.model.n_layers = 1
-    sliced.train.batch_size = 1
-    sliced.train.tokens = max(int(config.train.tokens), config.model.context)
     return sliced
 
 
@@ -90,7 +109,7 @@ def probe(config: ml_collections.ConfigDict, steps: int = PROBE_STEPS) -> dict[s
 
     t0 = time.perf_counter()
     rng = np.random.default_rng(0)
-    shape = (1, config.model.context + 1)
+    shape = (config.train.batch_size, config.model.context + 1)
     batch = {"tokens": rng.integers(0, config.model.vocab_size, shape, dtype=np.int32),
              "domains": rng.integers(0, 3, shape, dtype=np.int32)}
     # One initialisation serves both: parameters and optimizer state are float32 in either dtype,
@@ -98,11 +117,17 @@ def probe(config: ml_collections.ConfigDict, steps: int = PROBE_STEPS) -> dict[s
     sliced = {dtype: probe_config(config, dtype) for dtype in ("float32", "bfloat16")}
     tx = make_optimizer(sliced["float32"].optim, num_train_steps(sliced["float32"]))
     _, state = init_state(sliced["float32"], tx)
-    runs = {}
-    for dtype, cfg in sliced.items():
+
+    def lowered(cfg):
         graphdef = nnx.graphdef(nnx.eval_shape(lambda: build_model(cfg.model, cfg.seed)))
-        step = make_train_step(graphdef, tx, cfg)
-        own, metrics = step(jax.tree.map(jnp.copy, state), batch)  # compiles; the step donates its state
+        return make_train_step(graphdef, tx, cfg).lower(state, batch)
+
+    # Traced here, compiled by XLA outside the GIL: two threads compile the two steps on two cores at once.
+    with concurrent.futures.ThreadPoolExecutor(len(sliced)) as pool:
+        compiled = dict(zip(sliced, pool.map(lambda step: step.compile(), [lowered(c) for c in sliced.values()])))
+    runs = {}
+    for dtype, step in compiled.items():
+        own, metrics = step(jax.tree.map(jnp.copy, state), batch)  # the warm-up; the step donates its state
         jax.block_until_ready(metrics)
         runs[dtype] = [step, own, []]
     for _ in range(steps):  # interleaved: a load that comes and goes hits both dtypes alike

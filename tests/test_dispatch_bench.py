@@ -4,6 +4,7 @@ import importlib.util
 import json
 import pathlib
 
+import numpy as np
 import pytest
 
 import moe.dispatch
@@ -70,3 +71,27 @@ def test_compile_only_runs_report_memory_without_rounds(bench, capsys):
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["tokens_per_s"] == {} and result["fraction_of_peak_median"] == {}
     assert result["compiled_bytes"]["dense"] > 0 and result["peak_gflops_rounds"] == {}
+
+
+def test_two_dtypes_share_the_rounds_and_each_is_judged_by_its_own_peak(bench, monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(bench, "RESULTS", tmp_path)
+    assert bench.main(["--quick", "--dispatchers=dense", "--dtype=float32,bfloat16", "--rounds=2",
+                       "--steps=1", "--save"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    result = json.loads(lines[-1])
+    assert set(result) == set(bench.KEYS) and result["dtypes"] == ["float32", "bfloat16"]
+    assert result["dtype"] == "float32" and list(result["by_dtype"]) == ["bfloat16"]
+    other = result["by_dtype"]["bfloat16"]
+    assert set(other) == set(bench.KEYS) and other["dtype"] == "bfloat16" and other["by_dtype"] == {}
+    for label in ("dense",):
+        # Both dtypes ran in both rounds; the ratio is the median of the per-round ratios.
+        f32, bf16 = result["tokens_per_s_rounds"][label], other["tokens_per_s_rounds"][label]
+        assert len(f32) == len(bf16) == 2
+        assert result["vs_first_dtype"]["bfloat16"][label] == pytest.approx(float(np.median(np.divide(bf16, f32))))
+        flops_per_s = other["tokens_per_s"][label] * other["model_flops_per_token"]
+        assert other["fraction_of_peak"][label] == pytest.approx(flops_per_s / (other["peak_gflops"]["bfloat16"] * 1e9))
+    header = next(line for line in lines if line.startswith("| dispatcher |"))
+    assert header.split(" | ")[1:4] == ["f32 tok/s", "x dense", "% of f32 peak"] and "bf16 x f32" in header
+    assert sum(line.startswith("| dense |") for line in lines) == 1
+    saved = json.loads((tmp_path / f"dispatch_{result['backend']}.json").read_text())["runs"]
+    assert {run["dtype"] for run in saved.values()} == {"float32", "bfloat16"}

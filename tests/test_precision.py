@@ -134,7 +134,9 @@ def test_a_real_probe_times_both_dtypes_at_the_runs_own_shapes(monkeypatch, tmp_
     assert record["dtype"] == precision.choose(record["float32_ms"], record["bfloat16_ms"])
     assert record["float32_ms"] > 0 and record["bfloat16_ms"] > 0 and record["probe_s"] > 0
     sliced = precision.probe_config(config, "bfloat16")
-    assert (sliced.model.n_layers, sliced.train.batch_size, sliced.model.compute_dtype) == (1, 1, "bfloat16")
+    # One block at the run's own batch: the per-token work against the per-step work as in the run.
+    assert (sliced.model.n_layers, sliced.train.batch_size, sliced.model.compute_dtype) == (
+        1, config.train.batch_size, "bfloat16")
     assert (sliced.model.context, sliced.model.vocab_size) == (config.model.context, config.model.vocab_size)
 
 
@@ -144,3 +146,33 @@ def test_dry_run_prints_and_config_json_records_the_resolved_dtype(monkeypatch):
     assert dry_run(arm_b.get_config("tiny"))["compute_dtype"] == "bfloat16"
     record = config_record(resolve(arm_b.get_config("tiny")), {"params_total": 1, "params_active": 1})
     assert record["config"]["model"]["compute_dtype"] == "bfloat16"
+
+
+def test_precision_bench_compares_bf16_ppl_with_the_float32_seed_spread():
+    import importlib.util
+
+    from helpers import REPO
+    spec = importlib.util.spec_from_file_location("precision_bench", REPO / "benchmarks" / "precision_bench.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    runs = [{"size": "smoke", "seed": s, "dtype": d, "ppl_mean": p} for s, d, p in (
+        (1, "float32", 100.0), (1, "bfloat16", 101.0), (2, "float32", 104.0), (2, "bfloat16", 102.96))]
+    delta, spread, within = bench.compare(runs, "smoke", [1, 2])
+    assert delta == pytest.approx((0.01 - 0.01) / 2) and spread == pytest.approx(4.0 / 102.0) and within
+    runs[1]["ppl_mean"] = 105.0  # +5% on seed 1: beyond the 3.9% spread of float32's two seeds
+    assert bench.compare(runs, "smoke", [1, 2])[2] is False
+    assert bench.compare(runs, "smoke", [1])[1:] == (None, None)  # one seed: no spread to compare with
+
+
+def test_the_cache_key_holds_the_step_code_so_a_code_change_probes_again(monkeypatch, tmp_path):
+    config = resolve(arm_b.get_config("tiny"))
+    key = precision.probe_key(config)
+    assert key.endswith(f" | step code {precision.step_code_hash()}") and len(precision.step_code_hash()) == 12
+    root = tmp_path / "checkout"
+    for name in precision.STEP_SOURCES:  # a copy of the step's code, then one edit to it
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes((precision.pathlib.Path(precision.__file__).parents[1] / name).read_bytes())
+    monkeypatch.setattr(precision, "__file__", str(root / "moe" / "precision.py"))
+    assert precision.probe_key(config) == key
+    (root / "losses" / "lm.py").write_text((root / "losses" / "lm.py").read_text() + "\n# changed\n")
+    assert precision.probe_key(config) != key

@@ -82,3 +82,37 @@ def test_the_table_divides_by_the_peak_of_the_steps_own_dtype(profile):
               "categories": {"expert matmuls": row}}
     lines = profile.table_lines(result)
     assert "| 25.0% |" in lines[2] and "| 25.0% |" in lines[3]  # 100 of float32's 400, not bfloat16's 2000
+
+
+BF16_HLO = """HloModule jit_train_step, entry_computation_layout={()->()}
+
+%fused_computation (param_0: bf16[1,32,64], param_1: bf16[1,64,128]) -> f32[1,32,128] {
+  %param_0 = bf16[1,32,64]{2,1,0} parameter(0)
+  %param_1 = bf16[1,64,128]{2,1,0} parameter(1)
+  ROOT %dot.1 = f32[1,32,128]{2,1,0} dot(%param_0, %param_1), lhs_batch_dims={0}, lhs_contracting_dims={2}, rhs_batch_dims={0}, rhs_contracting_dims={1}, metadata={op_name="jit(train_step)/jvp(lm_head)/dot_general"}
+}
+
+ENTRY %main.9 (p0: bf16[1,32,64], p1: bf16[1,64,128], p2: bf16[64,32]) -> f32[1,32,128] {
+  %p0 = bf16[1,32,64]{2,1,0} parameter(0)
+  %p1 = bf16[1,64,128]{2,1,0} parameter(1)
+  %p2 = bf16[64,32]{1,0} parameter(2)
+  %ynn_fusion = f32[1,32,128]{2,1,0} fusion(%p0, %p1), kind=kCustom, calls=%fused_computation, metadata={op_name="jit(train_step)/jvp(lm_head)/dot_general"}, backend_config={"fusion_config":{"kind":"__ynn_fusion"},"outer_dimension_partitions":[]}
+  %wrapped_convert = f32[64,32]{1,0} fusion(%p2), kind=kLoop, calls=%wrapped_convert_computation
+  %dot.2 = f32[32,32]{1,0} dot(%wrapped_convert, %wrapped_convert), lhs_contracting_dims={0}, rhs_contracting_dims={0}, metadata={op_name="jit(train_step)/transpose(jvp(attention))/dot_general"}
+  ROOT %add.3 = f32[1,32,128]{2,1,0} add(%ynn_fusion, %ynn_fusion)
+}
+"""
+
+
+def test_the_dot_census_names_the_library_and_the_operand_types(profile):
+    ops = profile.hlo_ops(BF16_HLO)
+    assert profile.dot_path(ops["ynn_fusion"]) == "YNNPACK bf16 x bf16"  # a library fusion: its dots' operands
+    assert profile.dot_path(ops["dot.2"]) == "XLA f32 x f32"  # an upcast bf16 dot: XLA's own, float32 operands
+    assert profile.dot_path(ops["add.3"]) is None and ops["ynn_fusion"]["flops"] == 2 * 32 * 128 * 64
+    events = [("ynn_fusion", 3.0), ("ynn_fusion", 1.0), ("dot.2", 2.0), ("wrapped_convert", 0.5), ("add.3", 9.0)]
+    census = profile.dot_census(events, ops, steps=2)
+    assert census["YNNPACK bf16 x bf16"] == {"ops": 1, "runs": 1, "ms": 2.0, "gflop": 2 * 32 * 128 * 64e-9,
+                                             "gflops": pytest.approx(2 * 32 * 128 * 64e-9 / 2e-3)}
+    assert census["XLA f32 x f32"]["ms"] == 1.0 and census["convert ops"]["ms"] == 0.25
+    assert list(census)[:2] == ["YNNPACK bf16 x bf16", "XLA f32 x f32"]  # slowest first
+    assert census["convert instructions"]["ops"] == 0  # the module's convert instructions (none here: fused ones)
