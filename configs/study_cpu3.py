@@ -31,6 +31,8 @@ from configs.sweeps import grid
 
 SEEDS = tuple(range(11, 17))
 LAMBDA = 0.1
+# The paper's precision, pinned so the study computes alike on every CPU (auto would probe each machine).
+COMPUTE_DTYPE = "bfloat16"
 # The pilot's RQ1 estimand from scratch (python -m analysis.power docs/results/cpu3-pilot/runs).
 PILOT_RQ1 = {"estimate": 0.003089, "sd": 0.004612, "df": 2, "source": "docs/results/cpu3-pilot.md"}
 # The pilot's registered rule: the fewest seeds whose expected 95% half-width is at most this many points.
@@ -38,7 +40,9 @@ TARGET_POINTS = 0.5
 
 
 def get_config(arg: str | None = None):
-    return base_config("A", arg or "cpu")
+    c = base_config("A", arg or "cpu")
+    c.model.compute_dtype = COMPUTE_DTYPE
+    return c
 
 
 def sweep(arg: str | None = None) -> list[dict]:
@@ -68,7 +72,7 @@ def plan(arg: str | None = None) -> dict:
                 "what": "SPEC §9's per-λ gates at λ = 0.1, both verdicts (analysis.verdict)"},
         },
         "design": {"size": (arg or "cpu"), "arms": ["A", "B"], "lambdas": [LAMBDA], "seeds": list(SEEDS),
-                   "budget": "main", "trunk_fraction": None},
+                   "budget": "main", "trunk_fraction": None, "compute_dtype": COMPUTE_DTYPE},
         "decision_rule": ("RQ1 PASSES if the 95% interval of rq1_matched lies at or below +1%, FAILS if it lies "
                           "above, and is NOT RESOLVED if it straddles +1%; the per-λ gates and the collapse "
                           "clause are reported beside it by both verdicts; RQ2 is NOT TESTABLE (arm A's "
@@ -79,5 +83,7 @@ def plan(arg: str | None = None) -> dict:
             "no arm C: RQ2 is not testable at E = 16 (arm A's out-of-sample static hit@50% 93.5% > 90%)",
             "the CPU size and budget (409.6k tokens, d_model 128, E = 16) stand in for the paper's 200M-token "
             "main arms",
+            "bfloat16 compute (the paper's precision, float32 parameters) while the pilot that sized the study "
+            "trained in float32: the pilot's spread is a float32 spread",
         ],
     }
