@@ -11,12 +11,16 @@ PILOT = REPO / "docs/results/cpu3-pilot/runs"
 STUDY = "configs/study_cpu3.py"
 
 
-def _jobs(config, root, seeds=0):
-    return sweep.plan_jobs(plan.expand(config, root), seeds)
+def _jobs(config, root, seeds=0, overrides=None):
+    return sweep.plan_jobs(plan.expand(config, root, overrides), seeds)
+
+
+# The pilot trained in float32; the study pins bfloat16, so only a float32 copy of its plan has the pilot's cost.
+AS_PILOT = {"model.compute_dtype": "float32"}
 
 
 def test_the_third_editions_runs_take_six_pilot_walls_on_two_slots(tmp_path):
-    times = timing.job_times(_jobs(STUDY, tmp_path), timing.recorded_runs([PILOT]))
+    times = timing.job_times(_jobs(STUDY, tmp_path, overrides=AS_PILOT), timing.recorded_runs([PILOT]))
     # Runs from scratch finished in one attempt: a-s1 576.058 s, a-s2 576.050, b-lam0.1-s2 546.395,
     # b-lam0.1-s3 544.097 (a-s3 and b-lam0.1-s1 were resumed; the -fork50 branches train 150 steps).
     # Median (546.395 + 576.050) / 2 = 561.2225 s; 12 jobs on 2 slots: 6 × 561.2225 = 3367.3 s.
@@ -37,10 +41,13 @@ def test_a_branch_is_timed_by_branches_and_a_run_of_other_cost_gets_no_estimate(
     basis = timing.recorded_runs([PILOT])
     pilot = {t.job: t for t in timing.job_times(_jobs("configs/study_cpu3_pilot.py", tmp_path / "p"), basis)}
     assert pilot["b-lam0.1-s1-fork50"].wall_s == pytest.approx(448.546)  # median of 448.546, 448.922, 429.406
-    other = timing.job_times(_jobs(f"{STUDY}:cpu,tokens=204800", tmp_path / "o"), basis)[0]
+    other = timing.job_times(_jobs(f"{STUDY}:cpu,tokens=204800", tmp_path / "o", overrides=AS_PILOT), basis)[0]
     assert other.wall_s is None and other.why_none == ("no finished run of the same cost (the closest, a-s1, "
                                                        "differs in train.tokens)")
-    grouped = timing.job_times(_jobs(STUDY, tmp_path / "g", seeds=2), basis)[0]
+    in_bf16 = timing.job_times(_jobs(STUDY, tmp_path / "b"), basis)[0]
+    assert in_bf16.wall_s is None and in_bf16.why_none == ("no finished run of the same cost (the closest, a-s1, "
+                                                           "differs in model.compute_dtype)")
+    grouped = timing.job_times(_jobs(STUDY, tmp_path / "g", seeds=2, overrides=AS_PILOT), basis)[0]
     assert grouped.wall_s is None and "a group of 2 seeds in one process" in grouped.why_none
     lines = timing.time_lines([other], [], 2, [PILOT])
     assert lines[-1] == "runs' wall time: not estimated: 1 of 1 job(s) have no estimate"
