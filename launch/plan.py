@@ -34,9 +34,13 @@ MAIN_MODULE = ["-m", "moe.main"]
 _NAMED_KEYS = frozenset({"arm", "loss.lambda_loc", "loss.mu_dom", "seed", "run_name",
                          # a branch's trunk follows from its seed; a kept checkpoint is not a setting
                          "train.fork_from", "train.keep_period"})
+# Options of one balancing: a grid that adds runs at a new value keeps the names (and run directories) of the
+# runs it had, and a Switch-loss run is not named after the bias rate it never reads.
+_NAMED_WHERE_SET = frozenset({"loss.bias_rate", "loss.router_z"})
 # Short labels for keys users commonly vary; others use their last dotted part.
 _SHORT = {"train.tokens": "", "loss.alpha_balance": "alpha", "optim.peak_lr": "lr", "train.batch_size": "bsz",
-          "model.dispatch": "", "model.remat": "remat-", "train.fork_step": "fork", "loss.balance": ""}
+          "model.dispatch": "", "model.remat": "remat-", "train.fork_step": "fork", "loss.balance": "",
+          "loss.bias_rate": "gamma"}
 
 
 class PlanError(ValueError):
@@ -143,19 +147,22 @@ def _label(key: str, value: Any) -> str:
     return f"{short}{text}"
 
 
-def run_names(configs: Sequence[ml_collections.ConfigDict], varying: Sequence[str]) -> list[str]:
+def run_names(configs: Sequence[ml_collections.ConfigDict], varying: Sequence[str],
+              entries: Sequence[Mapping[str, Any]] | None = None) -> list[str]:
     """Stable readable names: arm, λ, μ and seed, then every other key in ``varying``.
 
     ``varying`` lists the override keys whose value differs between runs of the
     sweep (e.g. ``train.tokens`` when triage and main runs are mixed), so a
-    single-budget sweep keeps the short ``b-lam0.05-s1`` form.
+    single-budget sweep keeps the short ``b-lam0.05-s1`` form. A key of
+    ``_NAMED_WHERE_SET`` names only the runs whose entry sets it.
     """
     extra = [k for k in varying if k not in _NAMED_KEYS]
     names = []
-    for c in configs:
+    for i, c in enumerate(configs):
         name = base_name(c.arm, c.loss.lambda_loc, c.loss.mu_dom, c.seed)
+        sets = [k for k in extra if k not in _NAMED_WHERE_SET or entries is None or k in entries[i]]
         # A run from scratch in a sweep with branches keeps its plain name (no "fork0").
-        suffix = [_label(k, get_dotted(c, k)) for k in extra if not (k == "train.fork_step" and not get_dotted(c, k))]
+        suffix = [_label(k, get_dotted(c, k)) for k in sets if not (k == "train.fork_step" and not get_dotted(c, k))]
         names.append("-".join([name, *suffix]).replace("/", "_"))
     return names
 
@@ -242,7 +249,7 @@ def expand(config_file: str, root: str | pathlib.Path, cli_overrides: Mapping[st
         for key, value in entry.items():
             set_dotted(config, key, value)
         configs.append(config)
-    names = run_names(configs, varying_keys(entries))
+    names = run_names(configs, varying_keys(entries), entries)
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise PlanError(f"runs of {config_file} share the names {', '.join(dupes)}; their grid entries differ "

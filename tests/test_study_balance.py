@@ -10,20 +10,24 @@ from moe.rundir import preregistration
 
 @pytest.mark.parametrize("arg, seeds, tokens", [(None, (1, 2, 3), SIZES["cpu"]["tokens"]),
                                                 ("tiny", (1, 2), SIZES["tiny"]["tokens"])])
-def test_every_seed_has_a_and_b_under_both_balancings_listed_seed_by_seed(arg, seeds, tokens, tmp_path):
+def test_every_seed_has_a_and_b_under_every_balancing_listed_seed_by_seed(arg, seeds, tokens, tmp_path):
     specs = expand("configs/study_balance.py" + (f":{arg}" if arg else ""), tmp_path)
     runs = study_balance.sweep(arg)
-    assert [(r["seed"], r["loss.balance"], r["arm"]) for r in runs] == [
-        (s, b, arm) for s in seeds for b in ("switch", "bias") for arm in ("A", "B")]  # whole sets first
+    balancings = (("switch", None), ("bias", None), ("bias", study_balance.ADDED_BIAS_RATE))
+    assert [(r["seed"], r["loss.balance"], r.get("loss.bias_rate"), r["arm"]) for r in runs] == [
+        (s, *b, arm) for s in seeds for b in balancings for arm in ("A", "B")]  # whole sets first
     assert {r["train.tokens"] for r in runs} == {tokens}
     assert all(r.get("loss.lambda_loc", 0.0) == (0.1 if r["arm"] == "B" else 0.0) for r in runs)
-    assert [s.name for s in specs[:4]] == ["a-s1-switch", "b-lam0.1-s1-switch", "a-s1-bias", "b-lam0.1-s1-bias"]
+    # The added γ names only its own runs: the registered runs keep their names and directories.
+    assert [s.name for s in specs[:6]] == ["a-s1-switch", "b-lam0.1-s1-switch", "a-s1-bias", "b-lam0.1-s1-bias",
+                                           "a-s1-bias-gamma0.05", "b-lam0.1-s1-bias-gamma0.05"]
     assert study_balance.get_config(arg).model.size == (arg or "cpu")
 
 
 def test_the_plan_registers_the_design_and_the_study_writes_its_page():
     plan = preregistration.check_plan(study_balance.plan(), "configs/study_balance.py")
     assert plan["design"]["seeds"] == [1, 2, 3] and plan["design"]["balances"] == ["switch", "bias"]
+    assert plan["design"]["bias_rates"] == [0.001, study_balance.ADDED_BIAS_RATE]
     assert set(plan["estimands"]) == {"miss_ratio_between", "ppl_ratio_between", "max_vio_between"}
     assert study_balance.study() == {"page": "balance-study"}
-    assert study_balance.get_config().loss.bias_rate == plan["design"]["bias_rate"]
+    assert study_balance.get_config().loss.bias_rate == plan["design"]["bias_rates"][0]  # the registered γ
