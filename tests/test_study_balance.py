@@ -31,3 +31,21 @@ def test_the_plan_registers_the_design_and_the_study_writes_its_page():
     assert set(plan["estimands"]) == {"miss_ratio_between", "ppl_ratio_between", "max_vio_between"}
     assert study_balance.study() == {"page": "balance-study"}
     assert study_balance.get_config().loss.bias_rate == plan["design"]["bias_rates"][0]  # the registered γ
+
+
+def test_a_finished_bias_run_is_not_taken_for_a_run_of_other_settings(tmp_path):
+    # The worker records model.router_bias = true (derived from loss.balance); the plan cannot state it yet.
+    from launch import sweep
+    from launch.plan import planned_config
+    from moe import rundir
+
+    spec = next(s for s in expand("configs/study_balance.py:tiny", tmp_path) if s.name == "a-s1-bias")
+    planned = planned_config(spec)
+    recorded = {**planned, "model": {**planned["model"], "router_bias": True, "vocab_size": 50257}}
+    spec.workdir.mkdir(parents=True)
+    rundir.write_json(spec.workdir / "config.json", {"config": recorded})
+    rundir.write_json(spec.workdir / rundir.FINAL_EVAL, {})
+    assert sweep.changed_runs([spec]) == {}
+    recorded["loss"] = {**recorded["loss"], "balance": "switch"}  # a real difference still counts
+    rundir.write_json(spec.workdir / "config.json", {"config": recorded})
+    assert "loss.balance" in str(sweep.changed_runs([spec])["a-s1-bias"])

@@ -101,9 +101,10 @@ def unresolved_fields(config: dict[str, Any]) -> set[str]:
     ``data.tokenizer``, ``auto`` dispatch, a measured block size (0), an ``auto``
     compute dtype from the backend and CPU, an ``auto`` attention from the backend,
     an empty name from the run-name rule; those are left to the worker's
-    own identity check.
+    own identity check. The routing bias's presence follows from
+    ``loss.balance``, which is compared itself.
     """
-    fields = {"model.vocab_size"}
+    fields = {"model.vocab_size", "model.router_bias"}
     model = config.get("model", {})
     if model.get("dispatch") == "auto":
         fields.add("model.dispatch")
