@@ -16,13 +16,13 @@ scratch; six seeds then give an expected 95% half-width of ±0.49 points, the fe
 * no arm C: arm A's out-of-sample static hit@50% is 93.5% over the pilot's three seeds (91.3-94.8%),
   above RQ2's 90% gate, so RQ2 is NOT TESTABLE at E = 16 and no arm-C run is spent on it.
 
-Twelve runs at the pilot's 9m21s each (the median wall of its runs from scratch finished in one attempt,
-two at a time), two at a time on two idle cores: 56 minutes, then the stall step on every run (24 minutes
-for twelve runs in the second edition) and the page ``cpu-study-3``: about 80 minutes of the 120 budgeted.
-The dry run prints the run time from the pilot's evidence:
+Twelve runs in bfloat16 (pinned after the float32 pilot, so the pilot's walls do not time them; the plan
+lists it): 4:19-4:53 each, two at a time on two idle cores, 27 minutes for the runs, then the stall step on
+every run (26 minutes, one at a time) and the page ``cpu-study-3``: 57.5 minutes of the 120 budgeted
+(docs/results/cpu-study-3.md). The dry run times a rerun from the study's own evidence:
 
     python -m launch.sweep --config=configs/study_cpu3.py --root=sweeps/cpu-study-3 --parallel=2 --dry_run \
-        --time_from=docs/results/cpu3-pilot/runs
+        --time_from=docs/results/cpu-study-3/runs
 """
 
 from configs.base import base_config
