@@ -210,7 +210,10 @@ def test_ctrl_c_in_an_analysis_command_is_one_line_and_exit_130(capsys):
 def test_sigint_while_computing_leaves_no_partial_out(tmp_path):
     # A real SIGINT in a fresh process, after --out was checked and before it was written.
     out = tmp_path / "result.json"
+    # Python keeps SIGINT ignored when it starts ignored (a test run launched in the background): a terminal's
+    # Ctrl-C meets the default handler, so the child installs it.
     body = ("import signal, sys\n"
+            "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
             "from cachesim import cli_util\n"
             "def body():\n"
             "    cli_util.check_writable(sys.argv[1])\n"
