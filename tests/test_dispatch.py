@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from moe.dispatch import (AUTO_DISPATCH, AUTO_SOURCE, DISPATCHERS, DROPLESS, ExpertWeights, block_layout,
+from moe.dispatch import (AUTO_DISPATCH, AUTO_SOURCE, AUTO_TIE, DISPATCHERS, DROPLESS, ExpertWeights, block_layout,
                           capacity_dispatch, dense_dispatch, expert_capacity, padded_rows, padded_rows_bound,
                           select_block_size, select_dispatch, sparse_dispatch)
 from moe.model import route
@@ -207,21 +207,27 @@ def test_sparse_under_vmap_equals_each_problem_alone():
             np.testing.assert_allclose(got[i], want, rtol=1e-5, atol=1e-6)
 
 
+def _auto_within_tie(measured: dict, auto: tuple[str, int]) -> bool:
+    speeds = {k: v for k, v in measured["tokens_per_s"].items() if k.split("/")[0] in DROPLESS and k != "capacity"}
+    return speeds[f"{auto[0]}/b{auto[1]}"] >= AUTO_TIE * max(speeds.values())
+
+
 @pytest.mark.parametrize("backend", sorted(AUTO_SOURCE))
-def test_auto_is_the_fastest_dropless_entry_of_the_committed_benchmark(backend):
-    """AUTO_DISPATCH[backend] is what benchmarks/dispatch_bench.py measured fastest, as committed."""
-    measured = json.loads((RESULTS / f"dispatch_{backend}.json").read_text())["runs"][AUTO_SOURCE[backend]]
-    assert measured["backend"] == backend and measured["tokens_per_s"]["dense"] > 0
-    name, _, block = measured["fastest_dropless"].partition("/b")
-    assert name in DROPLESS and name != "capacity"
-    assert AUTO_DISPATCH[backend] == (name, int(block) if block else AUTO_DISPATCH[backend][1])
+def test_auto_is_within_a_tie_of_the_fastest_dropless_entry_in_every_committed_source(backend):
+    """AUTO_DISPATCH[backend] is within AUTO_TIE of what benchmarks/dispatch_bench.py measured fastest, as committed."""
+    runs = json.loads((RESULTS / f"dispatch_{backend}.json").read_text())["runs"]
+    for source in AUTO_SOURCE[backend]:
+        measured = runs[source]
+        assert measured["backend"] == backend and measured["tokens_per_s"]["dense"] > 0
+        assert _auto_within_tie(measured, AUTO_DISPATCH[backend]), source
+        assert not _auto_within_tie(measured, ("sparse_batched", 32)), source  # it bites: 0.83x and 0.72x
 
 
 def test_auto_dispatch_is_the_measured_mapping():
     # Pinned: cpu from benchmarks/results/dispatch_cpu.json (checked above), gpu/tpu the unmeasured
     # block-sparse default. A swap or a silent edit fails here; re-measure and update both together.
     assert AUTO_DISPATCH == {"cpu": ("sparse", 128), "gpu": ("sparse_batched", 128), "tpu": ("sparse_batched", 128)}
-    assert AUTO_SOURCE == {"cpu": "137m/1x1024/float32/remat=none"}
+    assert AUTO_SOURCE == {"cpu": ("137m/1x1024/float32/remat=none", "137m/1x1024/bfloat16/remat=none")}
     assert [select_dispatch("auto", b) for b in ("cpu", "gpu", "tpu", "other")] == [
         "sparse", "sparse_batched", "sparse_batched", "sparse_batched"]
     assert select_dispatch("auto") == AUTO_DISPATCH[jax.default_backend()][0]
