@@ -55,7 +55,7 @@ MUTANTS = [
            '    "cpu": ("sparse", 128),\n    "gpu": ("sparse_batched", 128),',
            '    "cpu": ("sparse_batched", 128),\n    "gpu": ("sparse", 128),',
            ("tests/test_dispatch.py::test_auto_dispatch_is_the_measured_mapping",
-            "tests/test_dispatch.py::test_auto_is_the_fastest_dropless_entry_of_the_committed_benchmark",
+            "tests/test_dispatch.py::test_auto_is_within_a_tie_of_the_fastest_dropless_entry_in_every_committed_source",
             "tests/test_dispatch.py::test_auto_dispatch_is_dropless_and_resolves_block_size")),
     Mutant("lru_refresh", "LRU refreshes recency on a miss only (a hit keeps its old stamp)",
            "cachesim/online.py",
