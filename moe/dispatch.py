@@ -384,10 +384,10 @@ DROPLESS = tuple(name for name in DISPATCHERS if name != "capacity")
 # cpu: a dropless entry within AUTO_TIE of the fastest in every run AUTO_SOURCE names in
 # benchmarks/results/dispatch_cpu.json (benchmarks/dispatch_bench.py; a test reads
 # the file and checks this table): the rounds of one run differ by more than 5%, so a
-# smaller lead is not a measured difference, and one choice serves both dtypes. gpu/tpu: NOT MEASURED yet (benchmarks/gpu_check.sh
-# measures gpu): the block-sparse layout as one batched matmul rather than a loop of
-# small ones (a loop launches kernels per block), blocks of 128 rows for the MXU /
-# tensor-core tiles. Capacity is never "auto": it can drop.
+# smaller lead is not a measured difference, and one choice serves both dtypes.
+# gpu/tpu: NOT MEASURED yet (benchmarks/gpu_check.sh measures gpu): the block-sparse
+# layout as one batched matmul rather than a loop of small ones (a loop launches
+# kernels per block), blocks of 128 rows for the MXU / tensor-core tiles. Capacity is never "auto": it can drop.
 AUTO_DISPATCH: dict[str, tuple[str, int]] = {
     "cpu": ("sparse", 128),
     "gpu": ("sparse_batched", 128),

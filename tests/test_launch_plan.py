@@ -59,15 +59,11 @@ def test_names_match_moe_run_default_run_name(tmp_path):
 
 
 def test_a_bias_rate_names_only_the_runs_that_set_it_and_other_keys_name_every_run():
-    base = plan.build_config("configs/study_balance.py:tiny", [])
     entries = [{"loss.balance": "switch"}, {"loss.balance": "bias"},
                {"loss.balance": "bias", "loss.bias_rate": 0.05},
                {"loss.balance": "bias", "optim.peak_lr": 1e-3}]
-    configs = []
-    for entry in entries:
-        config = plan.build_config("configs/study_balance.py:tiny", list(entry.items()))
-        configs.append(config)
-    assert base.loss.bias_rate == 0.001
+    configs = [plan.build_config("configs/study_balance.py:tiny", list(entry.items())) for entry in entries]
+    assert configs[0].loss.bias_rate == 0.001
     assert plan.run_names(configs, plan.varying_keys(entries), entries) == [
         "a-s1-switch-lr0.0006", "a-s1-bias-lr0.0006", "a-s1-bias-gamma0.05-lr0.0006", "a-s1-bias-lr0.001"]
     # Without the entries (every key named on every run), as before the rule.
